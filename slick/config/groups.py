@@ -1,0 +1,175 @@
+"""Typed config groups. Every field becomes a ``--flag`` (underscores -> dashes).
+
+Field metadata keys: ``help`` (required), ``choices``, ``nargs``, ``flag`` (override name).
+Field names are unique across groups, so ``Config`` also offers flat access (``cfg.lr``),
+the way slime's ``args`` does. This module imports only the standard library.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def F(default, help: str, **meta):
+    """A config field with its help text (and optional choices / nargs)."""
+    meta["help"] = help
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    prompt_data: Optional[str] = F(None, "Prompt dataset (.jsonl or .parquet); `path@[start:end]` takes a row slice.")
+    input_key: str = F("prompt", "Key of the prompt (a string or a list of chat messages) in each row.")
+    label_key: Optional[str] = F("label", "Key of the label handed to the reward function.")
+    metadata_key: str = F("metadata", "Key of a per-row metadata dict (e.g. metadata.rm_type overrides --rm-type).")
+    tool_key: Optional[str] = F(None, "Key of a tools list passed to the chat template.")
+    apply_chat_template: bool = F(False, "Render prompts with the tokenizer's own chat template.")
+    rollout_shuffle: bool = F(False, "Shuffle prompts each epoch (deterministic from --rollout-seed).")
+    rollout_seed: int = F(42, "Seed for prompt shuffling and rollout sampling.")
+    num_epoch: Optional[int] = F(None, "Number of passes over the prompts (used when --num-rollout is unset).")
+    num_rollout: Optional[int] = F(None, "Number of rollout steps to run (default: derived from --num-epoch, else 1 epoch).")
+    rollout_max_prompt_len: Optional[int] = F(None, "Drop prompts longer than this many tokens (count reported).")
+
+
+@dataclass
+class RolloutConfig:
+    rollout_batch_size: int = F(8, "Prompts per rollout step.")
+    n_samples_per_prompt: int = F(8, "Responses sampled per prompt (the group size).")
+    over_sampling_batch_size: Optional[int] = F(None, "With a dynamic-sampling filter: prompts submitted per round until the batch is full.")
+    rollout_max_response_len: int = F(128, "Maximum new tokens per response.")
+    rollout_temperature: float = F(1.0, "Sampling temperature for rollouts.")
+    rollout_top_p: float = F(1.0, "Top-p for rollouts.")
+    rollout_top_k: int = F(-1, "Top-k for rollouts (-1 disables).")
+    rollout_stop: list = F([], "Stop strings.", nargs="+")
+    rollout_stop_token_ids: list = F([], "Extra stop token ids (the tokenizer's EOS always stops).", nargs="+", type=int)
+    partial_rollout: bool = F(False, "Keep aborted partial responses and continue them next step.")
+    rollout_engine: str = F("local", "Engine kind: in-process torch engine or HTTP servers.", choices=["local", "http"])
+    rollout_urls: list = F([], "Worker or router URLs for --rollout-engine http.", nargs="+")
+    router: str = F("none", "Start a router in front of the workers.", choices=["none", "sglang"])
+    rollout_num_workers: int = F(1, "`slick serve` workers to launch when --rollout-engine http has no --rollout-urls.")
+    rollout_concurrency: int = F(256, "Maximum in-flight generate requests.")
+    rollout_timeout: float = F(600.0, "Per-request timeout in seconds for HTTP engines.")
+    engine_max_running: int = F(64, "Maximum sequences in the local engine's running batch.")
+    max_staleness: int = F(0, "Maximum policy-version lag of samples taken from the buffer (0 = synchronous).")
+    custom_generate_function_path: Optional[str] = F(None, "Dotted path to `async def generate(args, sample, sampling_params, engine) -> Sample`.")
+    rollout_function_path: Optional[str] = F(None, "Dotted path to a function replacing the whole rollout step.")
+    dynamic_sampling_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, group) -> bool` (keep group); `slick.rollout.filters.check_reward_nonzero_std` is built in.")
+    buffer_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, groups) -> groups` applied when taking from the buffer.")
+    sglang: dict = F({}, "Engine pass-through options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE}.", flag=None)
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage_estimator: str = F("grpo", "Advantage estimator.", choices=["grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"])
+    use_kl_loss: bool = F(False, "Add a KL loss against the reference model.")
+    kl_loss_coef: float = F(0.0, "Weight of the KL loss.")
+    kl_loss_type: str = F("low_var_kl", "KL estimator for the KL loss.", choices=["k1", "k2", "k3", "low_var_kl"])
+    kl_coef: float = F(0.0, "KL penalty folded into the reward (REINFORCE++ style).")
+    eps_clip: float = F(0.2, "PPO clip range (lower).")
+    eps_clip_high: Optional[float] = F(None, "PPO clip range upper bound (clip-higher); defaults to --eps-clip.")
+    eps_clip_c: Optional[float] = F(None, "Dual-clip constant c (> 1) for negative advantages.")
+    entropy_coef: float = F(0.0, "Entropy bonus coefficient.")
+    normalize_advantages: bool = F(False, "Whiten advantages over the batch.")
+    disable_grpo_std_normalization: bool = F(False, "GRPO without dividing by the group std (Dr.GRPO).")
+    disable_rewards_normalization: bool = F(False, "Use raw rewards as the advantage signal (no group baseline).")
+    calculate_per_token_loss: bool = F(False, "Mean over all tokens instead of mean of per-sample token means.")
+    use_tis: bool = F(False, "Truncated importance sampling against rollout logprobs.")
+    tis_clip: float = F(2.0, "Upper clamp of TIS weights.")
+    tis_clip_low: float = F(0.0, "Lower clamp of TIS weights.")
+    use_rollout_logprobs: bool = F(False, "Use the engine's logprobs as old logprobs (skip the trainer's recompute).")
+    gamma: float = F(1.0, "Discount factor (PPO / REINFORCE++).")
+    lambd: float = F(1.0, "GAE lambda (PPO).")
+    custom_loss_function_path: Optional[str] = F(None, "Dotted path to a loss function replacing the policy loss.")
+    custom_advantage_function_path: Optional[str] = F(None, "Dotted path to an advantage function replacing the estimator.")
+
+
+@dataclass
+class RewardConfig:
+    rm_type: Optional[str] = F("math", "Reward type: math, gsm8k, boxed_<type>, exact, f1, countdown, remote_rm.")
+    rm_url: Optional[str] = F(None, "URL of a remote reward model (--rm-type remote_rm).")
+    custom_rm_path: Optional[str] = F(None, "Dotted path to `[async] def rm(args, sample) -> float | dict` (or of (args, samples) with --group-rm).")
+    group_rm: bool = F(False, "Call the reward function once per group.")
+    reward_key: Optional[str] = F(None, "Field of a dict reward used as the scalar reward.")
+    rm_timeout: float = F(30.0, "Seconds before one reward call counts as failed.")
+    rm_max_retries: int = F(3, "Retries (with backoff) for remote reward calls.")
+    rm_concurrency: int = F(16, "Maximum reward computations in flight.")
+    rm_failure_reward: float = F(0.0, "Reward given to a sample whose reward function raised or timed out.")
+
+
+@dataclass
+class TrainConfig:
+    hf_checkpoint: Optional[str] = F(None, "Hugging Face model directory for the policy (and reference).")
+    ref_load: Optional[str] = F(None, "HF directory of the reference model (default: --hf-checkpoint).")
+    lr: float = F(1e-6, "Learning rate (AdamW).")
+    lr_warmup_steps: int = F(0, "Linear warm-up steps.")
+    adam_beta1: float = F(0.9, "AdamW beta1.")
+    adam_beta2: float = F(0.999, "AdamW beta2.")
+    weight_decay: float = F(0.0, "AdamW weight decay.")
+    clip_grad: float = F(1.0, "Gradient-norm clip (0 disables).")
+    global_batch_size: Optional[int] = F(None, "Samples per optimizer step (derived when unset).")
+    num_steps_per_rollout: Optional[int] = F(None, "Optimizer steps per rollout (derived when unset).")
+    micro_batch_size: int = F(8, "Samples per micro-batch before packing.")
+    max_tokens_per_micro_batch: Optional[int] = F(None, "Pack micro-batches up to this many tokens instead of a sample count.")
+    seed: int = F(1234, "Global random seed (torch, python, numpy).")
+    dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
+    gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
+    logprob_chunk_size: int = F(512, "Tokens per chunk when computing logprobs/entropy from logits.")
+    device: str = F("auto", "Torch device for trainer and local engine (auto: cuda when present).")
+
+
+@dataclass
+class CheckpointConfig:
+    load: Optional[str] = F(None, "Resume from this checkpoint directory (the latest step inside it).")
+    save: Optional[str] = F(None, "Save checkpoints into this directory.")
+    save_interval: Optional[int] = F(None, "Save every N rollout steps (and at the end).")
+    save_hf: Optional[str] = F(None, "Also write a Hugging Face model directory here at each save.")
+
+
+@dataclass
+class EvalConfig:
+    eval_interval: Optional[int] = F(None, "Evaluate every N steps (and before the first and after the last).")
+    eval_prompt_data: list = F([], "Eval datasets as NAME PATH pairs.", nargs="+")
+    n_samples_per_eval_prompt: int = F(1, "Samples per eval prompt (pass@k uses k = this).")
+    eval_temperature: Optional[float] = F(None, "Eval sampling temperature (default: --rollout-temperature).")
+    eval_max_response_len: Optional[int] = F(None, "Eval max new tokens (default: --rollout-max-response-len).")
+    eval_top_p: float = F(1.0, "Eval top-p.")
+
+
+@dataclass
+class ClusterConfig:
+    colocate: bool = F(False, "Training and rollout share the same devices (offload between phases).")
+    actor_num_nodes: int = F(1, "Training nodes.")
+    actor_num_gpus_per_node: int = F(0, "GPUs per training node (0 = CPU).")
+    rollout_num_gpus: int = F(0, "GPUs for rollout engines in total.")
+    rollout_num_gpus_per_engine: int = F(1, "GPUs per rollout engine.")
+    use_fault_tolerance: bool = F(False, "Restart failed rollout engines and retry their requests.")
+    update_weights_interval: int = F(1, "Push weights to the engines every N steps.")
+    use_ray: bool = F(False, "Place trainer and engines as Ray actors on a (local) Ray cluster.")
+
+
+@dataclass
+class LoggingConfig:
+    run_dir: Optional[str] = F(None, "Run directory for metrics.jsonl, config.yaml and plots (default runs/<time>).")
+    use_tensorboard: bool = F(False, "Also write TensorBoard event files into the run directory.")
+    use_wandb: bool = F(False, "Also log to Weights & Biases (WANDB_MODE=offline works without a network).")
+    wandb_project: Optional[str] = F(None, "wandb project.")
+    wandb_group: Optional[str] = F(None, "wandb group.")
+    no_progress: bool = F(False, "Disable the progress bar.")
+
+
+@dataclass
+class DebugConfig:
+    save_debug_rollout_data: Optional[str] = F(None, "Save each step's rollout samples under this directory.")
+    load_debug_rollout_data: Optional[str] = F(None, "Train from rollouts saved by --save-debug-rollout-data instead of generating.")
+    debug_rollout_only: bool = F(False, "Generate rollouts but skip training.")
+    debug_train_only: bool = F(False, "Skip weight sync to engines (train only; use with --load-debug-rollout-data).")
+    save_debug_train_data: Optional[str] = F(None, "Write DIR/train_N.jsonl per step with advantages and logprobs per sample.")
+
+
+GROUPS = {
+    "data": DataConfig, "rollout": RolloutConfig, "algorithm": AlgorithmConfig,
+    "reward": RewardConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
+    "eval": EvalConfig, "cluster": ClusterConfig, "logging": LoggingConfig, "debug": DebugConfig,
+}

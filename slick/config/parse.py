@@ -1,0 +1,122 @@
+"""Build the argparse parser from the typed groups; load YAML; collect ``--sglang-*`` flags."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Optional, Sequence
+
+from slick.config.config import Config, ConfigError
+from slick.config.groups import GROUPS
+
+
+def _base_type(tp):
+    if isinstance(tp, str):
+        tp = eval(tp, vars(typing))  # annotations are strings under `from __future__ import annotations`
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union and args else tp
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one argument per config field, grouped as in ``groups.py``. Defaults are SUPPRESSed
+    so that we can tell what the user typed (flags override --config YAML, which overrides defaults)."""
+    parser.add_argument("--config", default=None, help="YAML file of config values (flat or grouped); flags override it.")
+    for gname, cls in GROUPS.items():
+        grp = parser.add_argument_group(gname)
+        for f in dataclasses.fields(cls):
+            meta = dict(f.metadata)
+            if "flag" in meta and meta["flag"] is None:
+                continue
+            tp = _base_type(f.type)
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            help_ = f"{meta['help']} (default: {default!r})"
+            kw = dict(dest=f.name, default=argparse.SUPPRESS, help=help_)
+            if tp is bool:
+                grp.add_argument(flag_name(f.name), action="store_true", **kw)
+                continue
+            if tp is list or meta.get("nargs"):
+                kw["nargs"] = meta.get("nargs", "+")
+                kw["type"] = meta.get("type", str)
+            else:
+                kw["type"] = tp
+            if "choices" in meta:
+                kw["choices"] = meta["choices"]
+            grp.add_argument(flag_name(f.name), **kw)
+
+
+def build_parser(prog: str = "slick train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="RL post-training (slime-compatible flags).")
+    add_config_arguments(parser)
+    return parser
+
+
+def split_sglang_args(argv: Sequence[str]) -> tuple[list[str], dict]:
+    """Remove ``--sglang-KEY [VALUE]`` / ``--sglang-KEY=VALUE`` from argv; return (rest, {key: value})."""
+    rest, sg = [], {}
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--sglang-"):
+            key, eq, val = a[len("--sglang-"):].partition("=")
+            key = key.replace("-", "_")
+            if eq:
+                sg[key] = val
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                sg[key] = argv[i + 1]
+                i += 1
+            else:
+                sg[key] = True
+        else:
+            rest.append(a)
+        i += 1
+    return rest, sg
+
+
+def load_yaml(path: str) -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError([f"--config: file not found: {path}"])
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{path}: invalid YAML: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: top level must be a mapping of config keys"])
+    flat = {}
+    for k, v in data.items():
+        k = k.replace("-", "_")
+        if k in GROUPS and isinstance(v, dict):
+            flat.update({kk.replace("-", "_"): vv for kk, vv in v.items()})
+        else:
+            flat[k] = v
+    return flat
+
+
+def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse.ArgumentParser] = None,
+                 validate: bool = True) -> Config:
+    """Parse flags (and --config YAML) into a validated ``Config``. Raises ConfigError."""
+    import sys
+
+    from slick.config.validate import validate_config
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest, sglang = split_sglang_args(argv)
+    parser = parser or build_parser()
+    ns = vars(parser.parse_args(rest))
+    values = load_yaml(ns.pop("config")) if ns.get("config") else {}
+    ns.pop("config", None)
+    values.update(ns)
+    if sglang:
+        values["sglang"] = {**values.get("sglang", {}), **sglang}
+    cfg = Config.from_flat(values)
+    if validate:
+        validate_config(cfg)
+    return cfg

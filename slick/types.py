@@ -1,0 +1,130 @@
+"""Core data contracts shared by every room: Sample, SamplingParams, Generation.
+
+These are plain dataclasses with lossless JSON round-trips (``to_dict`` / ``from_dict``).
+They import nothing heavier than the standard library.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional, Union
+
+
+class Status(str, Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings, named as in SGLang's ``sampling_params``.
+
+    ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` disable truncation.
+    ``seed`` makes one request's sampling reproducible.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    stop: Optional[list[str]] = None
+    stop_token_ids: Optional[list[int]] = None
+    seed: Optional[int] = None
+
+    def to_sglang(self) -> dict:
+        d = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+             "max_new_tokens": self.max_new_tokens}
+        if self.stop:
+            d["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            d["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            d["sampling_seed"] = self.seed
+        return d
+
+    @classmethod
+    def from_sglang(cls, d: dict) -> "SamplingParams":
+        """Build from an SGLang ``sampling_params`` dict; unknown keys are ignored."""
+        stop = d.get("stop")
+        if isinstance(stop, str):
+            stop = [stop]
+        seed = d.get("sampling_seed", d.get("seed"))
+        return cls(
+            temperature=float(d.get("temperature", 1.0)),
+            top_p=float(d.get("top_p", 1.0)),
+            top_k=int(d.get("top_k", -1)),
+            max_new_tokens=int(d.get("max_new_tokens", 128)),
+            stop=list(stop) if stop else None,
+            stop_token_ids=list(d["stop_token_ids"]) if d.get("stop_token_ids") else None,
+            seed=int(seed) if seed is not None else None,
+        )
+
+
+@dataclass
+class Generation:
+    """What an engine returns for one request.
+
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under softmax(logits / temperature)
+    (no top-p/top-k truncation; for greedy requests, under the untempered softmax).
+    ``finish_reason`` is one of ``"stop"``, ``"length"``, ``"abort"``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    weight_version: int = 0
+    prompt_tokens: int = 0
+    text: Optional[str] = None
+
+
+@dataclass
+class Sample:
+    """One prompt/response pair travelling from the DataSource through rollout into training."""
+
+    index: int = 0                      # unique sample id within the run
+    group_index: int = 0                # samples of one prompt share a group index
+    prompt_index: int = 0               # row of the prompt in its dataset
+    prompt: Union[str, list[dict]] = ""
+    label: Any = None
+    metadata: dict = field(default_factory=dict)
+    tools: Optional[list] = None
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    response: str = ""
+    rollout_logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)   # one per response token; 0 = env/tool token
+    reward: Union[float, dict, None] = None
+    status: Status = Status.PENDING
+    weight_versions: list[int] = field(default_factory=list)  # policy version per response token
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_ids)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Sample":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["status"] = Status(kw.get("status", Status.PENDING))
+        return cls(**kw)
+
+    def apply_generation(self, gen: Generation) -> None:
+        """Append an engine's output to this sample (supports partial/multi-turn continuation)."""
+        self.response_ids = list(self.response_ids) + list(gen.token_ids)
+        self.rollout_logprobs = list(self.rollout_logprobs) + list(gen.logprobs)
+        self.loss_mask = list(self.loss_mask) + [1] * len(gen.token_ids)
+        self.weight_versions = list(self.weight_versions) + [gen.weight_version] * len(gen.token_ids)
+        self.status = FINISH_TO_STATUS.get(gen.finish_reason, Status.FAILED)
