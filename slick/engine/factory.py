@@ -1,0 +1,49 @@
+"""Build the rollout engine a config asks for: in-process LocalEngine, or HTTP workers (+ router)."""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("slick.engine")
+
+
+class EngineSet:
+    """The engine the rollout talks to, the processes started for it, and how weights reach it."""
+
+    def __init__(self, engine, sync_mode: str, processes=()):
+        self.engine, self.sync_mode, self.processes = engine, sync_mode, list(processes)
+
+    async def close(self) -> None:
+        await self.engine.close()
+        for p in reversed(self.processes):
+            p.stop()
+
+
+def make_engines(cfg) -> EngineSet:
+    """--rollout-engine local: LocalEngine in this process (weights synced as tensors).
+    --rollout-engine http: HttpEngine over --rollout-urls, or over `slick serve` workers launched from
+    --hf-checkpoint; --router sglang puts the real sglang-router in front (weights synced via disk)."""
+    if cfg.rollout_engine == "local":
+        from slick.engine.local import LocalEngine
+
+        eng = LocalEngine(cfg.hf_checkpoint, dtype=cfg.dtype, device=cfg.device,
+                          max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
+        return EngineSet(eng, "tensors")
+    from slick.engine.client import HttpEngine
+
+    procs, urls = [], list(cfg.rollout_urls)
+    if not urls:
+        from slick.engine.router import launch_workers
+
+        procs = launch_workers(cfg.hf_checkpoint, cfg.rollout_num_workers, dtype=cfg.dtype)
+        urls = [p.url for p in procs]
+    worker_urls = list(urls)
+    if cfg.router == "sglang":
+        from slick.engine.router import launch_router
+
+        router = launch_router(urls)
+        procs.append(router)
+        urls = [router.url]
+        log.info("sglang-router at %s in front of %s", router.url, worker_urls)
+    eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
+    eng.weight_urls = worker_urls  # weight updates go to every worker, not through the router
+    return EngineSet(eng, "disk", procs)

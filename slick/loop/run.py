@@ -1,0 +1,152 @@
+"""A Run: every component of one training run, built from a Config, and the phases the driver calls."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+import yaml
+
+from slick.data.buffer import RolloutBuffer
+from slick.data.dataset import PromptDataset
+from slick.data.source import DataSource
+from slick.engine.factory import make_engines
+from slick.loop import debug
+from slick.loop.step import make_loss_fn, train_on_samples
+from slick.observe.metrics import MetricsLogger
+from slick.observe.progress import Progress
+from slick.plugins import load_function
+from slick.reward import RewardHub
+from slick.rollout.eval import evaluate
+from slick.rollout.manager import RolloutManager
+
+log = logging.getLogger("slick")
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Run:
+    def __init__(self, cfg):
+        from slick.train.trainer import Trainer
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        seed_everything(cfg.seed)
+        self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
+        self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg)
+        self.tok = self.trainer.tokenizer if self.trainer else self.engines.engine.tokenizer
+        self.data = DataSource(PromptDataset.from_config(cfg, self.tok), cfg.n_samples_per_prompt,
+                               shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
+        self.buffer = RolloutBuffer(cfg.max_staleness, load_function(cfg.buffer_filter_path, "--buffer-filter-path"))
+        self.rewards = RewardHub(cfg)
+        self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
+            if self.engines else None
+        pairs = list(cfg.eval_prompt_data)
+        self.eval_sets = {n: PromptDataset.from_config(cfg, self.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
+        self.loss_fn = make_loss_fn(cfg)
+        self.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
+        self.start_step = self._maybe_resume()
+        if cfg.num_rollout is not None:
+            self.num_steps = cfg.num_rollout
+        else:
+            self.num_steps = self.data.num_steps(cfg.rollout_batch_size, cfg.num_epoch or 1) if self.data else 1
+        self.logger = MetricsLogger(self.run_dir, use_tensorboard=cfg.use_tensorboard, use_wandb=cfg.use_wandb,
+                                    wandb_project=cfg.wandb_project, wandb_group=cfg.wandb_group,
+                                    config=cfg.to_dict())
+        self.progress = Progress(self.num_steps, enabled=not cfg.no_progress, initial=self.start_step)
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version if self.trainer else 0
+
+    def _maybe_resume(self) -> int:
+        if not self.cfg.load:
+            return 0
+        from slick.train.checkpoint import load_checkpoint
+
+        step, state = load_checkpoint(self.cfg.load, self.trainer)
+        if self.data and state.get("data"):
+            self.data.load_state_dict(state["data"])
+        if state.get("buffer"):
+            self.buffer.load_state_dict(state["buffer"])
+        log.info("resumed from %s at step %d", self.cfg.load, step)
+        return step
+
+    async def start(self) -> None:
+        """Bring the engines to the trainer's weights (after a resume or a fresh start)."""
+        if self.start_step and self.engines and self.trainer:
+            await self.sync_weights()
+
+    async def rollout(self, step: int):
+        cfg = self.cfg
+        if cfg.load_debug_rollout_data:
+            groups = debug.load_rollout(cfg.load_debug_rollout_data, step)
+            return groups, {"rollout/raw_reward": _mean([self.rewards.scalar(s) for g in groups for s in g])}
+        if self.rollout_fn is not None:
+            return await self.rollout_fn(cfg, self.manager, step)
+        groups, metrics = await self.manager.generate_rollout(step)
+        if cfg.save_debug_rollout_data:
+            debug.save_rollout(cfg.save_debug_rollout_data, step, groups)
+        return groups, metrics
+
+    def train(self, step: int, groups) -> dict:
+        samples = [s for g in groups for s in g]
+        rewards = [self.rewards.scalar(s) for s in samples]
+        if not samples:
+            return {}
+        debug_logp = None
+        if self.cfg.save_debug_train_data:  # an extra pass, only when asked for
+            debug_logp = self.trainer.compute_logprobs(samples, "actor")
+        metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn)
+        if self.cfg.save_debug_train_data:
+            debug.save_train_data(self.cfg.save_debug_train_data, step, samples, rewards, tensors, debug_logp)
+        return metrics
+
+    async def sync_weights(self) -> dict:
+        from slick.train.weight_sync import sync_weights
+
+        if not self.engines or self.cfg.debug_train_only:
+            return {}
+        seconds = await sync_weights(self.trainer, [self.engines.engine], mode=self.engines.sync_mode,
+                                     disk_dir=str(self.run_dir / "weights"))
+        return {"perf/update_weights_time": seconds}
+
+    async def evaluate(self) -> dict:
+        if not self.eval_sets or not self.manager:
+            return {}
+        return await evaluate(self.cfg, self.manager, self.eval_sets)
+
+    def save(self, step: int) -> None:
+        from slick.train.checkpoint import save_checkpoint, save_hf
+
+        state = {"step": step, "data": self.data.state_dict() if self.data else None,
+                 "buffer": self.buffer.state_dict()}
+        path = save_checkpoint(self.cfg.save, step, self.trainer, state)
+        if self.cfg.save_hf:
+            save_hf(self.cfg.save_hf, self.trainer)
+        self.progress.write(f"saved checkpoint {path}")
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.logger.log(metrics, step)
+        self.progress.update(step, metrics)
+
+    async def close(self) -> None:
+        self.progress.close()
+        self.logger.close()
+        await self.rewards.close()
+        if self.engines:
+            await self.engines.close()
+
+
+def _mean(xs):
+    return sum(xs) / max(len(xs), 1)

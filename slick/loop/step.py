@@ -1,0 +1,78 @@
+"""One training phase of a step: rewards -> advantages (algo/) -> optimizer steps (Trainer)."""
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from slick.algo import get_estimator, normalize_advantages
+from slick.algo.objective import compute_policy_objective
+from slick.plugins import load_function
+
+
+def pad(rows: list, width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        r = torch.as_tensor(r, dtype=torch.float32)
+        out[i, : len(r)] = r
+    return out
+
+
+def make_loss_fn(cfg):
+    custom = load_function(cfg.custom_loss_function_path, "--custom-loss-function-path")
+    return functools.partial(custom or compute_policy_objective, cfg)
+
+
+def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=None) -> list[torch.Tensor]:
+    """Per-sample advantage tensors (one value per response token) from the configured estimator."""
+    lengths = [len(s.response_ids) for s in samples]
+    width = max(lengths + [1])
+    mask = pad([s.loss_mask for s in samples], width)
+    kw = {"group_size": cfg.n_samples_per_prompt, "cfg": cfg}
+    if old_logprobs is not None:
+        kw["old_logprobs"] = pad(old_logprobs, width)
+    if ref_logprobs is not None:
+        kw["ref_logprobs"] = pad(ref_logprobs, width)
+    if cfg.advantage_estimator == "ppo":  # no critic yet: zero values make GAE a lambda-return
+        kw["values"] = torch.zeros_like(mask)
+    custom = load_function(cfg.custom_advantage_function_path, "--custom-advantage-function-path")
+    estimator = custom or get_estimator(cfg.advantage_estimator)
+    adv, _ = estimator(torch.tensor(rewards, dtype=torch.float32), mask, **kw)
+    if cfg.normalize_advantages:
+        adv = normalize_advantages(adv, mask)
+    return [adv[i, :n] for i, n in enumerate(lengths)]
+
+
+def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn) -> tuple[dict, dict]:
+    """Compute advantages and run ``num_steps_per_rollout`` optimizer steps.
+
+    Returns (metrics, tensors) where tensors holds the per-sample advantages and logprobs for debugging.
+    Old logprobs are recomputed only when the batch is not on-policy for every step (several optimizer
+    steps per rollout); otherwise the training forward's own logprobs serve as the old ones.
+    """
+    t0 = time.perf_counter()
+    old = ref = None
+    if cfg.use_rollout_logprobs:
+        old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
+    elif cfg.num_steps_per_rollout > 1 or (cfg.kl_coef and cfg.advantage_estimator.startswith("reinforce")):
+        old = trainer.compute_logprobs(samples, "actor")
+    if trainer.has_ref:
+        ref = trainer.compute_logprobs(samples, "ref")
+    t_logp = time.perf_counter() - t0
+    advantages = compute_advantages(cfg, samples, rewards, old, ref)
+    metrics: dict = {}
+    gbs = cfg.global_batch_size
+    for k in range(cfg.num_steps_per_rollout):
+        sl = slice(k * gbs, (k + 1) * gbs)
+        if not samples[sl]:
+            break
+        m = trainer.train_step(samples[sl], advantages[sl], loss_fn,
+                               old_logprobs=old[sl] if old is not None else None,
+                               ref_logprobs=ref[sl] if ref is not None else None)
+        for key, v in m.items():  # average over optimizer steps
+            metrics[key] = metrics.get(key, 0.0) + float(v) / cfg.num_steps_per_rollout
+    out = {f"train/{k}": v for k, v in metrics.items()}
+    out["perf/logprob_time"] = t_logp
+    out["perf/train_time"] = time.perf_counter() - t0
+    return out, {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}

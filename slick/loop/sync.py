@@ -1,0 +1,58 @@
+"""`slick train`: synchronous RL. rollout -> buffer -> advantages + train -> weight sync -> eval/save/log.
+
+Synchronous training is the buffer with max_staleness 0: every sample taken for step n was generated
+by the weights of step n. An async driver reuses the same Run phases with a larger staleness.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+
+from slick.config import ConfigError, build_parser, parse_config
+from slick.loop.run import Run
+
+
+def due(step: int, interval, last: int) -> bool:
+    return step == last or bool(interval) and step % interval == 0
+
+
+async def train(cfg) -> Run:
+    run = Run(cfg)
+    try:
+        await run.start()
+        if run.start_step == 0 and cfg.eval_interval is not None:
+            run.log(await run.evaluate(), 0)
+        for step in range(run.start_step, run.num_steps):
+            t0 = time.perf_counter()
+            groups, metrics = await run.rollout(step)
+            run.buffer.put(groups)
+            batch = run.buffer.take(len(groups), run.version)
+            if not cfg.debug_rollout_only:
+                metrics.update(run.train(step, batch))
+                if (step + 1) % cfg.update_weights_interval == 0:
+                    metrics.update(await run.sync_weights())
+            metrics["perf/step_time"] = time.perf_counter() - t0
+            metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
+            done = step + 1
+            if cfg.eval_interval is not None and due(done, cfg.eval_interval, run.num_steps):
+                metrics.update(await run.evaluate())
+            if cfg.save and due(done, cfg.save_interval, run.num_steps):
+                run.save(done)
+            run.log(metrics, done)
+    finally:
+        await run.close()
+    return run
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = parse_config(argv, build_parser("slick train"))
+    except ConfigError as e:
+        print(f"slick train: {e}", file=sys.stderr)
+        return 2
+    run = asyncio.run(train(cfg))
+    print(f"run directory: {run.run_dir}")
+    return 0

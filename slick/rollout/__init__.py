@@ -1,0 +1,1 @@
+"""Rollout side: turn prompts into scored groups of samples (RolloutManager), filters, eval."""

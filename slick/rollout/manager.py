@@ -1,0 +1,128 @@
+"""RolloutManager: prompts -> generated, scored groups of samples, ready for the buffer.
+
+One step: take groups from the DataSource, generate the n samples of every group concurrently,
+score each group as soon as its last sample finishes, apply the dynamic-sampling filter, and
+(with over-sampling) keep submitting groups until ``rollout_batch_size`` groups passed, then abort
+the rest. The engine is anything implementing ``slick.engine.base.Engine``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Optional
+
+from slick.plugins import load_function
+from slick.types import SamplingParams, Sample, Status
+
+log = logging.getLogger("slick.rollout")
+
+
+def sampling_from_config(cfg, *, eval: bool = False, stop_token_ids=None) -> SamplingParams:
+    temp = cfg.rollout_temperature
+    if eval and cfg.eval_temperature is not None:
+        temp = cfg.eval_temperature
+    max_len = cfg.rollout_max_response_len
+    if eval and cfg.eval_max_response_len is not None:
+        max_len = cfg.eval_max_response_len
+    stops = list(cfg.rollout_stop_token_ids) + list(stop_token_ids or [])
+    return SamplingParams(temperature=temp, top_p=cfg.eval_top_p if eval else cfg.rollout_top_p,
+                          top_k=-1 if eval else cfg.rollout_top_k, max_new_tokens=max_len,
+                          stop=list(cfg.rollout_stop) or None, stop_token_ids=stops or None)
+
+
+async def default_generate(args, sample: Sample, sampling: SamplingParams, engine, tokenizer) -> Sample:
+    """Generate one response for ``sample`` (continuing any partial response) and decode it."""
+    t0 = time.perf_counter()
+    if sample.response_ids:  # partial rollout: continue where the aborted generation stopped
+        left = sampling.max_new_tokens - len(sample.response_ids)
+        sampling = SamplingParams(**{**sampling.__dict__, "max_new_tokens": max(left, 1)})
+    gen = await engine.generate(list(sample.prompt_ids) + list(sample.response_ids), sampling)
+    sample.apply_generation(gen)
+    sample.response = tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+    sample.timings["generate"] = sample.timings.get("generate", 0.0) + time.perf_counter() - t0
+    return sample
+
+
+class RolloutManager:
+    """Drives the engine and the reward hub for one rollout step at a time."""
+
+    def __init__(self, cfg, data_source, engine, reward_hub, tokenizer):
+        self.cfg, self.data, self.engine, self.rewards, self.tok = cfg, data_source, engine, reward_hub, tokenizer
+        self.generate_fn = load_function(cfg.custom_generate_function_path, "--custom-generate-function-path")
+        self.filter_fn = load_function(cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.sampling = sampling_from_config(cfg, stop_token_ids=eos)
+        self.partial: list[list[Sample]] = []  # aborted groups kept for --partial-rollout
+
+    async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
+        if self.generate_fn is not None:
+            return await self.generate_fn(self.cfg, sample, sampling, self.engine)
+        return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
+
+    async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
+        """Generate every sample of a group concurrently, then score the group."""
+        sampling = sampling or self.sampling
+        await asyncio.gather(*(self._generate_sample(s, sampling) for s in group))
+        if all(s.status != Status.ABORTED for s in group):
+            t0 = time.perf_counter()
+            await self.rewards.score_group(group)
+            for s in group:
+                s.timings["reward"] = time.perf_counter() - t0
+        return group
+
+    def _next_groups(self, n: int) -> list[list[Sample]]:
+        resumed, self.partial = self.partial[:n], self.partial[n:]
+        return resumed + (self.data.get_groups(n - len(resumed)) if n > len(resumed) else [])
+
+    async def generate_rollout(self, step: int) -> tuple[list[list[Sample]], dict]:
+        """Return ``rollout_batch_size`` finished, scored (and filtered) groups plus rollout metrics."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        want = cfg.rollout_batch_size
+        per_round = (cfg.over_sampling_batch_size or want) if self.filter_fn else want
+        max_rounds = 1 if self.filter_fn is None else 4 * -(-want // per_round) + 4
+        kept: list[list[Sample]] = []
+        pending: set[asyncio.Task] = set()
+        dropped = submitted = rounds = 0
+        while len(kept) < want:
+            if len(kept) + len(pending) < want and rounds < max_rounds:
+                pending |= {asyncio.ensure_future(self.run_group(g)) for g in self._next_groups(per_round)}
+                submitted, rounds = submitted + per_round, rounds + 1
+            if not pending:
+                break
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = task.result()
+                if self.filter_fn is None or self.filter_fn(cfg, group):
+                    kept.append(group)
+                else:
+                    dropped += 1
+        if pending:  # batch is full: stop the leftovers
+            await self.engine.abort_all()
+            leftovers = await asyncio.gather(*pending)
+            if cfg.partial_rollout:
+                self.partial.extend(g for g in leftovers if any(s.status == Status.ABORTED for s in g))
+        if len(kept) < want:
+            log.warning("step %d: only %d of %d groups passed the dynamic-sampling filter after %d groups",
+                        step, len(kept), want, submitted)
+        kept = kept[:want]
+        return kept, self._metrics(kept, dropped, time.perf_counter() - t0)
+
+    def _metrics(self, groups: list[list[Sample]], dropped: int, seconds: float) -> dict:
+        samples = [s for g in groups for s in g]
+        n = max(len(samples), 1)
+        rewards = [self.rewards.scalar(s) for s in samples]
+        zero_std = sum(1 for g in groups if len({round(self.rewards.scalar(s), 8) for s in g}) <= 1)
+        tokens = sum(len(s.response_ids) for s in samples)
+        m = {
+            "rollout/raw_reward": sum(rewards) / n,
+            "rollout/response_len/mean": tokens / n,
+            "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / n,
+            "rollout/zero_std/count": zero_std,
+            "rollout/filtered_groups": dropped,
+            "rollout/generated_tokens": tokens,
+            "perf/rollout_time": seconds,
+            "perf/rollout_tokens_per_sec": tokens / max(seconds, 1e-9),
+        }
+        m.update(self.rewards.stats())
+        return m
