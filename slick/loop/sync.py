@@ -22,7 +22,7 @@ async def train(cfg) -> Run:
     run = Run(cfg)
     try:
         await run.start()
-        if run.start_step == 0 and cfg.eval_interval is not None:
+        if run.start_step == 0 and run.eval_sets:
             run.log(await run.evaluate(), 0)
         for step in range(run.start_step, run.num_steps):
             t0 = time.perf_counter()
@@ -36,7 +36,7 @@ async def train(cfg) -> Run:
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
             done = step + 1
-            if cfg.eval_interval is not None and due(done, cfg.eval_interval, run.num_steps):
+            if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
                 metrics.update(await run.evaluate())
             if cfg.save and due(done, cfg.save_interval, run.num_steps):
                 run.save(done)
