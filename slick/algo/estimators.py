@@ -1,0 +1,47 @@
+"""Registry of advantage estimators and batch-level advantage normalisation.
+
+Every estimator has the signature::
+
+    estimator(rewards: Tensor[B], mask: Tensor[B, T], *, group_size: int, cfg=None,
+              old_logprobs=None, ref_logprobs=None, values=None) -> (advantages[B, T], returns[B, T])
+
+A custom advantage function (``--custom-advantage-function-path``) should
+follow the same signature; the caller resolves the dotted path.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor
+
+from .grpo import grpo, gspo
+from .ppo import ppo
+from .reinforce import reinforce_plus_plus, reinforce_plus_plus_baseline
+from .rloo import rloo
+from .utils import masked_whiten
+
+Estimator = Callable[..., "tuple[Tensor, Tensor]"]
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": grpo,
+    "gspo": gspo,
+    "ppo": ppo,
+    "reinforce_plus_plus": reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
+    "rloo": rloo,
+}
+
+
+def get_estimator(name: str) -> Estimator:
+    """Return the estimator registered as ``name``; a ValueError lists the choices otherwise."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; choose one of: {', '.join(sorted(ESTIMATORS))}"
+        ) from None
+
+
+def normalize_advantages(adv: Tensor, mask: Tensor) -> Tensor:
+    """Whiten advantages over all masked tokens of the batch (``--normalize-advantages``)."""
+    return masked_whiten(adv, mask.to(adv.dtype))

@@ -1,0 +1,79 @@
+"""GRPO / GSPO / Dr.GRPO advantages: group-relative, broadcast over each sample's tokens.
+
+For a group of rewards ``r_1..r_n`` (one prompt, ``n = group_size`` samples)::
+
+    A_i = (r_i - mean(r)) / (std(r) + 1e-6)
+
+``std`` is ``torch.std``'s default, the *unbiased* (n-1) estimate, as in slime.
+A group of one has no spread: its advantage is 0 (not NaN). A group whose
+rewards are all equal gets 0 for every sample.
+
+Flags (read from ``cfg`` with defaults, so any attribute bag works):
+
+* ``disable_grpo_std_normalization`` - no division by the std (Dr.GRPO).
+* ``disable_rewards_normalization`` - the raw reward is the advantage.
+
+The sample's advantage is written on every token where ``mask`` is set; returns
+equal the advantages (there is no critic). GSPO uses the same advantages; it
+differs only in the sequence-level ratio of its loss (see ``policy_loss``).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from .utils import broadcast_to_tokens, check_groups, opt
+
+STD_EPS = 1e-6
+
+
+def group_normalized_rewards(rewards: Tensor, group_size: int, *, divide_by_std: bool = True) -> Tensor:
+    """Per-sample ``r - group mean`` (optionally ``/ (unbiased group std + 1e-6)``), shape [B]."""
+    grouped = rewards.view(-1, group_size)
+    centered = grouped - grouped.mean(dim=-1, keepdim=True)
+    if divide_by_std:
+        if group_size > 1:
+            std = grouped.std(dim=-1, keepdim=True)
+        else:
+            std = torch.zeros_like(centered)
+        centered = centered / (std + STD_EPS)
+    return centered.reshape(-1)
+
+
+def grpo(
+    rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    cfg: Any = None,
+    old_logprobs: Optional[Tensor] = None,
+    ref_logprobs: Optional[Tensor] = None,
+    values: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """GRPO advantages [B, T] and returns [B, T] (returns == advantages)."""
+    grouped = check_groups(rewards, mask, group_size)
+    flat = grouped.reshape(-1)
+    if opt(cfg, "disable_rewards_normalization", False):
+        per_sample = flat
+    else:
+        per_sample = group_normalized_rewards(
+            flat, group_size, divide_by_std=not opt(cfg, "disable_grpo_std_normalization", False)
+        )
+    adv = broadcast_to_tokens(per_sample, mask.float())
+    return adv, adv.clone()
+
+
+def gspo(
+    rewards: Tensor,
+    mask: Tensor,
+    *,
+    group_size: int,
+    cfg: Any = None,
+    old_logprobs: Optional[Tensor] = None,
+    ref_logprobs: Optional[Tensor] = None,
+    values: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """GSPO advantages: identical to :func:`grpo` (the difference lives in the loss)."""
+    return grpo(rewards, mask, group_size=group_size, cfg=cfg)

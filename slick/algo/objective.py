@@ -1,0 +1,107 @@
+"""The whole policy objective the trainer calls: pg loss (+TIS) - entropy bonus + KL loss.
+
+::
+
+    loss = reduce(pg_loss_per_token * tis_weights)            # tis_weights only with cfg.use_tis
+         - cfg.entropy_coef * reduce(entropy)
+         + cfg.kl_loss_coef * reduce(kl(logprobs, ref_logprobs, cfg.kl_loss_type))
+                                                               # only with cfg.use_kl_loss and ref given
+
+``reduce`` is sample mode, or token mode when ``cfg.calculate_per_token_loss``;
+``num_samples``/``num_tokens`` are the global normalisers for micro-batching.
+Every metric is reduced the same way, so with global normalisers the metrics
+of the micro-batches also sum to the global value.
+
+A custom loss (``--custom-loss-function-path``, resolved by the caller) should
+have the same signature as :func:`compute_policy_objective` and return
+``(loss scalar Tensor, metrics dict[str, float])``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from .kl import kl
+from .policy_loss import policy_terms, tis_terms
+from .reduce import reduce
+from .utils import opt
+
+
+def compute_policy_objective(
+    cfg: Any,
+    logprobs: Tensor,
+    entropy: Optional[Tensor],
+    mask: Tensor,
+    advantages: Tensor,
+    old_logprobs: Optional[Tensor] = None,
+    ref_logprobs: Optional[Tensor] = None,
+    rollout_logprobs: Optional[Tensor] = None,
+    num_samples: Optional[float] = None,
+    num_tokens: Optional[float] = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar training loss and metrics ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl_loss",
+    "entropy_loss", and "tis_mean"/"tis_clipfrac" when ``cfg.use_tis``).
+
+    ``old_logprobs=None`` means on-policy: ``logprobs.detach()`` is used (ratio 1,
+    gradient ``-A``). ``entropy`` may be None when ``cfg.entropy_coef`` is 0
+    ("entropy_loss" is then 0.0); "kl_loss" is 0.0 when no KL loss is computed.
+    """
+    mask = mask.to(logprobs.dtype)
+    per_token = bool(opt(cfg, "calculate_per_token_loss", False))
+
+    def red(x: Tensor) -> Tensor:
+        return reduce(x, mask, per_token, num_samples=num_samples, num_tokens=num_tokens)
+
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    pg, clipped, neg_log_ratio = policy_terms(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        float(opt(cfg, "eps_clip", 0.2)),
+        opt(cfg, "eps_clip_high", None),
+        opt(cfg, "eps_clip_c", None),
+        sequence_level=opt(cfg, "advantage_estimator", "grpo") == "gspo",
+    )
+    metrics: dict[str, float] = {}
+    if opt(cfg, "use_tis", False):
+        if rollout_logprobs is None:
+            raise ValueError("use_tis needs rollout_logprobs [B, T] (the engine's logprobs); got None")
+        if rollout_logprobs.shape != mask.shape:
+            raise ValueError(f"rollout_logprobs {tuple(rollout_logprobs.shape)} must match mask {tuple(mask.shape)}")
+        w, raw, changed = tis_terms(
+            old, rollout_logprobs, float(opt(cfg, "tis_clip_low", 0.0)), float(opt(cfg, "tis_clip", 2.0))
+        )
+        pg = pg * w.to(pg.dtype)
+        metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
+        metrics["tis_clipfrac"] = float(red(changed.to(mask.dtype)))
+
+    pg_loss = red(pg)
+    loss = pg_loss
+
+    entropy_coef = float(opt(cfg, "entropy_coef", 0.0))
+    if entropy is not None:
+        entropy_loss = red(entropy.to(logprobs.dtype))
+        if entropy_coef != 0.0:
+            loss = loss - entropy_coef * entropy_loss
+    elif entropy_coef != 0.0:
+        raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropy [B, T]; got None")
+    else:
+        entropy_loss = torch.zeros((), dtype=logprobs.dtype)
+
+    kl_loss = torch.zeros((), dtype=logprobs.dtype)
+    if opt(cfg, "use_kl_loss", False) and ref_logprobs is not None:
+        kl_loss = red(kl(logprobs, ref_logprobs, opt(cfg, "kl_loss_type", "low_var_kl")).to(logprobs.dtype))
+        loss = loss + float(opt(cfg, "kl_loss_coef", 0.0)) * kl_loss
+
+    metrics.update(
+        loss=float(loss.detach()),
+        pg_loss=float(pg_loss.detach()),
+        pg_clipfrac=float(red(clipped)),
+        ppo_kl=float(red(neg_log_ratio)),
+        kl_loss=float(kl_loss.detach()),
+        entropy_loss=float(entropy_loss.detach()),
+    )
+    return loss, metrics
