@@ -47,7 +47,18 @@ def _to_float(key: str, value: Any) -> float | None:
         return float(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}")
+    return _skip(key, value)
+
+
+_warned: set[str] = set()
+
+
+def _skip(key: str, value: Any) -> None:
+    """Non-numeric metric: warn once per key and drop it (a logging slip must not kill a training run)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"metric {key!r} is not a number ({type(value).__name__}: {value!r:.80}); not logged")
+    return None
 
 
 def _json_value(x: float) -> float | str:
@@ -97,7 +108,8 @@ class MetricsLogger:
     def log(self, metrics: dict[str, float], step: int) -> dict[str, float]:
         """Record ``metrics`` at ``step`` in every sink; returns the float-converted metrics.
 
-        Values may be Python/numpy/torch scalars; ``None`` values are dropped. Keys ``step`` and ``time``
+        Values may be Python/numpy/torch scalars; ``None`` values are dropped, other non-numbers are dropped
+        with a warning (once per key). Keys ``step`` and ``time``
         are reserved. The JSONL line is flushed before returning.
         """
         if self._closed:
