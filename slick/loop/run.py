@@ -60,6 +60,9 @@ class Run:
             self.num_steps = cfg.num_rollout
         else:
             self.num_steps = self.data.num_steps(cfg.rollout_batch_size, cfg.num_epoch or 1) if self.data else 1
+        old = self.run_dir / "metrics.jsonl"
+        if self.start_step == 0 and old.exists():  # a fresh run in a used directory: keep the old curve aside
+            old.rename(self.run_dir / f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
         self.logger = MetricsLogger(self.run_dir, use_tensorboard=cfg.use_tensorboard, use_wandb=cfg.use_wandb,
                                     wandb_project=cfg.wandb_project, wandb_group=cfg.wandb_group,
                                     config=cfg.to_dict())
