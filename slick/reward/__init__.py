@@ -1,0 +1,11 @@
+"""Reward hub: rule rewards (math, gsm8k, exact, f1, countdown, boxed_<type>), remote reward
+models over HTTP, and user functions by dotted path, behind one ``RewardHub`` object.
+
+Each rule reward is a pure ``score(response, label, metadata) -> float`` in its own module
+(``slick.reward.math``, ``.gsm8k``, ``.text``, ``.countdown``); see ``docs/rewards.md``.
+"""
+from slick.reward.extract import last_boxed
+from slick.reward.hub import RewardHub, check_reward
+from slick.reward.registry import builtin_score, get_score_fn, known_types
+
+__all__ = ["RewardHub", "builtin_score", "check_reward", "get_score_fn", "known_types", "last_boxed"]

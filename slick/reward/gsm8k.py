@@ -1,0 +1,56 @@
+"""``gsm8k`` reward: the final number of the response compared numerically with the label.
+
+The response's answer is the first number after its last ``####``; without ``####`` it is the
+last number anywhere in the response. Commas and ``$`` are stripped (``$1,234.50`` is 1234.5).
+The label may be a bare number or a GSM8K solution ending in ``#### 42``. Values compare
+exactly as fractions, so ``42``, ``42.0`` and ``+42`` all match. Returns 1.0 or 0.0.
+"""
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any, Optional
+
+# An optional sign and `$`, then digits with optional thousands commas and decimals, or `.5`.
+_NUMBER = re.compile(r"[-+]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
+
+
+def _to_fraction(token: str) -> Optional[Fraction]:
+    cleaned = token.replace(",", "").replace("$", "").replace(" ", "")
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_number(text: str) -> Optional[Fraction]:
+    """The first number after the last ``####``, else the last number in ``text``; ``None`` if none."""
+    text = text or ""
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1]
+        m = _NUMBER.search(tail)
+        if m:
+            return _to_fraction(m.group())
+    found = _NUMBER.findall(text)
+    return _to_fraction(found[-1]) if found else None
+
+
+def score(response: str, label: Any, metadata: dict | None = None) -> float:
+    """1.0 when the response's final number equals the label's number, else 0.0.
+
+    Raises ``ValueError`` when the label holds no number (a data problem the hub reports).
+    """
+    if label is None:
+        raise ValueError("gsm8k reward needs a label (got None)")
+    if isinstance(label, bool):
+        raise ValueError(f"gsm8k reward: label must be a number, got {label!r}")
+    if isinstance(label, int):
+        gold = Fraction(label)
+    elif isinstance(label, float):
+        gold = Fraction(repr(label))
+    else:
+        gold = extract_number(str(label))
+    if gold is None:
+        raise ValueError(f"gsm8k reward: no number in label {str(label)[:80]!r}")
+    pred = extract_number(response)
+    return 1.0 if pred is not None and pred == gold else 0.0

@@ -1,0 +1,51 @@
+"""Name -> pure scoring function for the built-in rule rewards.
+
+Every entry has the signature ``score(response: str, label, metadata) -> float``.
+``boxed_<type>`` scores the content of the response's last ``\\boxed{...}`` with ``<type>``
+(no complete box scores 0.0). ``remote_rm`` is not a pure function and lives in the hub.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from slick.reward import countdown, gsm8k, math as math_rm, text
+from slick.reward.extract import last_boxed
+
+ScoreFn = Callable[[str, Any, dict], float]
+
+BUILTIN: dict[str, ScoreFn] = {
+    "math": math_rm.score,
+    "gsm8k": gsm8k.score,
+    "exact": text.score_exact,
+    "f1": text.score_f1,
+    "countdown": countdown.score,
+}
+REMOTE = "remote_rm"
+BOXED_PREFIX = "boxed_"
+
+
+def known_types() -> list[str]:
+    """Every accepted ``--rm-type`` base name (each may also be prefixed ``boxed_``, except remote_rm)."""
+    return sorted(BUILTIN) + [REMOTE]
+
+
+def get_score_fn(rm_type: str) -> ScoreFn:
+    """The pure scorer for ``rm_type`` (``boxed_`` variants included); ``ValueError`` if unknown."""
+    if rm_type in BUILTIN:
+        return BUILTIN[rm_type]
+    if rm_type.startswith(BOXED_PREFIX) and rm_type[len(BOXED_PREFIX):] in BUILTIN:
+        inner = BUILTIN[rm_type[len(BOXED_PREFIX):]]
+
+        def boxed_score(response: str, label: Any, metadata: dict | None = None) -> float:
+            box = last_boxed(response)
+            return 0.0 if box is None else inner(box, label, metadata)
+
+        boxed_score.__name__ = f"score_{rm_type}"
+        return boxed_score
+    raise ValueError(f"unknown reward type {rm_type!r} (choose from {', '.join(known_types())}, "
+                     f"or boxed_<type> for the rule types)")
+
+
+def builtin_score(rm_type: str, response: str, label: Any, metadata: dict | None = None) -> float:
+    """Score one response with a built-in rule reward; handy inside custom reward functions."""
+    return get_score_fn(rm_type)(response, label, metadata or {})
