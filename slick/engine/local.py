@@ -1,0 +1,384 @@
+"""LocalEngine: in-process generation with continuous batching over a functional transformer.
+
+One scheduler thread owns the model. At every step it (1) drops cancelled requests, (2) admits queued
+requests into free KV-cache slots -- identical prompts waiting together share one prefill whose keys and
+values are copied into each slot -- and samples their first token, (3) runs one batched decode step for
+every running sequence. A finished sequence frees its slot at once. Results go back to the caller's
+event loop with ``call_soon_threadsafe``, so any number of event loops may call one engine over its life.
+
+Weight updates and ``abort_all`` take the step lock, i.e. they happen between two steps.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+
+from slick.engine.kvcache import KVCache
+from slick.engine.model import Transformer, iter_dir_weights, pick_dtype
+from slick.engine.sampling import sample
+from slick.types import Generation, SamplingParams
+
+log = logging.getLogger("slick.engine")
+
+PREFILL_TOKEN_BUDGET = 8192     # padded prompt tokens per prefill forward
+
+
+class _Request:
+    __slots__ = ("prompt", "sp", "loop", "future", "out", "lps", "rng", "max_new", "stop_ids", "stop_strs",
+                 "stop_tail", "cancelled", "cached")
+
+    def __init__(self, prompt, sp, loop, future, rng, max_new, stop_ids, stop_strs):
+        self.prompt, self.sp, self.loop, self.future = prompt, sp, loop, future
+        self.out: list[int] = []
+        self.lps: list[float] = []
+        self.rng, self.max_new, self.stop_ids, self.stop_strs = rng, max_new, stop_ids, stop_strs
+        self.stop_tail = max((len(s) for s in stop_strs), default=0) + 8   # tokens to decode for stop check
+        self.cancelled = False
+        self.cached = 0          # positions of this sequence held in the KV cache
+
+
+class LocalEngine:
+    """In-process engine implementing :class:`slick.engine.base.Engine` for Llama/Qwen2/Qwen3/Mistral.
+
+    ``dtype``: "auto" (bf16 on CUDA or on CPUs with AVX512-BF16/AMX, else fp32), "bf16" or "fp32".
+    ``max_running``: concurrent sequences (KV-cache slots). ``max_seq_len``: context cap (prompt +
+    response); defaults to the model's ``max_position_embeddings`` (or its sliding window if smaller).
+    ``seed`` seeds the random streams of requests that do not carry their own ``SamplingParams.seed``.
+    """
+
+    def __init__(self, model_path: str | Path, dtype: str = "auto", device: str = "auto", max_running: int = 64,
+                 max_seq_len: Optional[int] = None, seed: int = 0):
+        t0 = time.perf_counter()
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.dtype = pick_dtype(dtype, self.device)
+        self.model_path = str(model_path)
+        self.model = Transformer.load(model_path, self.dtype, self.device)
+        cfg = self.model.cfg
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.vocab_size = cfg.vocab_size
+        ctx = cfg.max_position if cfg.window is None else min(cfg.max_position, cfg.window)
+        if max_seq_len is not None:
+            if max_seq_len < 2:
+                raise ValueError(f"max_seq_len={max_seq_len} must be >= 2")
+            ctx = min(ctx, int(max_seq_len))
+        self.max_context = ctx
+        if max_running < 1:
+            raise ValueError(f"max_running={max_running} must be >= 1")
+        self.max_running = int(max_running)
+        self.eos_ids = _eos_ids(self.tokenizer, Path(self.model_path))
+        self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
+                             self.max_running, self.max_context)
+        self._rng = random.Random(seed)
+        self._version = 0
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._running: list[_Request] = []          # index == KV slot
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._closed = False
+        self._counters = collections.Counter()
+        self._recent: collections.deque = collections.deque(maxlen=512)   # (time, tokens) per step
+        self._thread = threading.Thread(target=self._run, name="slick-local-engine", daemon=True)
+        self._thread.start()
+        log.info("LocalEngine loaded %s (%s, %d layers) as %s on %s in %.2fs; max_context=%d max_running=%d",
+                 self.model_path, cfg.model_type, cfg.num_layers, str(self.dtype).replace("torch.", ""),
+                 self.device, time.perf_counter() - t0, self.max_context, self.max_running)
+
+    # ------------------------------------------------------------------ public API
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Generate a response for ``prompt_ids``; see :class:`slick.types.Generation` for the result."""
+        prompt = self._check_prompt(prompt_ids)
+        sp = sampling if sampling is not None else SamplingParams()
+        if self._closed:
+            raise RuntimeError("LocalEngine is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        rng = random.Random(sp.seed) if sp.seed is not None else random.Random(self._rng.getrandbits(64))
+        max_new = max(0, min(int(sp.max_new_tokens), self.max_context - len(prompt)))
+        stop_ids = set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
+        stop_strs = [s for s in (sp.stop or ()) if s]
+        req = _Request(prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
+        if max_new == 0:
+            return Generation([], [], "length", self._version, len(prompt), "")
+        with self._cv:
+            self._queue.append(req)
+            self._cv.notify()
+        try:
+            gen = await fut
+        except asyncio.CancelledError:
+            req.cancelled = True
+            raise
+        gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        return gen
+
+    async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,
+                             version: Optional[int] = None) -> int:
+        """Copy new weights in between two scheduler steps; return the new weight version.
+
+        ``named_tensors``: iterable of ``(hf_name, tensor)`` (any dtype/device; cast on copy).
+        ``path``: a HF directory whose safetensors are read. ``version``: set instead of incrementing.
+        """
+        return await asyncio.to_thread(self.update_weights_sync, named_tensors, path, version)
+
+    def update_weights_sync(self, named_tensors=None, path=None, version=None) -> int:
+        """Blocking form of :meth:`update_weights` (for callers without an event loop)."""
+        if (named_tensors is None) == (path is None):
+            raise ValueError("update_weights: pass exactly one of named_tensors or path")
+        t0 = time.perf_counter()
+        with self._step_lock:
+            if path is not None:
+                seen = self.model.copy_named(iter_dir_weights(path), strict=False)
+                if not seen:
+                    raise ValueError(f"{path}: no weights of this model found in its safetensors")
+            else:
+                seen = self.model.copy_named(named_tensors, strict=True)
+            self._version = int(version) if version is not None else self._version + 1
+        log.info("weights updated (%d tensors) -> version %d in %.2fs", len(seen), self._version,
+                 time.perf_counter() - t0)
+        return self._version
+
+    async def abort_all(self) -> None:
+        """Finish every running and queued request now with finish reason "abort" (partial output kept)."""
+        await asyncio.to_thread(self._abort_all_sync)
+
+    def _abort_all_sync(self) -> None:
+        with self._step_lock:
+            with self._cv:
+                reqs = list(self._running) + list(self._queue)
+                self._running.clear()
+                self._queue.clear()
+            for r in reqs:
+                self._finish(r, "abort")
+            self._counters["aborted"] += len(reqs)
+
+    async def health(self) -> bool:
+        """True while the scheduler thread is alive and the engine is open."""
+        return (not self._closed) and self._thread.is_alive()
+
+    async def get_weight_version(self) -> int:
+        """The current weight version (0 after load, +1 per update unless set)."""
+        return self._version
+
+    async def close(self) -> None:
+        """Stop the scheduler thread; outstanding requests finish with "abort"."""
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """Blocking form of :meth:`close`."""
+        if self._closed:
+            return
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=60)
+        self._abort_all_sync()
+
+    def stats(self) -> dict:
+        """Counters for /metrics: running, queued, generated_tokens_total, tokens_per_sec (last ~10 s), ..."""
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= 10.0]
+        tps = 0.0
+        if recent:
+            span = max(now - recent[0][0], 1e-3)
+            tps = sum(n for _, n in recent) / span
+        c = self._counters
+        return {"running": len(self._running), "queued": len(self._queue),
+                "generated_tokens_total": c["tokens"], "tokens_per_sec": tps,
+                "prefills": c["prefills"], "prefill_tokens": c["prefill_tokens"],
+                "decode_steps": c["decode_steps"], "requests_finished": c["finished"],
+                "aborted": c["aborted"], "weight_version": self._version,
+                "kv_cache_bytes": self.cache.nbytes(), "max_running": self.max_running,
+                "max_context": self.max_context}
+
+    # ------------------------------------------------------------------ scheduler thread
+    def _check_prompt(self, prompt_ids) -> list[int]:
+        try:
+            prompt = [int(t) for t in prompt_ids]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"prompt_ids must be a list of integers: {e}") from e
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        bad = [t for t in prompt if t < 0 or t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_ids contains token ids outside [0, {self.vocab_size}): {bad[:5]}")
+        if len(prompt) >= self.max_context:
+            raise ValueError(f"prompt has {len(prompt)} tokens; the context limit is {self.max_context}")
+        return prompt
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not self._closed and not self._queue and not self._running:
+                    self._cv.wait()
+                if self._closed:
+                    return
+            with self._step_lock:
+                try:
+                    self._step()
+                except Exception as e:  # never let the thread die: fail the requests in flight
+                    log.exception("LocalEngine step failed")
+                    with self._cv:
+                        reqs = list(self._running)
+                        self._running.clear()
+                    for r in reqs:
+                        _deliver(r, exc=RuntimeError(f"LocalEngine step failed: {e!r}"))
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        if self._running:
+            self._decode()
+
+    def _drop_cancelled(self) -> None:
+        done = [i for i, r in enumerate(self._running) if r.cancelled]
+        self._release(done)
+
+    def _release(self, idxs: list[int]) -> None:
+        """Remove running requests at ``idxs``; keep slots dense by moving the last into each hole."""
+        for i in sorted(idxs, reverse=True):
+            j = len(self._running) - 1
+            if i != j:
+                last = self._running[j]
+                self.cache.move(j, i, last.cached)
+                self._running[i] = last
+            self._running.pop()
+
+    def _admit(self) -> None:
+        new: list[_Request] = []
+        with self._cv:
+            while self._queue and len(self._running) + len(new) < self.max_running:
+                r = self._queue.popleft()
+                if not r.cancelled:
+                    new.append(r)
+        if not new:
+            return
+        B0 = len(self._running)
+        need = max(len(r.prompt) + r.max_new for r in self._running + new)
+        self.cache.ensure(B0 + len(new), need)
+        self._running.extend(new)
+        groups: dict[tuple, list[int]] = {}
+        for k, r in enumerate(new):
+            groups.setdefault(tuple(r.prompt), []).append(B0 + k)
+        uniq = list(groups.items())
+        logit_rows: dict[int, torch.Tensor] = {}
+        chunk: list = []
+        for item in uniq + [None]:
+            if item is not None:
+                plen = max([len(p) for p, _ in chunk + [item]])
+                if not chunk or plen * (len(chunk) + 1) <= PREFILL_TOKEN_BUDGET:
+                    chunk.append(item)
+                    continue
+            logits = self._prefill(chunk)
+            for row, (p, slots) in enumerate(chunk):
+                for s in slots[1:]:
+                    self.cache.copy(slots[0], s, len(p))
+                for s in slots:
+                    logit_rows[s] = logits[row]
+            chunk = [item] if item is not None else []
+        for r in new:
+            r.cached = len(r.prompt)
+        slots = list(range(B0, B0 + len(new)))
+        logits = torch.stack([logit_rows[s] for s in slots])
+        self._sample_and_finish(logits, slots)
+
+    def _prefill(self, chunk: list) -> torch.Tensor:
+        P = max(len(p) for p, _ in chunk)
+        toks = torch.zeros(len(chunk), P, dtype=torch.long)
+        for row, (p, _) in enumerate(chunk):
+            toks[row, :len(p)] = torch.tensor(p, dtype=torch.long)
+        lens = torch.tensor([len(p) for p, _ in chunk], dtype=torch.long)
+        slots = torch.tensor([s[0] for _, s in chunk], dtype=torch.long)
+        dev = self.device
+        out = self.model.prefill(toks.to(dev), lens.to(dev), slots.to(dev), self.cache)
+        self._counters["prefills"] += len(chunk)
+        self._counters["prefill_tokens"] += int(lens.sum())
+        return out
+
+    def _decode(self) -> None:
+        run = self._running
+        toks = torch.tensor([r.out[-1] for r in run], dtype=torch.long, device=self.device)
+        pos_list = [r.cached for r in run]
+        pos = torch.tensor(pos_list, dtype=torch.long, device=self.device)
+        logits = self.model.decode(toks, pos, self.cache, max(pos_list) + 1)
+        for r in run:
+            r.cached += 1
+        self._counters["decode_steps"] += 1
+        self._sample_and_finish(logits, list(range(len(run))))
+
+    def _sample_and_finish(self, logits: torch.Tensor, slots: list[int]) -> None:
+        reqs = [self._running[s] for s in slots]
+        tokens, lps = sample(logits, [r.sp.temperature for r in reqs], [r.sp.top_p for r in reqs],
+                             [r.sp.top_k for r in reqs], [1.0 - r.rng.random() for r in reqs])
+        done = []
+        for s, r, t, lp in zip(slots, reqs, tokens, lps):
+            r.out.append(t)
+            r.lps.append(lp)
+            reason = self._finish_reason(r, t)
+            if reason:
+                done.append(s)
+                self._finish(r, reason)
+        self._counters["tokens"] += len(tokens)
+        self._recent.append((time.perf_counter(), len(tokens)))
+        with self._cv:
+            self._release(done)
+
+    def _finish_reason(self, r: _Request, tok: int) -> Optional[str]:
+        if tok in r.stop_ids:
+            return "stop"
+        if r.stop_strs:
+            tail = self.tokenizer.decode(r.out[-r.stop_tail:])
+            if any(s in tail for s in r.stop_strs):
+                return "stop"
+        if len(r.out) >= r.max_new:
+            return "length"
+        return None
+
+    def _finish(self, r: _Request, reason: str) -> None:
+        self._counters["finished"] += 1
+        _deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt)))
+
+
+def _deliver(r: _Request, gen: Optional[Generation] = None, exc: Optional[BaseException] = None) -> None:
+    def _set():
+        if r.future.done():
+            return
+        if exc is not None:
+            r.future.set_exception(exc)
+        else:
+            r.future.set_result(gen)
+
+    try:
+        r.loop.call_soon_threadsafe(_set)
+    except RuntimeError:  # the caller's event loop is closed; nobody is waiting any more
+        pass
+
+
+def _eos_ids(tokenizer, path: Path) -> list[int]:
+    """EOS ids from the tokenizer and from generation_config.json (int or list)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gc = path / "generation_config.json"
+    if gc.is_file():
+        try:
+            e = json.loads(gc.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{gc}:{err.lineno}: invalid JSON: {err.msg}") from err
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, list):
+            ids.update(int(x) for x in e)
+    return sorted(ids)

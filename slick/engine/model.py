@@ -1,0 +1,330 @@
+"""A functional decoder-only transformer over Hugging Face weights (Llama, Qwen2, Qwen3, Mistral).
+
+The weights are read straight from a HF directory (``config.json`` + ``*.safetensors``) into a few
+fused tensors (one qkv matrix and one gate/up matrix per layer), and ``prefill`` / ``decode`` run the
+forward pass against a :class:`~slick.engine.kvcache.KVCache` whose slots hold one sequence each.
+No ``transformers`` module is called at generation time; the maths follows the HF reference models
+(RMSNorm in fp32, rotate-half RoPE, grouped-query attention, SwiGLU MLP).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from slick.engine.kvcache import KVCache
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@dataclass
+class ArchConfig:
+    """The parts of a HF ``config.json`` the forward pass needs."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope_theta: float
+    max_position: int
+    tie_word_embeddings: bool
+    qk_norm: bool
+    window: Optional[int] = None       # sliding-window size if one applies (context is capped to it)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "ArchConfig":
+        """Parse ``path/config.json``; raise ``ValueError`` naming the field for anything unsupported."""
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no config.json in model directory")
+        try:
+            c = json.loads(file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}:{e.lineno}: invalid JSON: {e.msg}") from e
+        return cls.from_dict(c, source=str(file))
+
+    @classmethod
+    def from_dict(cls, c: dict, source: str = "config") -> "ArchConfig":
+        mt = c.get("model_type")
+        if mt not in SUPPORTED_ARCHS:
+            raise ValueError(f"{source}: model_type={mt!r} is not supported by LocalEngine "
+                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+        act = c.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"{source}: hidden_act={act!r} is not supported (only 'silu')")
+        rope = c.get("rope_parameters") or {}
+        scaling = c.get("rope_scaling")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if scaling:
+            rope_type = scaling.get("rope_type", scaling.get("type", rope_type))
+        if rope_type not in (None, "default"):
+            raise ValueError(f"{source}: rope scaling type {rope_type!r} is not supported "
+                             "(field rope_parameters.rope_type / rope_scaling; only 'default')")
+        theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
+        heads = int(c["num_attention_heads"])
+        hidden = int(c["hidden_size"])
+        window = None
+        sw = c.get("sliding_window")
+        if sw and (mt == "mistral" or c.get("use_sliding_window")):
+            window = int(sw)
+        return cls(
+            model_type=mt, vocab_size=int(c["vocab_size"]), hidden_size=hidden,
+            num_layers=int(c["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or hidden // heads),
+            intermediate_size=int(c["intermediate_size"]), rms_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta), max_position=int(c.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qk_norm=(mt == "qwen3"),
+            window=window)
+
+
+class Layer:
+    """One decoder layer's weights (fused qkv and gate/up)."""
+
+    __slots__ = ("in_norm", "qkv_w", "qkv_b", "q_norm", "k_norm", "o_w", "o_b", "post_norm",
+                 "gu_w", "gu_b", "down_w", "down_b")
+
+
+class Transformer:
+    """Weights plus the functional forward pass. Build with :meth:`load`."""
+
+    def __init__(self, cfg: ArchConfig, dtype: torch.dtype, device: torch.device, bias_keys: set[str]):
+        self.cfg, self.dtype, self.device = cfg, dtype, device
+        H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+        e = lambda *s: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
+        self.embed = e(cfg.vocab_size, H)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else e(cfg.vocab_size, H)
+        self.norm = e(H)
+        self.layers: list[Layer] = []
+        # hf name -> (target tensor, row start, row end); None bounds = whole tensor
+        self.targets: dict[str, tuple[torch.Tensor, Optional[int], Optional[int]]] = {
+            "model.embed_tokens.weight": (self.embed, None, None),
+            "model.norm.weight": (self.norm, None, None),
+            "lm_head.weight": (self.lm_head, None, None)}
+        qd, kd = nh * hd, nkv * hd
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            L = Layer()
+            L.in_norm, L.post_norm = e(H), e(H)
+            L.qkv_w, L.o_w = e(qd + 2 * kd, H), e(H, qd)
+            L.gu_w, L.down_w = e(2 * inter, H), e(H, inter)
+            has = lambda n: (p + n) in bias_keys  # noqa: E731
+            L.qkv_b = e(qd + 2 * kd) if has("self_attn.q_proj.bias") else None
+            L.o_b = e(H) if has("self_attn.o_proj.bias") else None
+            L.gu_b = e(2 * inter) if has("mlp.gate_proj.bias") else None
+            L.down_b = e(H) if has("mlp.down_proj.bias") else None
+            L.q_norm = e(hd) if cfg.qk_norm else None
+            L.k_norm = e(hd) if cfg.qk_norm else None
+            t = self.targets
+            t[p + "input_layernorm.weight"] = (L.in_norm, None, None)
+            t[p + "post_attention_layernorm.weight"] = (L.post_norm, None, None)
+            for kind, tens in (("weight", L.qkv_w), ("bias", L.qkv_b)):
+                if tens is not None:
+                    t[p + f"self_attn.q_proj.{kind}"] = (tens, 0, qd)
+                    t[p + f"self_attn.k_proj.{kind}"] = (tens, qd, qd + kd)
+                    t[p + f"self_attn.v_proj.{kind}"] = (tens, qd + kd, qd + 2 * kd)
+            for kind, tens in (("weight", L.gu_w), ("bias", L.gu_b)):
+                if tens is not None:
+                    t[p + f"mlp.gate_proj.{kind}"] = (tens, 0, inter)
+                    t[p + f"mlp.up_proj.{kind}"] = (tens, inter, 2 * inter)
+            t[p + "self_attn.o_proj.weight"] = (L.o_w, None, None)
+            t[p + "mlp.down_proj.weight"] = (L.down_w, None, None)
+            if L.o_b is not None:
+                t[p + "self_attn.o_proj.bias"] = (L.o_b, None, None)
+            if L.down_b is not None:
+                t[p + "mlp.down_proj.bias"] = (L.down_b, None, None)
+            if cfg.qk_norm:
+                t[p + "self_attn.q_norm.weight"] = (L.q_norm, None, None)
+                t[p + "self_attn.k_norm.weight"] = (L.k_norm, None, None)
+            self.layers.append(L)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        self._inv_freq = inv
+        self._rope_len = 0
+        self.cos = self.sin = None
+
+    # ---------------------------------------------------------------- loading / weight updates
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype, device: torch.device) -> "Transformer":
+        """Read config and all safetensors of a HF directory."""
+        path = Path(path)
+        cfg = ArchConfig.from_dir(path)
+        files = safetensor_files(path)
+        from safetensors import safe_open
+
+        keys: set[str] = set()
+        for f in files:
+            with safe_open(str(f), framework="pt") as h:
+                keys.update(h.keys())
+        model = cls(cfg, dtype, device, {k for k in keys if k.endswith(".bias")})
+        seen = model.copy_named(_iter_safetensors(files), strict=False)
+        required = set(model.targets) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+        missing = sorted(required - seen)
+        if missing:
+            raise ValueError(f"{path}: weights missing from safetensors: {missing[:8]}"
+                             f"{' ...' if len(missing) > 8 else ''}")
+        return model
+
+    def copy_named(self, named: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> set[str]:
+        """Copy ``(hf_name, tensor)`` pairs into the weights (cast to the engine dtype); return names seen.
+
+        Rotary buffers are ignored; an unknown name raises ``KeyError`` when ``strict``.
+        """
+        seen = set()
+        for name, tensor in named:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            tgt = self.targets.get(name)
+            if tgt is None:
+                if strict:
+                    raise KeyError(f"unknown weight name {name!r} for a {self.cfg.model_type} model")
+                continue
+            dst, a, b = tgt
+            view = dst if a is None else dst[a:b]
+            if tuple(view.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} does not match "
+                                 f"the model's {tuple(view.shape)}")
+            with torch.no_grad():
+                view.copy_(tensor.detach())
+            seen.add(name)
+        return seen
+
+    # ---------------------------------------------------------------- forward pieces
+    def _ensure_rope(self, n: int) -> None:
+        if n <= self._rope_len:
+            return
+        n = max(n, 2 * self._rope_len, 256)
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32), self._inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(self.dtype).to(self.device)
+        self.sin = emb.sin().to(self.dtype).to(self.device)
+        self._rope_len = n
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return w * F.rms_norm(x.float(), (x.shape[-1],), None, self.cfg.rms_eps).to(x.dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rot * sin
+
+    def _qkv(self, L: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B,T,H] -> q [B,nh,T,hd], k/v [B,nkv,T,hd] with RoPE (and q/k norm) applied."""
+        c = self.cfg
+        B, T, _ = x.shape
+        h = self._norm(x, L.in_norm)
+        qkv = F.linear(h, L.qkv_w, L.qkv_b)
+        q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+                             c.num_kv_heads * c.head_dim], dim=-1)
+        q = q.view(B, T, c.num_heads, c.head_dim)
+        k = k.view(B, T, c.num_kv_heads, c.head_dim)
+        v = v.view(B, T, c.num_kv_heads, c.head_dim)
+        if L.q_norm is not None:
+            q, k = self._norm(q, L.q_norm), self._norm(k, L.k_norm)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _mlp_out(self, L: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = x + F.linear(attn, L.o_w, L.o_b)
+        h = self._norm(x, L.post_norm)
+        g, u = F.linear(h, L.gu_w, L.gu_b).chunk(2, dim=-1)
+        return x + F.linear(F.silu(g) * u, L.down_w, L.down_b)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._norm(h, self.norm), self.lm_head).float()
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run right-padded prompts ``tokens`` [u,P] (true lengths ``lens``) from position 0, write
+        their keys/values into cache ``slots``; return fp32 logits [u,V] at each prompt's last token."""
+        c = self.cfg
+        u, P = tokens.shape
+        self._ensure_rope(P)
+        cos, sin = self.cos[:P].view(1, P, 1, -1), self.sin[:P].view(1, P, 1, -1)
+        x = F.embedding(tokens, self.embed)
+        for i, L in enumerate(self.layers):
+            q, k, v = self._qkv(L, x, cos, sin)
+            cache.k[i][slots, :, :P] = k
+            cache.v[i][slots, :, :P] = v
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               enable_gqa=c.num_heads != c.num_kv_heads)
+            x = self._mlp_out(L, x, a.transpose(1, 2).reshape(u, P, -1))
+        last = x[torch.arange(u, device=x.device), lens - 1]
+        return self._logits(last)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, max_len: int) -> torch.Tensor:
+        """One decode step for the sequences in cache slots ``0..B-1``: ``tokens`` [B] sit at positions
+        ``pos`` [B]; ``max_len`` = max(pos)+1. Returns fp32 logits [B,V]."""
+        c = self.cfg
+        B = tokens.shape[0]
+        g = c.num_heads // c.num_kv_heads
+        self._ensure_rope(max_len)
+        cos, sin = self.cos[pos].view(B, 1, 1, -1), self.sin[pos].view(B, 1, 1, -1)
+        mask = (torch.arange(max_len, device=tokens.device).view(1, -1) <= pos.view(-1, 1)).view(B, 1, 1, max_len)
+        rows = torch.arange(B, device=tokens.device)
+        x = F.embedding(tokens.view(B, 1), self.embed)
+        for i, L in enumerate(self.layers):
+            q, k, v = self._qkv(L, x, cos, sin)
+            kc, vc = cache.k[i], cache.v[i]
+            kc[rows, :, pos] = k[:, :, 0]
+            vc[rows, :, pos] = v[:, :, 0]
+            # grouped-query attention without repeating K/V: the g query heads of one kv head act as
+            # g query positions attending to that head's keys
+            a = F.scaled_dot_product_attention(q.reshape(B, c.num_kv_heads, g, c.head_dim),
+                                               kc[:B, :, :max_len], vc[:B, :, :max_len], attn_mask=mask)
+            x = self._mlp_out(L, x, a.reshape(B, 1, -1))
+        return self._logits(x[:, 0])
+
+
+def safetensor_files(path: str | Path) -> list[Path]:
+    """All ``*.safetensors`` files of a HF directory (sorted); error if none."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files found")
+    return files
+
+
+def _iter_safetensors(files: list[Path]):
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for name in h.keys():
+                yield name, h.get_tensor(name)
+
+
+def iter_dir_weights(path: str | Path):
+    """Yield ``(hf_name, tensor)`` from every safetensors file in a HF directory."""
+    return _iter_safetensors(safetensor_files(path))
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """Resolve "auto" | "bf16" | "fp32" (also "bfloat16", "float32")."""
+    d = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+    if dtype in d:
+        return d[dtype]
+    if dtype != "auto":
+        raise ValueError(f"dtype={dtype!r}: choose auto, bf16 or fp32")
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True if the CPU advertises AVX512-BF16 or AMX-BF16 (bf16 matmul much faster than fp32)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
