@@ -1,0 +1,220 @@
+"""SGLang native-API wire format: parse and check ``/generate`` requests, build responses.
+
+Pure functions shared by the server (``slick serve``) and the client (``HttpEngine``). Nothing here
+does I/O. Field names and shapes follow SGLang's ``/generate``:
+
+request  ``{"input_ids": [...] | [[...], ...], "text": str | [str], "sampling_params": {...} | [{...}],
+           "return_logprob": bool, "rid": str | [str], "stream": bool}``  (unknown keys are ignored)
+response ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type", ...}, "prompt_tokens",
+           "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version"}}``
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from slick.types import Generation, SamplingParams
+
+
+class RequestError(ValueError):
+    """A client mistake; the server answers it with HTTP ``status`` and ``{"error": message}``."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class GenerateItem:
+    """One prompt of a (possibly batched) ``/generate`` request, already checked."""
+
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass
+class GenerateRequest:
+    items: list[GenerateItem]
+    batched: bool
+    return_logprob: bool
+    stream: bool
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_ids(ids: Any, where: str, vocab_size: int) -> list[int]:
+    if not isinstance(ids, list):
+        raise RequestError(f"{where} must be a list of token ids, got {type(ids).__name__}")
+    if not ids:
+        raise RequestError(f"{where} is empty")
+    for i, t in enumerate(ids):
+        if not _is_int(t):
+            raise RequestError(f"{where}[{i}] must be an integer token id, got {t!r}")
+        if t < 0 or t >= vocab_size:
+            raise RequestError(f"{where}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+_NUMBER_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int,
+                  "sampling_seed": int, "seed": int}
+
+
+def parse_sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
+    """Check the types and ranges of an SGLang ``sampling_params`` dict; unknown keys are ignored."""
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise RequestError(f"{where} must be an object, got {type(d).__name__}")
+    for key, kind in _NUMBER_FIELDS.items():
+        v = d.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+            raise RequestError(f"{where}.{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RequestError(f"{where}.{key} must be finite, got {v!r}")
+    stop = d.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise RequestError(f"{where}.stop must be a string or a list of strings")
+    sti = d.get("stop_token_ids")
+    if sti is not None and not (isinstance(sti, list) and all(_is_int(t) for t in sti)):
+        raise RequestError(f"{where}.stop_token_ids must be a list of integers")
+    sp = SamplingParams.from_sglang(d)
+    if sp.temperature < 0:
+        raise RequestError(f"{where}.temperature must be >= 0, got {sp.temperature}")
+    if not 0 < sp.top_p <= 1:
+        raise RequestError(f"{where}.top_p must be in (0, 1], got {sp.top_p}")
+    if sp.max_new_tokens < 0:
+        raise RequestError(f"{where}.max_new_tokens must be >= 0, got {sp.max_new_tokens}")
+    return sp
+
+
+def parse_generate(body: Any, *, vocab_size: int, max_context: int,
+                   tokenize: Optional[Callable[[str], list[int]]] = None,
+                   max_batch: int = 4096) -> GenerateRequest:
+    """Turn a decoded ``/generate`` JSON body into checked items; raises ``RequestError``.
+
+    ``max_context`` bounds prompt length + ``max_new_tokens`` for every item.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
+    ids, text = body.get("input_ids"), body.get("text")
+    if ids is None and text is None:
+        raise RequestError("request needs 'input_ids' or 'text'")
+    if ids is not None:
+        if not isinstance(ids, list):
+            raise RequestError(f"input_ids must be a list, got {type(ids).__name__}")
+        batched = bool(ids) and isinstance(ids[0], list)
+        prompts = ids if batched else [ids]
+        where = "input_ids[{}]" if batched else "input_ids"
+    else:
+        if tokenize is None:
+            raise RequestError("this server cannot tokenize 'text'; send 'input_ids'")
+        batched = isinstance(text, list)
+        texts = text if batched else [text]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError("text must be a non-empty string or a list of strings")
+        prompts = [tokenize(t) for t in texts]
+        where = "text[{}] (tokenized)" if batched else "text (tokenized)"
+    if batched and not prompts:
+        raise RequestError("input_ids batch is empty")
+    if len(prompts) > max_batch:
+        raise RequestError(f"batch of {len(prompts)} prompts exceeds the limit of {max_batch}", status=413)
+    n = len(prompts)
+
+    sps = body.get("sampling_params")
+    if isinstance(sps, list):
+        if not batched or len(sps) != n:
+            raise RequestError(f"sampling_params list has {len(sps)} entries for {n} prompt(s)")
+        samplings = [parse_sampling(s, f"sampling_params[{i}]") for i, s in enumerate(sps)]
+    else:
+        samplings = [parse_sampling(sps)] * n
+
+    rids = body.get("rid")
+    if rids is None:
+        rids = [uuid.uuid4().hex for _ in range(n)]
+    elif isinstance(rids, str):
+        rids = [rids] if n == 1 else [f"{rids}-{i}" for i in range(n)]
+    elif not (isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) for r in rids)):
+        raise RequestError(f"rid must be a string or a list of {n} strings")
+
+    items = []
+    for i, (p, sp, rid) in enumerate(zip(prompts, samplings, rids)):
+        w = where.format(i)
+        p = _check_ids(p, w, vocab_size)
+        if len(p) >= max_context:
+            raise RequestError(f"{w} has {len(p)} tokens; the context is {max_context}", status=413)
+        if len(p) + sp.max_new_tokens > max_context:
+            raise RequestError(f"{w}: prompt {len(p)} + max_new_tokens {sp.max_new_tokens} exceeds the "
+                               f"context of {max_context} tokens")
+        items.append(GenerateItem(rid=rid, prompt_ids=p, sampling=sp))
+    rl = body.get("return_logprob", False)
+    if isinstance(rl, list):
+        rl = any(rl)
+    if not isinstance(rl, bool):
+        raise RequestError(f"return_logprob must be a boolean, got {rl!r}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"stream must be a boolean, got {stream!r}")
+    return GenerateRequest(items=items, batched=batched, return_logprob=rl, stream=stream)
+
+
+def finish_reason_json(gen: Generation, sampling: SamplingParams, message: str = "") -> dict:
+    """SGLang's ``meta_info.finish_reason`` object for a generation."""
+    kind = gen.finish_reason
+    if kind == "length":
+        return {"type": "length", "length": sampling.max_new_tokens}
+    if kind == "stop":
+        return {"type": "stop", "matched": gen.token_ids[-1] if gen.token_ids else None}
+    return {"type": kind, "message": message or "request aborted"}
+
+
+def generation_json(gen: Generation, item: GenerateItem, *, text: str, return_logprob: bool,
+                    e2e_latency: float) -> dict:
+    """One ``/generate`` response object in SGLang's shape."""
+    meta = {
+        "id": item.rid,
+        "finish_reason": finish_reason_json(gen, item.sampling),
+        "prompt_tokens": len(item.prompt_ids),
+        "completion_tokens": len(gen.token_ids),
+        "cached_tokens": 0,
+        "weight_version": gen.weight_version,
+        "e2e_latency": round(e2e_latency, 6),
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(gen.logprobs, gen.token_ids)]
+    return {"text": text, "output_ids": list(gen.token_ids), "meta_info": meta}
+
+
+def parse_weight_version(v: Any, default: int = 0) -> int:
+    """SGLang reports weight versions as strings ("default", "3"); slick uses integers."""
+    if _is_int(v):
+        return v
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    return default
+
+
+def generation_from_json(d: dict) -> Generation:
+    """Parse one SGLang ``/generate`` response object (from slick serve, SGLang or sglang-router)."""
+    if not isinstance(d, dict) or "meta_info" not in d:
+        raise ValueError(f"not a /generate response: {str(d)[:200]}")
+    meta = d["meta_info"]
+    lps = meta.get("output_token_logprobs") or []
+    ids = d.get("output_ids")
+    if ids is None:
+        ids = [int(x[1]) for x in lps]
+    logprobs = [float(x[0]) if x[0] is not None else float("nan") for x in lps]
+    fr = meta.get("finish_reason")
+    kind = fr.get("type") if isinstance(fr, dict) else (fr or "stop")
+    if kind not in ("stop", "length", "abort"):
+        kind = "abort" if kind in ("cancelled", "error") else "stop"
+    return Generation(token_ids=[int(t) for t in ids], logprobs=logprobs, finish_reason=kind,
+                      weight_version=parse_weight_version(meta.get("weight_version")),
+                      prompt_tokens=int(meta.get("prompt_tokens", 0)), text=d.get("text"))

@@ -1,0 +1,362 @@
+"""`slick serve`: an HTTP server speaking SGLang's native API in front of a LocalEngine.
+
+    slick serve --hf-checkpoint DIR [--host 127.0.0.1] [--port 30000] [--dtype auto]
+                [--api-key KEY] [--max-running 64]
+
+Endpoints (SGLang names and shapes): POST /generate, GET /health, /health_generate, /get_model_info,
+/get_server_info, /get_weight_version, /metrics (Prometheus text); POST /flush_cache, /abort_request,
+/update_weights_from_disk, /pause_generation, /continue_generation. With ``--api-key``, the
+endpoints that change weights, abort, pause/continue or flush need ``Authorization: Bearer KEY``.
+Bad requests get a 4xx ``{"error": message}``. SIGTERM aborts in-flight requests (they answer with
+finish reason "abort") and exits with code 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+from aiohttp import web
+
+from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
+                                        parse_weight_version)
+from slick.types import Generation, SamplingParams
+
+PROTECTED = {"/update_weights_from_disk", "/abort_request", "/pause_generation", "/continue_generation",
+             "/flush_cache"}
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class SlickServer:
+    """Routes SGLang-native HTTP requests to an engine (LocalEngine or anything with its API).
+
+    ``engine`` needs ``generate``, ``update_weights``, ``abort_all``, ``get_weight_version``, ``close``,
+    ``tokenizer``, ``vocab_size``, ``max_context`` and ``stats()``.
+    """
+
+    def __init__(self, engine: Any, *, model_path: str, api_key: Optional[str] = None,
+                 server_args: Optional[dict] = None, max_batch: int = 4096):
+        self.engine = engine
+        self.model_path = model_path
+        self.api_key = api_key
+        self.server_args = dict(server_args or {})
+        self.max_batch = max_batch
+        self.started = time.time()
+        self.shutting_down = False
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._tasks: dict[str, asyncio.Task] = {}      # rid -> task running engine.generate
+        self._weights_lock = asyncio.Lock()
+        self.counters = {"requests_total": 0, "request_errors_total": 0, "aborted_requests_total": 0,
+                         "prompt_tokens_total": 0, "http_generation_tokens_total": 0}
+
+    # ------------------------------------------------------------------ app
+    def app(self) -> web.Application:
+        """The aiohttp application with every route and the error/auth middleware."""
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._middleware])
+        r = app.router
+        r.add_post("/generate", self.generate)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health_generate)
+        r.add_get("/get_model_info", self.model_info)
+        r.add_get("/model_info", self.model_info)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_weight_version", self.weight_version)
+        r.add_get("/metrics", self.metrics)
+        for path, h in [("/flush_cache", self.flush_cache), ("/abort_request", self.abort_request),
+                        ("/update_weights_from_disk", self.update_weights_from_disk),
+                        ("/pause_generation", self.pause), ("/continue_generation", self.resume)]:
+            r.add_post(path, h)
+        r.add_get("/flush_cache", self.flush_cache)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler):
+        if self.api_key and request.path in PROTECTED:
+            got = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+                return _error("missing or wrong API key (send 'Authorization: Bearer KEY')", 401)
+        try:
+            return await handler(request)
+        except RequestError as e:
+            self.counters["request_errors_total"] += 1
+            return _error(str(e), e.status)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            self.counters["request_errors_total"] += 1
+            return _error(e.reason if e.text is None else f"{e.reason}: {e.text}", e.status)
+
+    async def _json(self, request: web.Request, default: Any = None) -> Any:
+        raw = await request.read()
+        if not raw.strip():
+            if default is not None:
+                return default
+            raise RequestError("request body is empty; expected JSON")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"malformed JSON body: {e}") from None
+
+    # ------------------------------------------------------------ generate
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """POST /generate: single or batched prompts; see ``http_protocol`` for shapes."""
+        if self.shutting_down:
+            return _error("server is shutting down", 503)
+        body = await self._json(request)
+        tok = self.engine.tokenizer
+        req = parse_generate(body, vocab_size=self.engine.vocab_size, max_context=self.engine.max_context,
+                             tokenize=lambda s: tok.encode(s, add_special_tokens=False),
+                             max_batch=self.max_batch)
+        self.counters["requests_total"] += 1
+        await self._resume.wait()
+        t0 = time.perf_counter()
+        gens = await asyncio.gather(*(self._run_one(it) for it in req.items))
+        dt = time.perf_counter() - t0
+        out = []
+        for gen, it in zip(gens, req.items):
+            text = gen.text if gen.text is not None else tok.decode(gen.token_ids, skip_special_tokens=True)
+            out.append(generation_json(gen, it, text=text, return_logprob=req.return_logprob, e2e_latency=dt))
+            self.counters["prompt_tokens_total"] += len(it.prompt_ids)
+            self.counters["http_generation_tokens_total"] += len(gen.token_ids)
+        result = out if req.batched else out[0]
+        if not req.stream:
+            return web.json_response(result)
+        # Streaming: this engine yields whole generations, so the stream carries one final chunk.
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for o in out:
+            await resp.write(f"data: {json.dumps(o)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _run_one(self, item: GenerateItem) -> Generation:
+        if item.sampling.max_new_tokens == 0:
+            return Generation([], [], "length", await self.engine.get_weight_version(), len(item.prompt_ids))
+        task = asyncio.ensure_future(self.engine.generate(item.prompt_ids, item.sampling))
+        self._tasks[item.rid] = task
+        try:
+            await asyncio.wait({task})
+        finally:
+            if self._tasks.get(item.rid) is task:
+                del self._tasks[item.rid]
+        if task.cancelled():   # aborted by rid: no partial output survives a cancel
+            self.counters["aborted_requests_total"] += 1
+            return Generation([], [], "abort", await self.engine.get_weight_version(), len(item.prompt_ids))
+        gen = task.result()
+        if gen.finish_reason == "abort":
+            self.counters["aborted_requests_total"] += 1
+        return gen
+
+    # --------------------------------------------------------------- info
+    async def health(self, request: web.Request) -> web.Response:
+        """GET /health: 200 while serving, 503 while shutting down."""
+        if self.shutting_down:
+            return _error("server is shutting down", 503)
+        return web.Response(text="")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """GET /health_generate: runs a one-token greedy generation."""
+        if self.shutting_down:
+            return _error("server is shutting down", 503)
+        gen = await self.engine.generate([0], SamplingParams(temperature=0.0, max_new_tokens=1))
+        if gen.finish_reason == "abort" or len(gen.token_ids) != 1:
+            return _error(f"health generation failed (finish {gen.finish_reason})", 503)
+        return web.Response(text="")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """GET /get_model_info."""
+        return web.json_response({
+            "model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+            "vocab_size": self.engine.vocab_size, "max_context_length": self.engine.max_context,
+            "weight_version": await self.engine.get_weight_version(), "engine": "slick"})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """GET /get_server_info: launch arguments plus live state."""
+        info = dict(self.server_args)
+        info.update({"model_path": self.model_path, "context_length": self.engine.max_context,
+                     "weight_version": await self.engine.get_weight_version(),
+                     "paused": not self._resume.is_set(), "uptime_s": round(time.time() - self.started, 3),
+                     "internal_states": [self.engine.stats()], "version": _version()})
+        return web.json_response(info)
+
+    async def weight_version(self, request: web.Request) -> web.Response:
+        """GET /get_weight_version."""
+        return web.json_response({"weight_version": await self.engine.get_weight_version()})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """GET /metrics: Prometheus text exposition format."""
+        st = self.engine.stats()
+        rows = [
+            ("slick_num_running_reqs", "gauge", "Requests being decoded.", st.get("running", 0)),
+            ("slick_num_queue_reqs", "gauge", "Requests waiting for a slot.", st.get("queued", 0)),
+            ("slick_generation_tokens_total", "counter", "Tokens generated by the engine.",
+             st.get("generated_tokens_total", 0)),
+            ("slick_gen_throughput", "gauge", "Recent generation throughput (tokens/s).",
+             st.get("tokens_per_sec", 0.0)),
+            ("slick_http_inflight_requests", "gauge", "Prompts currently in /generate.", len(self._tasks)),
+            ("slick_weight_version", "gauge", "Version of the loaded weights.",
+             await self.engine.get_weight_version()),
+            ("slick_paused", "gauge", "1 while generation is paused.", int(not self._resume.is_set())),
+        ]
+        rows += [(f"slick_{k}", "counter", f"Server counter {k}.", v) for k, v in self.counters.items()]
+        lines = []
+        for name, kind, help_, value in rows:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {float(value):g}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8",
+                            headers={"X-Prometheus-Format": "0.0.4"})
+
+    # ------------------------------------------------------------ control
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """POST /flush_cache: the engine keeps no cache across requests, so this only acknowledges."""
+        return web.json_response({"success": True, "message": "Cache flushed."})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """POST /abort_request: ``{}`` or ``{"abort_all": true}`` aborts all, ``{"rid": ID}`` one request."""
+        body = await self._json(request, default={})
+        if not isinstance(body, dict):
+            raise RequestError("abort_request body must be a JSON object")
+        rid = body.get("rid") or ""
+        if not isinstance(rid, str):
+            raise RequestError("rid must be a string")
+        if rid and not body.get("abort_all"):
+            task = self._tasks.get(rid)
+            if task is None:
+                return web.json_response({"success": False, "message": f"no running request with rid {rid!r}"})
+            task.cancel()
+            return web.json_response({"success": True, "message": f"aborted {rid}", "aborted": 1})
+        n = await self.abort_everything()
+        return web.json_response({"success": True, "message": "aborted all requests", "aborted": n})
+
+    async def abort_everything(self) -> int:
+        """Abort every running request; each answers with finish reason "abort"."""
+        n = len(self._tasks)
+        await self.engine.abort_all()
+        return n
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        """POST /update_weights_from_disk ``{"model_path": DIR, "weight_version"?}``."""
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str) or not body["model_path"]:
+            raise RequestError("update_weights_from_disk needs {'model_path': DIR}")
+        version = body.get("weight_version")
+        if version is not None:
+            v = parse_weight_version(version, default=-1)
+            if v < 0:
+                raise RequestError(f"weight_version must be a non-negative integer, got {version!r}")
+            version = v
+        t0 = time.perf_counter()
+        async with self._weights_lock:
+            try:
+                new = await self.engine.update_weights(path=body["model_path"], version=version)
+            except (FileNotFoundError, ValueError, KeyError, RuntimeError, OSError) as e:
+                return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+        return web.json_response({"success": True, "message": f"loaded weights from {body['model_path']}",
+                                  "weight_version": new, "num_paused_requests": 0,
+                                  "load_time_s": round(time.perf_counter() - t0, 4)})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        """POST /pause_generation ``{"mode": "abort"|"in_place"}``: new requests wait until continue.
+
+        mode "abort" (default, as in SGLang) also aborts running requests; "in_place" lets them finish.
+        """
+        body = await self._json(request, default={})
+        mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+        if mode not in ("abort", "in_place", "retract"):
+            raise RequestError(f"unknown pause mode {mode!r} (abort, in_place, retract)")
+        self._resume.clear()
+        n = await self.abort_everything() if mode in ("abort", "retract") else 0
+        return web.json_response({"success": True, "message": f"paused ({mode})", "aborted": n})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        """POST /continue_generation."""
+        self._resume.set()
+        return web.json_response({"success": True, "message": "generation continues"})
+
+    # ----------------------------------------------------------- shutdown
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        """Refuse new work, abort in-flight requests and wait (bounded) for their answers."""
+        self.shutting_down = True
+        self._resume.set()
+        await self.engine.abort_all()
+        deadline = time.monotonic() + grace_s
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for t in list(self._tasks.values()):
+            t.cancel()
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("slick")
+    except Exception:  # noqa: BLE001 - running from a source tree
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slick serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hf-checkpoint", "--model-path", dest="hf_checkpoint", required=True,
+                   help="Hugging Face model directory to serve.")
+    p.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1, loopback only).")
+    p.add_argument("--port", type=int, default=30000, help="TCP port (0 picks a free one).")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="Weight/compute dtype.")
+    p.add_argument("--device", default="auto", help="torch device (auto: cuda if available, else cpu).")
+    p.add_argument("--api-key", default=None,
+                   help="Require 'Authorization: Bearer KEY' on weight/abort/pause/flush endpoints.")
+    p.add_argument("--max-running", type=int, default=64, help="Requests decoded together at most.")
+    p.add_argument("--max-seq-len", type=int, default=None, help="Cap on prompt + response tokens.")
+    p.add_argument("--seed", type=int, default=0, help="Engine sampling seed.")
+    p.add_argument("--max-batch", type=int, default=4096, help="Most prompts accepted in one /generate.")
+    return p
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Load the engine, listen, and run until SIGTERM/SIGINT."""
+    from slick.engine.local import LocalEngine
+
+    engine = LocalEngine(args.hf_checkpoint, dtype=args.dtype, device=args.device,
+                         max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed)
+    server = SlickServer(engine, model_path=args.hf_checkpoint, api_key=args.api_key, max_batch=args.max_batch,
+                         server_args={"host": args.host, "port": args.port, "dtype": args.dtype,
+                                      "max_running_requests": args.max_running, "api_key_set": bool(args.api_key)})
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else args.port
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"slick serve ready on http://{args.host}:{port}", flush=True)
+    await stop.wait()
+    print("slick serve: shutting down (aborting in-flight requests)", flush=True)
+    await server.shutdown()
+    await runner.cleanup()
+    await engine.close()
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``slick serve``."""
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
