@@ -92,12 +92,50 @@ def load_yaml(path: str) -> dict:
         raise ConfigError([f"{path}: top level must be a mapping of config keys"])
     flat = {}
     for k, v in data.items():
-        k = k.replace("-", "_")
+        k = str(k).replace("-", "_")
         if k in GROUPS and isinstance(v, dict):
-            flat.update({kk.replace("-", "_"): vv for kk, vv in v.items()})
+            flat.update({str(kk).replace("-", "_"): vv for kk, vv in v.items()})
         else:
             flat[k] = v
-    return flat
+    return _coerce_yaml(flat, path)
+
+
+def _coerce_yaml(flat: dict, path: str) -> dict:
+    """Check YAML keys and convert values to the field types (YAML 1.1 reads ``1e-6`` as a string)."""
+    fields = {f.name: f for cls in GROUPS.values() for f in dataclasses.fields(cls)}
+    problems, out = [], {}
+    for k, v in flat.items():
+        f = fields.get(k)
+        if f is None:
+            problems.append(f"{path}: unknown config key '{k}'")
+            continue
+        tp = _base_type(f.type)
+        try:
+            if v is None or tp is typing.Any:
+                pass
+            elif tp is bool:
+                if not isinstance(v, bool):
+                    raise ValueError
+            elif tp in (int, float):
+                if isinstance(v, bool) or (tp is int and isinstance(v, float) and not v.is_integer()):
+                    raise ValueError
+                v = tp(v)
+            elif tp is list:
+                v = list(v) if isinstance(v, (list, tuple)) else [v]
+                if "type" in f.metadata:
+                    v = [f.metadata["type"](x) for x in v]
+            elif tp is dict:
+                if not isinstance(v, dict):
+                    raise ValueError
+            elif tp is str and not isinstance(v, str):
+                v = str(v)
+        except (TypeError, ValueError):
+            problems.append(f"{path}: key '{k}' expects {getattr(tp, '__name__', tp)}, got {v!r}")
+            continue
+        out[k] = v
+    if problems:
+        raise ConfigError(problems)
+    return out
 
 
 def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse.ArgumentParser] = None,

@@ -1,0 +1,132 @@
+"""`slick flags`: markdown reference of every config flag, generated from the typed groups.
+
+``slick flags`` prints it; ``slick flags --write docs/flags.md`` writes the committed copy
+(a test checks that the committed file equals the generated text, so the docs stay true).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from slick.config.groups import GROUPS
+from slick.config.parse import _base_type, flag_name
+
+HEADER = """\
+# slick flags
+
+Generated from `slick/config/groups.py` by `slick flags --write docs/flags.md`; do not edit by hand
+(`tests/test_config.py` fails when this file and the code disagree). Flag names follow slime where
+slime has the same option. Every flag is also a key of the resolved config: `cfg.<name>` (flat) or
+`cfg.<group>.<name>`, with dashes turned into underscores.
+
+## Config files: `--config`
+
+`--config run.yaml` loads values from YAML before the flags are applied, so flags on the command
+line override the file, and the file overrides the defaults. Keys may be flat or grouped by the
+section names below, with dashes or underscores:
+
+```yaml
+# flat                          # grouped
+prompt_data: data/train.jsonl   data:
+rollout-batch-size: 16            prompt_data: data/train.jsonl
+lr: 1.0e-6                      rollout:
+                                  rollout_batch_size: 16
+                                train:
+                                  lr: 1e-6
+```
+
+Unknown keys are an error that names the file. Values are converted to the field's type
+(`1e-6` is read as a float even though YAML 1.1 would keep it a string). The loop writes the fully
+resolved config as `config.yaml` in the run directory; that file can be passed back to `--config`.
+
+## Engine pass-through: `--sglang-*`
+
+Any flag `--sglang-KEY VALUE` (or `--sglang-KEY=VALUE`; a bare `--sglang-KEY` means `true`) is
+collected into `cfg.sglang` as `{KEY: VALUE}` with dashes in `KEY` turned into underscores, and
+handed to the engine unchanged (for example `--sglang-mem-fraction-static 0.8` gives
+`{"mem_fraction_static": "0.8"}`). A `sglang:` mapping in the YAML file works the same way; flags
+win over the file key by key.
+
+## Batch-size constraint
+
+One rollout step produces `rollout_batch_size x n_samples_per_prompt` samples, which are consumed
+by `num_steps_per_rollout` optimizer steps of `global_batch_size` samples each:
+
+    rollout_batch_size x n_samples_per_prompt = global_batch_size x num_steps_per_rollout
+
+Give either `--global-batch-size` or `--num-steps-per-rollout` and the other is derived; give
+neither and there is one optimizer step per rollout. When both are given and disagree, or the
+given one does not divide the sample count, the run stops before loading any model with a message
+that shows the numbers. All configuration problems are reported together, one per line.
+"""
+
+
+def _type_name(f: dataclasses.Field) -> str:
+    meta = f.metadata
+    tp = _base_type(f.type)
+    if "choices" in meta:
+        return "{" + ", ".join(map(str, meta["choices"])) + "}"
+    if tp is bool:
+        return "flag"
+    if tp is list or meta.get("nargs"):
+        inner = meta.get("type", str)
+        return f"{inner.__name__} ..."
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _fmt_default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, dict)) and not value:
+        return "empty"
+    return f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown() -> str:
+    """The whole flags reference as markdown text."""
+    out = [HEADER]
+    for gname, cls in GROUPS.items():
+        out.append(f"\n## `{gname}`\n")
+        out.append("| flag | type | default | meaning |")
+        out.append("|---|---|---|---|")
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if "flag" in meta and meta["flag"] is None:
+                name, typ = "--sglang-KEY VALUE", "str"
+            else:
+                name, typ = flag_name(f.name), _type_name(f)
+            out.append(f"| `{name}` | {_cell(typ)} | {_cell(_fmt_default(_default(f)))} | {_cell(meta['help'])} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Print the flags reference, or write it with ``--write PATH``."""
+    parser = argparse.ArgumentParser(prog="slick flags", description="Markdown reference of every config flag.")
+    parser.add_argument("--write", metavar="PATH", default=None, help="Write the markdown to PATH instead of stdout.")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    text = render_markdown()
+    if args.write:
+        path = Path(args.write)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
