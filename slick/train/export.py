@@ -1,0 +1,31 @@
+"""`slick export CKPT_DIR OUT_DIR [--step N]`: turn a run checkpoint into a Hugging Face model directory.
+
+Each checkpoint stores a complete HF directory (config, tokenizer with chat template, fp32 safetensors), so
+export needs nothing but the checkpoint; the output is written atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from slick.train.checkpoint import export_checkpoint
+
+
+def main(argv=None) -> int:
+    """CLI entry point; returns the exit code."""
+    ap = argparse.ArgumentParser(prog="slick export", description=__doc__.splitlines()[0])
+    ap.add_argument("ckpt_dir", help="checkpoint root (with 'latest') or one step_XXXXXX directory")
+    ap.add_argument("out_dir", help="HF model directory to write")
+    ap.add_argument("--step", type=int, default=None, help="export this step instead of the latest")
+    args = ap.parse_args(argv)
+    try:
+        out = export_checkpoint(args.ckpt_dir, args.out_dir, args.step)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"slick export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.ckpt_dir} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

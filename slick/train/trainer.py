@@ -1,0 +1,341 @@
+"""The Trainer: HF causal LM + AdamW, packed micro-batches, chunked logprobs, one optimizer step per call.
+
+The trainer does not know the RL algorithm: ``train_step`` receives a ``loss_fn`` with the signature of
+``slick.algo.objective.compute_policy_objective`` minus ``cfg``::
+
+    loss, metrics = loss_fn(logprobs[B,T], entropy[B,T], mask[B,T], advantages[B,T],
+                            old_logprobs=None|[B,T], ref_logprobs=None|[B,T], rollout_logprobs=None|[B,T],
+                            num_samples=int, num_tokens=int)
+
+called once per packed micro-batch with the *global* normalisers, so summing the micro-batch losses gives
+the global-batch loss and accumulated gradients equal the one-big-batch gradient. The metrics a loss_fn
+returns must be additive in the same way (slick.algo reduces every metric with the global normalisers);
+the trainer sums them over micro-batches.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from slick.train.logprobs import chunked_logprobs
+from slick.train.packing import PackedBatch, pack, pad_stack, split_micro_batches
+from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
+
+LOSS_KEY = "loss"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch (cpu + cuda) RNG states."""
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    """Inverse of :func:`rng_state`."""
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _loss_mask(sample) -> list[int]:
+    m = list(sample.loss_mask) if sample.loss_mask else [1] * len(sample.response_ids)
+    if len(m) != len(sample.response_ids):
+        raise ValueError(f"sample index {sample.index}: loss_mask has {len(m)} entries but the response has "
+                         f"{len(sample.response_ids)} tokens")
+    return m
+
+
+class Trainer:
+    """Policy model, optional frozen reference model, AdamW with linear warm-up, grad clipping.
+
+    ``cfg`` is a ``slick.config.Config`` (flat access). ``precision`` picks the bf16 scheme
+    (``"bf16"`` default, or ``"autocast"``; see ``slick.train.precision``); ignored for fp32.
+    """
+
+    def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.model_path = str(model_path or cfg.hf_checkpoint or "")
+        if not self.model_path:
+            raise ValueError("Trainer needs a model: pass model_path or set --hf-checkpoint")
+        if not Path(self.model_path).is_dir():
+            raise FileNotFoundError(f"--hf-checkpoint: model directory not found: {self.model_path}")
+        seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.scheme = resolve_scheme(self.dtype, precision)
+        weight_dtype = torch.bfloat16 if self.scheme == "bf16" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
+        self.model.config.use_cache = False
+        self.model.train()
+        if cfg.gradient_checkpointing:
+            enable = (getattr(self.model, "activation_checkpointing_enable", None)
+                      or self.model.gradient_checkpointing_enable)
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.scheme == "bf16":
+            self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        else:
+            self.master = self.params
+        self.optimizer = torch.optim.AdamW(self.master, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                           weight_decay=cfg.weight_decay)
+        warm = int(cfg.lr_warmup_steps or 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        self.version = 0
+        self.ref_model = None
+        if self.has_ref:
+            ref_path = cfg.ref_load or self.model_path
+            ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
+            self.ref_model = AutoModelForCausalLM.from_pretrained(
+                ref_path, dtype=ref_dtype, attn_implementation="sdpa").to(self.device)
+            self.ref_model.config.use_cache = False
+            self.ref_model.eval().requires_grad_(False)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def has_ref(self) -> bool:
+        """True when a KL term needs the frozen reference model."""
+        c = self.cfg
+        return bool((c.use_kl_loss and c.kl_loss_coef > 0) or c.kl_coef > 0)
+
+    @property
+    def temperature(self) -> float:
+        return float(self.cfg.rollout_temperature)
+
+    def _autocast(self):
+        if self.scheme == "autocast":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, model, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
+        """Per-sample (logprobs, entropy) lists for one packed micro-batch."""
+        mb = mb.to(self.device)
+        with self._autocast():
+            out = model.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+            hidden = out.last_hidden_state[0].index_select(0, mb.gather_index)
+            lp, ent = chunked_logprobs(hidden, model.get_output_embeddings(), mb.targets, self.temperature,
+                                       self.cfg.logprob_chunk_size, with_entropy, entropy_grad,
+                                       getattr(model.config, "final_logit_softcapping", None))
+        lps = list(lp.split(mb.response_lengths))
+        ents = list(ent.split(mb.response_lengths)) if ent is not None else None
+        return lps, ents
+
+    def _micro_batches(self, samples: Sequence) -> list[list[int]]:
+        return split_micro_batches(samples, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list[torch.Tensor]:
+        """fp32 CPU tensors ``[T_i]``: logprob of each response token under the actor or reference model."""
+        if which == "actor":
+            model = self.model
+        elif which == "ref":
+            if self.ref_model is None:
+                raise ValueError("compute_logprobs(which='ref') but no reference model is loaded "
+                                 "(needs --use-kl-loss with --kl-loss-coef > 0, or --kl-coef > 0)")
+            model = self.ref_model
+        else:
+            raise ValueError(f"which must be 'actor' or 'ref' (got {which!r})")
+        result: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
+        for idx in self._micro_batches(samples):
+            lps, _ = self._forward(model, pack(samples, idx), with_entropy=False, entropy_grad=False)
+            for i, lp in zip(idx, lps):
+                result[i] = lp.detach().float().cpu()
+        return result
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
+                   old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
+        """One optimizer step over ``samples`` (the global batch). Returns prefix-free float metrics.
+
+        ``advantages[i]`` (and ``old_logprobs[i]``, ``ref_logprobs[i]`` when given) are 1-D per-token
+        tensors of length ``len(samples[i].response_ids)``. Equals :meth:`forward_backward` followed by
+        :meth:`optimizer_step`.
+        """
+        t0 = time.perf_counter()
+        out = self.forward_backward(samples, advantages, loss_fn, old_logprobs, ref_logprobs)
+        t1 = time.perf_counter()
+        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        out["grad_norm"] = self.optimizer_step()
+        t2 = time.perf_counter()
+        out["optimizer_time"] = t2 - t1
+        out["step_time"] = t2 - t0
+        out["tokens_per_sec"] = out["tokens"] / max(t2 - t0, 1e-9)
+        return out
+
+    def forward_backward(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
+                         old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
+        """Zero the gradients, then forward + backward every packed micro-batch of ``samples``.
+
+        Leaves the accumulated global-batch gradient in the optimizer's parameters' ``.grad`` (fp32 master
+        copies in the bf16 scheme). Returns the metrics of :meth:`train_step` minus the optimizer ones.
+        """
+        if len(advantages) != len(samples):
+            raise ValueError(f"train_step: {len(samples)} samples but {len(advantages)} advantage tensors")
+        for name, seq in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs)):
+            if seq is not None and len(seq) != len(samples):
+                raise ValueError(f"train_step: {len(samples)} samples but {len(seq)} {name}")
+        t0 = time.perf_counter()
+        masks = [_loss_mask(s) for s in samples]
+        num_samples = len(samples)
+        num_tokens = int(sum(sum(m) for m in masks))
+        entropy_grad = bool(getattr(self.cfg, "entropy_coef", 0.0))
+        dev = self.device
+        sums: dict[str, float] = {}
+        total_loss, diff_sum, diff_n, tokens = 0.0, 0.0, 0, 0
+        self.optimizer.zero_grad(set_to_none=True)
+        for idx in self._micro_batches(samples):
+            mb = pack(samples, idx)
+            tokens += mb.num_tokens
+            lps, ents = self._forward(self.model, mb, with_entropy=True, entropy_grad=entropy_grad)
+            T = max(mb.response_lengths)
+            logprobs = pad_stack(lps, T, dtype=torch.float32)
+            entropy = pad_stack(ents, T, dtype=torch.float32)
+            mask = pad_stack([torch.tensor(masks[i], device=dev) for i in idx], T, dtype=torch.float32)
+            adv = pad_stack([torch.as_tensor(advantages[i], device=dev) for i in idx], T, dtype=torch.float32)
+            old = (pad_stack([torch.as_tensor(old_logprobs[i], device=dev) for i in idx], T,
+                             dtype=torch.float32) if old_logprobs is not None else None)
+            ref = (pad_stack([torch.as_tensor(ref_logprobs[i], device=dev) for i in idx], T,
+                             dtype=torch.float32) if ref_logprobs is not None else None)
+            roll = None
+            if all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids) for i in idx):
+                roll = pad_stack([torch.tensor(samples[i].rollout_logprobs, device=dev) for i in idx], T,
+                                 dtype=torch.float32)
+                d = ((logprobs.detach() - roll).abs() * mask)
+                diff_sum += float(d.sum())
+                diff_n += int(mask.sum())
+            loss, metrics = loss_fn(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
+                                    rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
+            loss.backward()
+            if self.scheme == "bf16":
+                self._accumulate_master_grads()
+            total_loss += float(loss.detach())
+            for k, v in (metrics or {}).items():
+                if k != LOSS_KEY:
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        out = dict(sums)
+        out.update({"loss": total_loss, "tokens": float(tokens), "response_tokens": float(num_tokens),
+                    "fwd_bwd_time": time.perf_counter() - t0})
+        if diff_n:
+            out["train_rollout_logprob_abs_diff"] = diff_sum / diff_n
+        return out
+
+    def _accumulate_master_grads(self) -> None:
+        for p, m in zip(self.params, self.master):
+            if p.grad is None:
+                continue
+            g = p.grad.float()
+            m.grad = g if m.grad is None else m.grad.add_(g)
+            p.grad = None
+
+    def optimizer_step(self) -> float:
+        """Clip the accumulated gradients (``clip_grad``), AdamW step, scheduler step, zero grads;
+        ``version += 1``. Returns the pre-clip gradient norm."""
+        clip = float(self.cfg.clip_grad or 0.0)
+        grads = [m for m in self.master if m.grad is not None]
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(grads, clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([m.grad for m in grads])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheme == "bf16":
+            with torch.no_grad():
+                for p, m in zip(self.params, self.master):
+                    p.copy_(m)
+        self.version += 1
+        return float(norm)
+
+    # ------------------------------------------------------------------ weights
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF parameter name, detached tensor) for every parameter; tied weights appear once."""
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()
+
+    def full_precision_state_dict(self) -> dict[str, torch.Tensor]:
+        """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once."""
+        sd = {}
+        master = dict(zip([id(p) for p in self.params], self.master))
+        for name, p in self.model.named_parameters():
+            sd[name] = master.get(id(p), p).detach()
+        persistent = set(self.model.state_dict())
+        for name, b in self.model.named_buffers():
+            if name in persistent:
+                sd[name] = b.detach()
+        return sd
+
+    def save_hf_files(self, out_dir) -> None:
+        """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        sd = {k: v.float().contiguous().cpu() if v.is_floating_point() else v.cpu()
+              for k, v in self.full_precision_state_dict().items()}
+        dtype_before = self.model.config.dtype
+        self.model.config.dtype = torch.float32
+        try:
+            self.model.save_pretrained(out, state_dict=sd)
+        finally:
+            self.model.config.dtype = dtype_before
+        self.tokenizer.save_pretrained(out)
+
+    # ------------------------------------------------------------------ save / load
+    def save(self, out_dir) -> None:
+        """Model (HF dir under ``model/``), optimizer, scheduler, RNG states and version into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.save_hf_files(out / "model")
+        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), out / "scheduler.pt")
+        torch.save(rng_state(), out / "rng.pt")
+        (out / "trainer_state.json").write_text(json.dumps(
+            {"version": self.version, "scheme": self.scheme, "model_path": self.model_path}))
+
+    def load(self, in_dir) -> None:
+        """Restore everything :meth:`save` wrote (the model architecture must match)."""
+        from safetensors.torch import load_file
+
+        d = Path(in_dir)
+        if not (d / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"{d}: not a trainer checkpoint (trainer_state.json missing)")
+        sd = {}
+        for f in sorted((d / "model").glob("*.safetensors")):
+            sd.update(load_file(str(f)))
+        if not sd:
+            raise FileNotFoundError(f"{d / 'model'}: no .safetensors weights")
+        names = dict(self.model.named_parameters())
+        missing = [n for n in names if n not in sd]
+        if missing:
+            raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
+        master = dict(zip([id(p) for p in self.params], self.master))
+        with torch.no_grad():
+            for n, p in names.items():
+                p.copy_(sd[n])
+                if id(p) in master and master[id(p)] is not p:
+                    master[id(p)].copy_(sd[n])
+        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location=self.device))
+        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
+        set_rng_state(torch.load(d / "rng.pt", weights_only=False))
+        self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
