@@ -1,0 +1,258 @@
+"""`slick serve` as a real subprocess on 127.0.0.1: SGLang-native endpoints, errors, auth, SIGTERM."""
+import asyncio
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from slick.engine.router import launch_workers
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY = "s3cret-key"
+PROMPT = [1, 422, 2014, 314, 253, 1232, 30]
+
+
+def call(url, path, body=None, *, method=None, headers=None, raw=None, timeout=60):
+    """One HTTP request; returns (status, parsed JSON or text)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url + path, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def gen_body(ids=PROMPT, n=8, **kw):
+    sp = {"max_new_tokens": n, "temperature": 0}
+    sp.update(kw.pop("sp", {}))
+    return {"input_ids": ids, "sampling_params": sp, "return_logprob": True, **kw}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", api_key=KEY, startup_timeout=240)
+    yield w
+    w.stop()
+
+
+def test_generate_single_shape_and_logprobs(server):
+    st, out = call(server.url, "/generate", gen_body(n=6, sp={"temperature": 1.0, "sampling_seed": 3}))
+    assert st == 200, out
+    meta = out["meta_info"]
+    assert set(meta) >= {"id", "finish_reason", "prompt_tokens", "completion_tokens", "weight_version",
+                         "output_token_logprobs"}
+    assert meta["prompt_tokens"] == len(PROMPT)
+    assert meta["completion_tokens"] == len(out["output_ids"]) <= 6
+    assert meta["finish_reason"]["type"] in ("stop", "length")
+    lps = meta["output_token_logprobs"]
+    assert len(lps) == len(out["output_ids"])
+    for (lp, tok, none), t in zip(lps, out["output_ids"]):
+        assert none is None and tok == t and lp <= 0.0
+    assert isinstance(out["text"], str)
+    # without return_logprob the field is absent
+    st, out = call(server.url, "/generate", gen_body(n=2, return_logprob=False))
+    assert st == 200 and "output_token_logprobs" not in out["meta_info"]
+
+
+def test_generate_batch_and_text(server):
+    prompts = [PROMPT, PROMPT[:3], [5, 6, 7, 8, 9]]
+    st, out = call(server.url, "/generate", gen_body(prompts, n=4))
+    assert st == 200 and isinstance(out, list) and len(out) == 3
+    assert [o["meta_info"]["prompt_tokens"] for o in out] == [7, 3, 5]
+    assert len({o["meta_info"]["id"] for o in out}) == 3
+    st, single = call(server.url, "/generate", gen_body(PROMPT[:3], n=4))
+    assert single["output_ids"] == out[1]["output_ids"]          # greedy: batching does not change output
+    st, out = call(server.url, "/generate", {"text": "Hello there", "sampling_params": {"max_new_tokens": 3},
+                                             "router_added_field": {"x": 1}})   # unknown fields ignored
+    assert st == 200 and out["meta_info"]["prompt_tokens"] > 0
+
+
+def test_greedy_matches_in_process_local_engine(server, tiny_model_dir):
+    from slick.engine.local import LocalEngine
+    from slick.types import SamplingParams
+
+    async def local():
+        eng = LocalEngine(tiny_model_dir, dtype="fp32", max_running=2)
+        try:
+            return await eng.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=12))
+        finally:
+            await eng.close()
+
+    ref = asyncio.run(local())
+    st, out = call(server.url, "/generate", gen_body(n=12))
+    assert st == 200
+    assert out["output_ids"] == ref.token_ids
+    got = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+    assert got == pytest.approx(ref.logprobs, abs=1e-4)
+    assert out["meta_info"]["finish_reason"]["type"] == ref.finish_reason
+
+
+BAD = [
+    ("malformed json", b'{"input_ids": [1, 2', 400),
+    ("body not an object", b'[1, 2, 3]', 400),
+    ("no input", b'{"sampling_params": {}}', 400),
+    ("input_ids not a list", b'{"input_ids": "1 2 3"}', 400),
+    ("token id is a string", b'{"input_ids": [1, "2", 3]}', 400),
+    ("token id is a float", b'{"input_ids": [1, 2.5]}', 400),
+    ("empty input_ids", b'{"input_ids": []}', 400),
+    ("empty prompt in batch", b'{"input_ids": [[1, 2], []]}', 400),
+    ("token id beyond vocab", b'{"input_ids": [1, 49152]}', 400),
+    ("negative token id", b'{"input_ids": [1, -3]}', 400),
+    ("oversized prompt", json.dumps({"input_ids": [5] * 2048}).encode(), 413),
+    ("max_new_tokens beyond context", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5000}}', 400),
+    ("temperature wrong type", b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', 400),
+    ("negative temperature", b'{"input_ids": [1], "sampling_params": {"temperature": -1}}', 400),
+    ("sampling_params not an object", b'{"input_ids": [1], "sampling_params": 7}', 400),
+    ("return_logprob wrong type", b'{"input_ids": [1], "return_logprob": "yes"}', 400),
+]
+
+
+@pytest.mark.parametrize("name,raw,status", BAD, ids=[b[0] for b in BAD])
+def test_bad_request_is_4xx_and_server_keeps_serving(server, name, raw, status):
+    st, out = call(server.url, "/generate", raw=raw)
+    assert st == status, (name, out)
+    assert isinstance(out, dict) and isinstance(out.get("error"), str) and out["error"]
+    st, out = call(server.url, "/generate", gen_body(n=2))
+    assert st == 200 and len(out["output_ids"]) >= 1
+
+
+def test_info_endpoints(server, tiny_model_dir):
+    assert call(server.url, "/health")[0] == 200
+    assert call(server.url, "/health_generate")[0] == 200
+    st, info = call(server.url, "/get_model_info")
+    assert st == 200 and info["model_path"] == str(tiny_model_dir) and info["is_generation"] is True
+    st, info = call(server.url, "/get_server_info")
+    assert st == 200 and info["dtype"] == "fp32" and "internal_states" in info
+    st, v = call(server.url, "/get_weight_version")
+    assert st == 200 and isinstance(v["weight_version"], int)
+    assert call(server.url, "/no_such_endpoint")[0] == 404
+
+
+def test_api_key_protects_control_endpoints(server):
+    for path in ["/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+                 "/update_weights_from_disk"]:
+        assert call(server.url, path, {})[0] == 401, path
+        assert call(server.url, path, {}, headers={"Authorization": "Bearer wrong"})[0] == 401, path
+    assert call(server.url, "/flush_cache", {}, headers={"Authorization": f"Bearer {KEY}"})[0] == 200
+    assert call(server.url, "/abort_request", {}, headers={"Authorization": f"Bearer {KEY}"})[0] == 200
+    assert call(server.url, "/generate", gen_body(n=1))[0] == 200     # generation stays open
+
+
+def _metrics(url):
+    st, text = call(url, "/metrics")
+    assert st == 200
+    vals = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            vals[name] = float(value)
+    return vals
+
+
+def test_metrics_prometheus_text(server):
+    before = _metrics(server.url)
+    for key in ["slick_num_running_reqs", "slick_num_queue_reqs", "slick_generation_tokens_total",
+                "slick_gen_throughput", "slick_weight_version"]:
+        assert key in before
+    st, out = call(server.url, "/generate", gen_body(n=5))
+    after = _metrics(server.url)
+    assert after["slick_generation_tokens_total"] - before["slick_generation_tokens_total"] == \
+        out["meta_info"]["completion_tokens"]
+    assert after["slick_requests_total"] == before["slick_requests_total"] + 1
+
+
+def test_update_weights_from_disk_changes_version(server, tiny_model_dir, tmp_path):
+    from slick.models.tiny import make_tiny_model
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    other = make_tiny_model(tmp_path / "other", seed=123)
+    _, before = call(server.url, "/generate", gen_body(n=8))
+    st, out = call(server.url, "/update_weights_from_disk", {"model_path": str(other), "weight_version": "7"},
+                   headers=auth)
+    assert st == 200 and out["success"] is True and out["weight_version"] == 7
+    assert call(server.url, "/get_weight_version")[1]["weight_version"] == 7
+    _, after = call(server.url, "/generate", gen_body(n=8))
+    assert after["meta_info"]["weight_version"] == 7
+    lp_b = [x[0] for x in before["meta_info"]["output_token_logprobs"]]
+    lp_a = [x[0] for x in after["meta_info"]["output_token_logprobs"]]
+    assert lp_a != pytest.approx(lp_b, abs=1e-3)                 # other weights, other distribution
+    st, out = call(server.url, "/update_weights_from_disk", {"model_path": str(tmp_path / "missing")},
+                   headers=auth)
+    assert st == 400 and out["success"] is False
+    # restore: no version given -> increments
+    st, out = call(server.url, "/update_weights_from_disk", {"model_path": str(tiny_model_dir)}, headers=auth)
+    assert st == 200 and out["weight_version"] == 8
+    _, again = call(server.url, "/generate", gen_body(n=8))
+    assert again["output_ids"] == before["output_ids"]
+
+
+def _long_request(url, results, rid=None):
+    body = gen_body(n=1500, sp={"temperature": 1.0, "sampling_seed": 1})
+    if rid:
+        body["rid"] = rid
+    results.append(call(url, "/generate", body, timeout=120))
+
+
+def _wait_running(url, limit_s=30):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if _metrics(url)["slick_http_inflight_requests"] >= 1:
+            return
+        time.sleep(0.05)
+    raise AssertionError("request never started")
+
+
+@pytest.mark.parametrize("by_rid", [False, True], ids=["all", "rid"])
+def test_abort_request_returns_abort(server, by_rid):
+    results = []
+    t = threading.Thread(target=_long_request, args=(server.url, results, "req-abc" if by_rid else None))
+    t.start()
+    _wait_running(server.url)
+    body = {"rid": "req-abc"} if by_rid else {}
+    st, out = call(server.url, "/abort_request", body, headers={"Authorization": f"Bearer {KEY}"})
+    t.join(60)
+    assert st == 200 and out["success"] is True
+    (st, res), = results
+    assert st == 200 and res["meta_info"]["finish_reason"]["type"] == "abort"
+    assert res["meta_info"]["completion_tokens"] < 1500
+
+
+def test_pause_and_continue(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert call(server.url, "/pause_generation", {"mode": "in_place"}, headers=auth)[0] == 200
+    results = []
+    t = threading.Thread(target=lambda: results.append(call(server.url, "/generate", gen_body(n=2))))
+    t.start()
+    time.sleep(0.5)
+    assert not results                                    # waits while paused
+    assert call(server.url, "/continue_generation", {}, headers=auth)[0] == 200
+    t.join(30)
+    assert results and results[0][0] == 200
+
+
+def test_sigterm_aborts_inflight_and_exits_zero(tiny_model_dir):
+    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
+    try:
+        results = []
+        t = threading.Thread(target=_long_request, args=(w.url, results))
+        t.start()
+        _wait_running(w.url)
+        w.proc.send_signal(signal.SIGTERM)
+        code = w.proc.wait(timeout=60)
+        t.join(30)
+        assert code == 0, w.log_tail()
+        (st, res), = results
+        assert st == 200 and res["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        w.stop()
