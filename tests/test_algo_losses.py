@@ -156,7 +156,7 @@ def test_objective_microbatch_sum_matches_global():
         kw = dict(num_samples=2, num_tokens=5)
         a, am = compute_policy_objective(cfg, logp[:1], None, mask[:1], adv[:1], **kw)
         b, bm = compute_policy_objective(cfg, logp[1:], None, mask[1:], adv[1:], **kw)
-        assert float((a + b).detach()) == pytest.approx(float(full))
+        assert float((a + b).detach()) == pytest.approx(float(full.detach()))
         assert am["pg_loss"] + bm["pg_loss"] == pytest.approx(fm["pg_loss"])
 
 
@@ -196,3 +196,12 @@ def test_objective_tis_and_gspo():
         compute_policy_objective(cfg, new, None, mask, adv, old_logprobs=old)
     with pytest.raises(ValueError, match="entropy"):
         compute_policy_objective(SimpleNamespace(entropy_coef=0.1), new, None, mask, adv)
+
+
+def test_bf16_inputs_get_fp32_loss_and_gradients():
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16, requires_grad=True)
+    loss, _ = compute_policy_objective(SimpleNamespace(), logp, None, torch.ones(1, 2), torch.tensor([[2.0, -4.0]]))
+    assert loss.dtype == torch.float32
+    (g,) = torch.autograd.grad(loss, logp)
+    # on-policy, one sample of 2 tokens: -A / 2
+    assert g.dtype == torch.bfloat16 and g.float().tolist() == [[-1.0, 2.0]]

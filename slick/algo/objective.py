@@ -48,6 +48,7 @@ def compute_policy_objective(
     gradient ``-A``). ``entropy`` may be None when ``cfg.entropy_coef`` is 0
     ("entropy_loss" is then 0.0); "kl_loss" is 0.0 when no KL loss is computed.
     """
+    logprobs = logprobs.float()  # all loss arithmetic in fp32; gradients flow back to bf16 inputs
     mask = mask.to(logprobs.dtype)
     per_token = bool(opt(cfg, "calculate_per_token_loss", False))
 

@@ -51,6 +51,7 @@ def policy_terms(
     if eps_clip_c is not None and eps_clip_c <= 1.0:
         raise ValueError(f"eps_clip_c (dual clip) must be > 1, got {eps_clip_c}")
     high = eps_clip if eps_clip_high is None else eps_clip_high
+    logprobs = logprobs.float()  # ratios in fp32 even when the model runs in bf16 (gradient still flows)
     mask = mask.to(logprobs.dtype)
     adv = advantages.detach().to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs.detach().to(logprobs.dtype)
