@@ -89,9 +89,10 @@ class Trainer:
         self.model.config.use_cache = False
         self.model.train()
         if cfg.gradient_checkpointing:
-            enable = (getattr(self.model, "activation_checkpointing_enable", None)
-                      or self.model.gradient_checkpointing_enable)
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scheme == "bf16":
