@@ -53,7 +53,6 @@ class RolloutManager:
         self.filter_fn = load_function(cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.sampling = sampling_from_config(cfg, stop_token_ids=eos)
-        self.partial: list[list[Sample]] = []  # aborted groups kept for --partial-rollout
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
         if self.generate_fn is not None:
@@ -63,17 +62,14 @@ class RolloutManager:
     async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
         """Generate every sample of a group concurrently, then score the group."""
         sampling = sampling or self.sampling
-        await asyncio.gather(*(self._generate_sample(s, sampling) for s in group))
+        todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
+        await asyncio.gather(*(self._generate_sample(s, sampling) for s in todo))
         if all(s.status != Status.ABORTED for s in group):
             t0 = time.perf_counter()
             await self.rewards.score_group(group)
             for s in group:
                 s.timings["reward"] = time.perf_counter() - t0
         return group
-
-    def _next_groups(self, n: int) -> list[list[Sample]]:
-        resumed, self.partial = self.partial[:n], self.partial[n:]
-        return resumed + (self.data.get_groups(n - len(resumed)) if n > len(resumed) else [])
 
     async def generate_rollout(self, step: int) -> tuple[list[list[Sample]], dict]:
         """Return ``rollout_batch_size`` finished, scored (and filtered) groups plus rollout metrics."""
@@ -86,7 +82,7 @@ class RolloutManager:
         dropped = submitted = rounds = 0
         while len(kept) < want:
             if len(kept) + len(pending) < want and rounds < max_rounds:
-                pending |= {asyncio.ensure_future(self.run_group(g)) for g in self._next_groups(per_round)}
+                pending |= {asyncio.ensure_future(self.run_group(g)) for g in self.data.get_groups(per_round)}
                 submitted, rounds = submitted + per_round, rounds + 1
             if not pending:
                 break
@@ -100,8 +96,14 @@ class RolloutManager:
         if pending:  # batch is full: stop the leftovers
             await self.engine.abort_all()
             leftovers = await asyncio.gather(*pending)
-            if cfg.partial_rollout:
-                self.partial.extend(g for g in leftovers if any(s.status == Status.ABORTED for s in g))
+            # unfinished groups go back to the DataSource (saved in checkpoints): with --partial-rollout they
+            # continue where they stopped, otherwise they start over; no prompt is lost
+            unfinished = [g for g in leftovers if any(s.status == Status.ABORTED for s in g)]
+            if not cfg.partial_rollout:
+                for s in (s for g in unfinished for s in g):
+                    s.response_ids, s.rollout_logprobs, s.loss_mask, s.weight_versions = [], [], [], []
+                    s.response, s.reward, s.status = "", None, Status.PENDING
+            self.data.put_back(unfinished)
         if len(kept) < want:
             log.warning("step %d: only %d of %d groups passed the dynamic-sampling filter after %d groups",
                         step, len(kept), want, submitted)
