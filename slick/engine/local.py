@@ -105,7 +105,8 @@ class LocalEngine:
             raise RuntimeError("LocalEngine is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        rng = random.Random(sp.seed) if sp.seed is not None else random.Random(self._rng.getrandbits(64))
+        rng = torch.Generator(device=self.device)
+        rng.manual_seed(int(sp.seed) if sp.seed is not None else self._rng.getrandbits(63))
         max_new = max(0, min(int(sp.max_new_tokens), self.max_context - len(prompt)))
         stop_ids = set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
         stop_strs = [s for s in (sp.stop or ()) if s]
@@ -321,7 +322,7 @@ class LocalEngine:
     def _sample_and_finish(self, logits: torch.Tensor, slots: list[int]) -> None:
         reqs = [self._running[s] for s in slots]
         tokens, lps = sample(logits, [r.sp.temperature for r in reqs], [r.sp.top_p for r in reqs],
-                             [r.sp.top_k for r in reqs], [1.0 - r.rng.random() for r in reqs])
+                             [r.sp.top_k for r in reqs], [r.rng for r in reqs])
         done = []
         for s, r, t, lp in zip(slots, reqs, tokens, lps):
             r.out.append(t)

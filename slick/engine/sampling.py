@@ -1,9 +1,11 @@
 """Batched next-token sampling with per-request settings and per-request random streams.
 
-Each row has its own temperature (0 = greedy), top-p and top-k and one uniform number ``u`` in (0, 1]
-drawn from that request's own random stream; the token is found by inverse-CDF search over the
-(optionally truncated) distribution. Because a row's token depends only on its logits and its own ``u``,
-a seeded request reproduces the same tokens whatever else is in the batch.
+Each row has its own temperature (0 = greedy), top-p and top-k, and its own ``torch.Generator``. A row
+is sampled with the Gumbel-max trick: ``argmax(logits / T + g)`` over the tokens that survive top-k/top-p,
+where ``g`` is Gumbel noise drawn from that request's generator. The token therefore depends only on the
+row's logits and its own random stream, so a seeded request gives the same tokens whatever else is in the
+batch (and, unlike an inverse-CDF search, tiny numeric differences between batch shapes almost never flip
+the choice).
 
 The returned logprob is ``log_softmax(logits / T)`` of the chosen token in fp32, *before* top-p/top-k
 truncation (``T = 1`` for greedy rows) -- the quantity the trainer recomputes.
@@ -16,53 +18,53 @@ import torch
 
 
 def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[float],
-           top_k: Sequence[int], uniforms: Sequence[float]) -> tuple[list[int], list[float]]:
+           top_k: Sequence[int], generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
     """Pick one token per row of fp32 ``logits`` [B,V]; return (token ids, logprobs) as Python lists."""
     B, V = logits.shape
     dev = logits.device
     greedy = [t <= 0 for t in temperature]
-    temps = torch.tensor([1.0 if g else float(t) for g, t in zip(greedy, temperature)],
-                         dtype=torch.float32, device=dev)
-    logp = torch.log_softmax(logits / temps.view(B, 1), dim=-1)
+    if all(t == 1.0 or g for t, g in zip(temperature, greedy)):
+        scaled = logits
+    else:
+        temps = torch.tensor([1.0 if g else float(t) for g, t in zip(greedy, temperature)],
+                             dtype=torch.float32, device=dev)
+        scaled = logits / temps.view(B, 1)
     if all(greedy):
         tok = logits.argmax(dim=-1)
     else:
         rows = [i for i, g in enumerate(greedy) if not g]
-        idx = torch.tensor(rows, device=dev)
-        lp = logp.index_select(0, idx) if len(rows) < B else logp
-        u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float32, device=dev).view(-1, 1)
+        part = scaled if len(rows) == B else scaled.index_select(0, torch.tensor(rows, device=dev))
+        noise = torch.empty_like(part)
+        for j, i in enumerate(rows):
+            noise[j].uniform_(generator=generators[i])
+        noise.log_().neg_().log_().neg_()                 # Gumbel(0, 1); u == 0 gives -inf (never wins)
         ks = [int(top_k[i]) if 0 < int(top_k[i]) < V else V for i in rows]
         ps = [float(top_p[i]) for i in rows]
-        if all(k == V for k in ks) and all(p >= 1.0 for p in ps):
-            cdf = lp.exp().cumsum(dim=-1)
-            pick = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=V - 1).view(-1)
-        else:
-            pick = _sample_truncated(lp, u, ks, ps)
+        if any(k < V for k in ks) or any(p < 1.0 for p in ps):
+            noise.masked_fill_(~_keep_mask(part, ks, ps), float("-inf"))
+        pick = (part + noise).argmax(dim=-1)
         if len(rows) == B:
             tok = pick
         else:
             tok = logits.argmax(dim=-1)
-            tok[idx] = pick
-    chosen = logp.gather(1, tok.view(B, 1)).view(B)
+            tok[torch.tensor(rows, device=dev)] = pick
+    chosen = scaled.gather(1, tok.view(B, 1)).view(B) - torch.logsumexp(scaled, dim=-1)
     return tok.tolist(), chosen.tolist()
 
 
-def _sample_truncated(lp: torch.Tensor, u: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
-    """Inverse-CDF sampling restricted to each row's top-k and top-p nucleus (sorted space)."""
-    n, V = lp.shape
-    dev = lp.device
+def _keep_mask(scaled: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
+    """Boolean [n,V]: tokens inside each row's top-k and its top-p nucleus (the best token always kept)."""
+    n, V = scaled.shape
+    dev = scaled.device
     kmax = max(ks)
+    probs = torch.softmax(scaled, dim=-1)
     if kmax < V:  # only the top kmax entries can survive: topk is much cheaper than a full sort
-        probs, order = torch.topk(lp.exp(), kmax, dim=-1)
+        top, order = torch.topk(probs, kmax, dim=-1)
     else:
-        probs, order = torch.sort(lp.exp(), dim=-1, descending=True)
-    width = probs.shape[1]
-    rank = torch.arange(width, device=dev).view(1, -1)
+        top, order = torch.sort(probs, dim=-1, descending=True)
+    rank = torch.arange(top.shape[1], device=dev).view(1, -1)
     keep = rank < torch.tensor(ks, device=dev).view(-1, 1)
-    before = probs.cumsum(dim=-1) - probs            # mass strictly before each entry
+    before = top.cumsum(dim=-1) - top                  # probability mass strictly ahead of each entry
     keep &= before < torch.tensor(ps, dtype=torch.float32, device=dev).view(-1, 1)
-    keep[:, 0] = True                                 # the most likely token always survives
-    probs = probs * keep
-    cdf = probs.cumsum(dim=-1)
-    j = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=width - 1)
-    return order.gather(1, j).view(-1)
+    keep[:, 0] = True
+    return torch.zeros(n, V, dtype=torch.bool, device=dev).scatter_(1, order, keep)
