@@ -58,6 +58,7 @@ class HttpEngine:
         self._sem: Optional[asyncio.Semaphore] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._version = 0
+        self.num_retries = 0                  # requests moved to another worker after a failure
 
     @property
     def weight_urls(self) -> list[str]:
@@ -124,6 +125,7 @@ class HttpEngine:
                     return out
                 except _Retryable as e:
                     self._down[url] = time.monotonic()
+                    self.num_retries += 1
                     errors.append(str(e))
                     if attempt < self.max_retries:
                         await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
