@@ -248,6 +248,7 @@ def test_gradient_checkpointing_same_grads(tiny_model_dir):
     grads = []
     for gc in (False, True):
         tr = Trainer(make_cfg(tiny_model_dir, gradient_checkpointing=gc))
+        assert tr.model.is_gradient_checkpointing == gc
         tr.forward_backward(samples, adv, simple_loss)
         grads.append([p.grad.clone() for p in tr.master])
     for a, b in zip(*grads):
