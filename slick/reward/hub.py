@@ -235,8 +235,8 @@ class RewardHub:
         for s, r in zip(group, rewards):
             try:
                 self._succeed(s, check_reward(r))
-            except ValueError as e:
-                self._fail(s, str(e))
+            except Exception as e:  # noqa: BLE001 - e.g. float() of a multi-element tensor
+                self._fail(s, f"{type(e).__name__}: {e}")
 
     def _succeed(self, sample: Any, reward: Reward) -> None:
         sample.reward = reward
