@@ -256,3 +256,16 @@ def test_sigterm_aborts_inflight_and_exits_zero(tiny_model_dir):
         assert st == 200 and res["meta_info"]["finish_reason"]["type"] == "abort"
     finally:
         w.stop()
+
+
+def test_stream_true_sends_one_final_sse_chunk(server):
+    body = gen_body(n=3)
+    body["stream"] = True
+    req = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        chunks = [ln[len("data: "):] for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
+    assert chunks[-1] == "[DONE]" and len(chunks) == 2
+    out = json.loads(chunks[0])
+    assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length") and len(out["output_ids"]) >= 1
