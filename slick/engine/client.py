@@ -110,6 +110,8 @@ class HttpEngine:
                 return text
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
             raise _Retryable(f"{url}{path}: {type(e).__name__}: {e}") from e
+        except asyncio.TimeoutError:
+            raise EngineError(f"{url}{path}: no answer within {to.total:.0f}s (timeout)") from None
 
     async def _request(self, method: str, path: str, payload: Any = None) -> Any:
         """Send to one worker, retrying on others after connection errors / 5xx."""

@@ -10,6 +10,7 @@ response ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type", 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from dataclasses import dataclass
@@ -133,8 +134,10 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
         if not batched or len(sps) != n:
             raise RequestError(f"sampling_params list has {len(sps)} entries for {n} prompt(s)")
         samplings = [parse_sampling(s, f"sampling_params[{i}]") for i, s in enumerate(sps)]
+        explicit = [isinstance(s, dict) and s.get("max_new_tokens") is not None for s in sps]
     else:
         samplings = [parse_sampling(sps)] * n
+        explicit = [isinstance(sps, dict) and sps.get("max_new_tokens") is not None] * n
 
     rids = body.get("rid")
     if rids is None:
@@ -150,6 +153,9 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
         p = _check_ids(p, w, vocab_size)
         if len(p) >= max_context:
             raise RequestError(f"{w} has {len(p)} tokens; the context is {max_context}", status=413)
+        if not explicit[i] and len(p) + sp.max_new_tokens > max_context:
+            # the default (128) shrinks to fit; an explicit max_new_tokens beyond the context is an error
+            sp = dataclasses.replace(sp, max_new_tokens=max_context - len(p))
         if len(p) + sp.max_new_tokens > max_context:
             raise RequestError(f"{w}: prompt {len(p)} + max_new_tokens {sp.max_new_tokens} exceeds the "
                                f"context of {max_context} tokens")

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import hmac
 import json
+import logging
 import signal
 import sys
 import time
@@ -26,6 +27,8 @@ from aiohttp import web
 from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
                                         parse_weight_version)
 from slick.types import Generation, SamplingParams
+
+log = logging.getLogger("slick.serve")
 
 PROTECTED = {"/update_weights_from_disk", "/abort_request", "/pause_generation", "/continue_generation",
              "/flush_cache"}
@@ -92,6 +95,13 @@ class SlickServer:
                 raise
             self.counters["request_errors_total"] += 1
             return _error(e.reason if e.text is None else f"{e.reason}: {e.text}", e.status)
+        except ValueError as e:          # the engine refused the input
+            self.counters["request_errors_total"] += 1
+            return _error(f"{type(e).__name__}: {e}", 400)
+        except Exception as e:  # noqa: BLE001 - answer JSON, keep serving
+            self.counters["request_errors_total"] += 1
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(f"internal error: {type(e).__name__}: {e}", 500)
 
     async def _json(self, request: web.Request, default: Any = None) -> Any:
         raw = await request.read()

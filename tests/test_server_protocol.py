@@ -1,0 +1,75 @@
+"""SGLang wire format helpers (pure functions): request checks and response parsing."""
+import pytest
+
+from slick.engine.http_protocol import (RequestError, generation_from_json, generation_json, parse_generate,
+                                        parse_sampling, parse_weight_version)
+from slick.types import Generation
+
+
+def parse(body, **kw):
+    return parse_generate(body, vocab_size=100, max_context=32, **kw)
+
+
+def test_single_and_batch_shapes():
+    r = parse({"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0, "max_new_tokens": 4},
+               "rid": "a", "extra": 1})
+    assert not r.batched and len(r.items) == 1 and r.items[0].rid == "a"
+    assert r.items[0].sampling.temperature == 0.0 and r.items[0].sampling.max_new_tokens == 4
+    r = parse({"input_ids": [[1], [2, 3]], "sampling_params": [{"max_new_tokens": 1}, {"max_new_tokens": 2}],
+               "rid": "b"})
+    assert r.batched and [i.prompt_ids for i in r.items] == [[1], [2, 3]]
+    assert [i.sampling.max_new_tokens for i in r.items] == [1, 2] and [i.rid for i in r.items] == ["b-0", "b-1"]
+    r = parse({"text": ["hi", "yo"]}, tokenize=lambda s: [len(s), 7])
+    assert r.batched and r.items[1].prompt_ids == [2, 7]
+    assert r.items[0].sampling.max_new_tokens == 30        # default 128 shrinks to the 32-token context
+
+
+@pytest.mark.parametrize("body,msg", [
+    ({"input_ids": [1, 100]}, r"input_ids\[1\] = 100 is outside the vocabulary \[0, 100\)"),
+    ({"input_ids": [[1], [True]]}, r"input_ids\[1\]\[0\] must be an integer"),
+    ({"input_ids": [1] * 32}, "has 32 tokens; the context is 32"),
+    ({"input_ids": [1] * 30, "sampling_params": {"max_new_tokens": 3}}, "prompt 30 \\+ max_new_tokens 3"),
+    ({"input_ids": [1], "sampling_params": {"top_p": 0}}, r"top_p must be in \(0, 1\]"),
+    ({"input_ids": [1], "sampling_params": {"top_k": 1.5}}, "top_k must be an integer"),
+    ({"input_ids": [1], "sampling_params": {"stop": [1]}}, "stop must be a string"),
+    ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params list has 1 entries for 2"),
+    ({"input_ids": [[1], [2]], "rid": ["x"]}, "rid must be a string or a list of 2"),
+    ({"text": "hi"}, "cannot tokenize"),
+])
+def test_errors_name_the_field(body, msg):
+    with pytest.raises(RequestError, match=msg):
+        parse(body)
+
+
+def test_sampling_accepts_integral_floats_and_seed_alias():
+    sp = parse_sampling({"max_new_tokens": 8.0, "seed": 4, "stop": "x"})
+    assert sp.max_new_tokens == 8 and sp.seed == 4 and sp.stop == ["x"]
+
+
+def test_response_roundtrip():
+    from slick.engine.http_protocol import GenerateItem
+    from slick.types import SamplingParams
+
+    gen = Generation([5, 2], [-0.5, -1.25], "stop", 3, 2)
+    item = GenerateItem("r1", [1, 9], SamplingParams(max_new_tokens=4))
+    d = generation_json(gen, item, text="ab", return_logprob=True, e2e_latency=0.1234567)
+    assert d["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}
+    assert d["meta_info"]["output_token_logprobs"] == [[-0.5, 5, None], [-1.25, 2, None]]
+    assert d["meta_info"]["e2e_latency"] == 0.123457
+    back = generation_from_json(d)
+    assert (back.token_ids, back.logprobs, back.finish_reason, back.weight_version, back.prompt_tokens) == \
+        ([5, 2], [-0.5, -1.25], "stop", 3, 2)
+    length = generation_json(Generation([5], [-1.0], "length"), item, text="", return_logprob=False, e2e_latency=0)
+    assert length["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+
+
+def test_parses_sglang_style_response_without_output_ids():
+    d = {"text": "x", "meta_info": {"id": "q", "finish_reason": {"type": "length", "length": 2},
+                                    "prompt_tokens": 4, "weight_version": "default",
+                                    "output_token_logprobs": [[-0.1, 11, None], [None, 12, None]]}}
+    g = generation_from_json(d)
+    assert g.token_ids == [11, 12] and g.logprobs[0] == -0.1 and g.logprobs[1] != g.logprobs[1]  # nan
+    assert g.weight_version == 0 and g.finish_reason == "length"
+    assert parse_weight_version("12") == 12 and parse_weight_version(None, default=-1) == -1
+    with pytest.raises(ValueError, match="not a /generate response"):
+        generation_from_json({"error": "boom"})
