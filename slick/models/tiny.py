@@ -31,8 +31,11 @@ def load_demo_tokenizer():
 
 def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", hidden_size: int = 64,
                     num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                    intermediate_size: int = 128, seed: int = 0, tie_word_embeddings: bool = True) -> Path:
-    """Write a random ``arch`` model with SmolLM2's tokenizer into ``out_dir`` and return the path."""
+                    intermediate_size: int = 128, seed: int = 0, tie_word_embeddings: bool = True,
+                    **config_overrides) -> Path:
+    """Write a random ``arch`` model with SmolLM2's tokenizer into ``out_dir`` and return the path.
+
+    ``config_overrides`` go to the HF config (e.g. ``initializer_range=0.5`` for a peaky, low-entropy policy)."""
     import torch
     import transformers
 
@@ -46,6 +49,7 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", hidden_size
               intermediate_size=intermediate_size, max_position_embeddings=2048,
               tie_word_embeddings=tie_word_embeddings, bos_token_id=tok.bos_token_id,
               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    kw.update(config_overrides)
     if arch == "qwen3":
         kw["head_dim"] = hidden_size // num_heads
     config = cfg_cls(**kw)
