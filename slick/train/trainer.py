@@ -99,8 +99,9 @@ class Trainer:
             self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         else:
             self.master = self.params
+        # fused AdamW (one kernel over all fp32 params) is much faster than the per-tensor loop on CPU too
         self.optimizer = torch.optim.AdamW(self.master, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, fused=True)
         warm = int(cfg.lr_warmup_steps or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)

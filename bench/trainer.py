@@ -1,0 +1,136 @@
+"""Trainer throughput on SmolLM2-135M-Instruct: tokens/s and FLOP/s per precision scheme vs a bf16 matmul ceiling.
+
+    .venv/bin/python bench/trainer.py [--samples 64] [--prompt-len 30] [--response-len 50] [--steps 2]
+                                      [--schemes bf16,autocast,fp32] [--micro-batch-size 8] [--device auto]
+
+Prints a table and writes bench/results/trainer.json. Model FLOPs per step are counted as
+6 x (non-embedding params) x (packed tokens) + 6 x (lm_head params) x (response tokens)
+(the lm_head only runs on response positions) + attention score/value matmuls; the ceiling is the best
+of a few square bf16 matmuls on the same device.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from slick.config import Config  # noqa: E402
+from slick.train.trainer import Trainer  # noqa: E402
+from slick.types import Sample  # noqa: E402
+
+
+def matmul_ceiling(device: torch.device, dtype=torch.bfloat16, n: int = 2048, reps: int = 5) -> float:
+    """Best observed FLOP/s of an n x n x n matmul."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = 0.0
+    for _ in range(reps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+    return best
+
+
+def step_flops(model, samples) -> float:
+    """Approximate forward+backward FLOPs of one train_step over ``samples``."""
+    cfg = model.config
+    emb = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())   # tied head counted once
+    non_emb = total - emb
+    lens = [len(s.prompt_ids) + len(s.response_ids) - 1 for s in samples]
+    resp = sum(len(s.response_ids) for s in samples)
+    attn = sum(4 * cfg.num_hidden_layers * cfg.hidden_size * n * n / 2 for n in lens)  # causal QK^T + AV, fwd
+    return 6 * non_emb * sum(lens) + 6 * head.numel() * resp + 3 * attn
+
+
+def make_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p = [rng.randrange(100, vocab) for _ in range(prompt_len + rng.randint(-5, 5))]
+        r = [rng.randrange(100, vocab) for _ in range(response_len + rng.randint(-10, 10))]
+        out.append(Sample(index=i, prompt_ids=p, response_ids=r, loss_mask=[1] * len(r)))
+    return out
+
+
+def loss_fn(logprobs, entropy, mask, advantages, num_samples=None, **_):
+    """Sample-mean policy-gradient loss (the on-policy GRPO gradient)."""
+    per = (advantages * logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    loss = -per.sum() / num_samples
+    return loss, {"pg_loss": float(loss.detach())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="HF dir (default: prepared SmolLM2-135M-Instruct)")
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=30)
+    ap.add_argument("--response-len", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per scheme (after 1 warm-up step)")
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--schemes", default="bf16,autocast,fp32")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer.json"))
+    args = ap.parse_args(argv)
+    if args.model is None:
+        from slick.models.smollm2 import prepare_smollm2
+        args.model = str(prepare_smollm2())
+    rows = []
+    ceiling = None
+    for scheme in args.schemes.split(","):
+        dtype = "fp32" if scheme == "fp32" else "bf16"
+        cfg = Config.from_flat(dict(hf_checkpoint=args.model, dtype=dtype, device=args.device, lr=1e-6,
+                                    micro_batch_size=args.micro_batch_size, rm_type="exact"))
+        tr = Trainer(cfg, precision=None if scheme == "fp32" else scheme)
+        if ceiling is None:
+            ceiling = matmul_ceiling(tr.device)
+        samples = make_batch(args.samples, args.prompt_len, args.response_len, tr.model.config.vocab_size)
+        adv = [torch.randn(len(s.response_ids)) for s in samples]
+        tr.train_step(samples, adv, loss_fn)  # warm-up
+        times, fb = [], []
+        for _ in range(args.steps):
+            m = tr.train_step(samples, adv, loss_fn)
+            times.append(m["step_time"])
+            fb.append(m["fwd_bwd_time"])
+        t = min(times)
+        flops = step_flops(tr.model, samples)
+        rows.append({"scheme": scheme, "step_s": t, "fwd_bwd_s": min(fb), "tokens": m["tokens"],
+                     "tokens_per_s": m["tokens"] / t, "tflops": flops / t / 1e12,
+                     "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times})
+        del tr
+    print(f"device={rows and args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
+          f"bf16 matmul ceiling={ceiling / 1e12:.3f} TFLOP/s")
+    print(f"{'scheme':<10}{'step s':>9}{'fwd+bwd s':>11}{'tokens':>8}{'tok/s':>9}{'TFLOP/s':>9}{'of ceiling':>12}")
+    for r in rows:
+        print(f"{r['scheme']:<10}{r['step_s']:>9.2f}{r['fwd_bwd_s']:>11.2f}{int(r['tokens']):>8}"
+              f"{r['tokens_per_s']:>9.0f}{r['tflops']:>9.3f}{r['mfu_vs_bf16_matmul']:>11.1%}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "bench": "trainer", "model": args.model, "samples": args.samples, "prompt_len": args.prompt_len,
+        "response_len": args.response_len, "micro_batch_size": args.micro_batch_size,
+        "device": str(args.device), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(), "torch": torch.__version__, "bf16_matmul_ceiling_flops": ceiling,
+        "rows": rows, "note": "shared machine: timings are noisy",
+    }, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
