@@ -101,22 +101,23 @@ class Transformer:
         self.cfg, self.dtype, self.device = cfg, dtype, device
         H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
         e = lambda *s: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
-        self.embed = e(cfg.vocab_size, H)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else e(cfg.vocab_size, H)
+        # Linear weights are stored transposed, [in, out], so a forward is a plain ``x @ w`` (faster than
+        # F.linear's x @ W.T on CPU). The tied embedding is the transpose view of the lm head.
+        self.lm_head_t = e(H, cfg.vocab_size)
+        self.embed = self.lm_head_t.t() if cfg.tie_word_embeddings else e(cfg.vocab_size, H)
         self.norm = e(H)
         self.layers: list[Layer] = []
-        # hf name -> (target tensor, row start, row end); None bounds = whole tensor
-        self.targets: dict[str, tuple[torch.Tensor, Optional[int], Optional[int]]] = {
-            "model.embed_tokens.weight": (self.embed, None, None),
-            "model.norm.weight": (self.norm, None, None),
-            "lm_head.weight": (self.lm_head, None, None)}
+        # hf name -> a view of our storage with the HF tensor's shape (copy_ into it updates the weights)
+        self.targets: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm,
+            "lm_head.weight": self.lm_head_t.t()}
         qd, kd = nh * hd, nkv * hd
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             L = Layer()
             L.in_norm, L.post_norm = e(H), e(H)
-            L.qkv_w, L.o_w = e(qd + 2 * kd, H), e(H, qd)
-            L.gu_w, L.down_w = e(2 * inter, H), e(H, inter)
+            L.qkv_w, L.o_w = e(H, qd + 2 * kd), e(qd, H)
+            L.gu_w, L.down_w = e(H, 2 * inter), e(inter, H)
             has = lambda n: (p + n) in bias_keys  # noqa: E731
             L.qkv_b = e(qd + 2 * kd) if has("self_attn.q_proj.bias") else None
             L.o_b = e(H) if has("self_attn.o_proj.bias") else None
@@ -125,26 +126,25 @@ class Transformer:
             L.q_norm = e(hd) if cfg.qk_norm else None
             L.k_norm = e(hd) if cfg.qk_norm else None
             t = self.targets
-            t[p + "input_layernorm.weight"] = (L.in_norm, None, None)
-            t[p + "post_attention_layernorm.weight"] = (L.post_norm, None, None)
-            for kind, tens in (("weight", L.qkv_w), ("bias", L.qkv_b)):
-                if tens is not None:
-                    t[p + f"self_attn.q_proj.{kind}"] = (tens, 0, qd)
-                    t[p + f"self_attn.k_proj.{kind}"] = (tens, qd, qd + kd)
-                    t[p + f"self_attn.v_proj.{kind}"] = (tens, qd + kd, qd + 2 * kd)
-            for kind, tens in (("weight", L.gu_w), ("bias", L.gu_b)):
-                if tens is not None:
-                    t[p + f"mlp.gate_proj.{kind}"] = (tens, 0, inter)
-                    t[p + f"mlp.up_proj.{kind}"] = (tens, inter, 2 * inter)
-            t[p + "self_attn.o_proj.weight"] = (L.o_w, None, None)
-            t[p + "mlp.down_proj.weight"] = (L.down_w, None, None)
+            t[p + "input_layernorm.weight"] = L.in_norm
+            t[p + "post_attention_layernorm.weight"] = L.post_norm
+            for name, a, b in (("q_proj", 0, qd), ("k_proj", qd, qd + kd), ("v_proj", qd + kd, qd + 2 * kd)):
+                t[p + f"self_attn.{name}.weight"] = L.qkv_w[:, a:b].t()
+                if L.qkv_b is not None:
+                    t[p + f"self_attn.{name}.bias"] = L.qkv_b[a:b]
+            for name, a, b in (("gate_proj", 0, inter), ("up_proj", inter, 2 * inter)):
+                t[p + f"mlp.{name}.weight"] = L.gu_w[:, a:b].t()
+                if L.gu_b is not None:
+                    t[p + f"mlp.{name}.bias"] = L.gu_b[a:b]
+            t[p + "self_attn.o_proj.weight"] = L.o_w.t()
+            t[p + "mlp.down_proj.weight"] = L.down_w.t()
             if L.o_b is not None:
-                t[p + "self_attn.o_proj.bias"] = (L.o_b, None, None)
+                t[p + "self_attn.o_proj.bias"] = L.o_b
             if L.down_b is not None:
-                t[p + "mlp.down_proj.bias"] = (L.down_b, None, None)
+                t[p + "mlp.down_proj.bias"] = L.down_b
             if cfg.qk_norm:
-                t[p + "self_attn.q_norm.weight"] = (L.q_norm, None, None)
-                t[p + "self_attn.k_norm.weight"] = (L.k_norm, None, None)
+                t[p + "self_attn.q_norm.weight"] = L.q_norm
+                t[p + "self_attn.k_norm.weight"] = L.k_norm
             self.layers.append(L)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         self._inv_freq = inv
@@ -187,8 +187,7 @@ class Transformer:
                 if strict:
                     raise KeyError(f"unknown weight name {name!r} for a {self.cfg.model_type} model")
                 continue
-            dst, a, b = tgt
-            view = dst if a is None else dst[a:b]
+            view = tgt
             if tuple(view.shape) != tuple(tensor.shape):
                 raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} does not match "
                                  f"the model's {tuple(view.shape)}")
@@ -204,43 +203,50 @@ class Transformer:
         n = max(n, 2 * self._rope_len, 256)
         freqs = torch.outer(torch.arange(n, dtype=torch.float32), self._inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
+        half = emb.shape[-1] // 2
+        sin = emb.sin()
+        sin[:, :half] *= -1   # rotate_half(x) * sin == roll(x, half) * [-sin, sin]
         self.cos = emb.cos().to(self.dtype).to(self.device)
-        self.sin = emb.sin().to(self.dtype).to(self.device)
+        self.sin_signed = sin.to(self.dtype).to(self.device)
         self._rope_len = n
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * F.rms_norm(x.float(), (x.shape[-1],), None, self.cfg.rms_eps).to(x.dtype)
 
     @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+    def _lin(x: torch.Tensor, w_t: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+        """``x @ w_t (+ b)`` for x [..., in] and a transposed weight [in, out]."""
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.mm(x2, w_t) if b is None else torch.addmm(b, x2, w_t)
+        return y.view(*x.shape[:-1], w_t.shape[1])
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
     def _qkv(self, L: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B,T,H] -> q [B,nh,T,hd], k/v [B,nkv,T,hd] with RoPE (and q/k norm) applied."""
         c = self.cfg
         B, T, _ = x.shape
-        h = self._norm(x, L.in_norm)
-        qkv = F.linear(h, L.qkv_w, L.qkv_b)
-        q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
-                             c.num_kv_heads * c.head_dim], dim=-1)
-        q = q.view(B, T, c.num_heads, c.head_dim)
-        k = k.view(B, T, c.num_kv_heads, c.head_dim)
-        v = v.view(B, T, c.num_kv_heads, c.head_dim)
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = self._lin(self._norm(x, L.in_norm), L.qkv_w, L.qkv_b).view(B, T, nh + 2 * nkv, hd)
+        v = qkv[:, :, nh + nkv:]
         if L.q_norm is not None:
-            q, k = self._norm(q, L.q_norm), self._norm(k, L.k_norm)
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            q = self._rope(self._norm(qkv[:, :, :nh], L.q_norm), cos, sin)
+            k = self._rope(self._norm(qkv[:, :, nh:nh + nkv], L.k_norm), cos, sin)
+        else:  # one RoPE call for q and k together
+            qk = self._rope(qkv[:, :, :nh + nkv], cos, sin)
+            q, k = qk[:, :, :nh], qk[:, :, nh:]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _mlp_out(self, L: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + F.linear(attn, L.o_w, L.o_b)
+        x = x + self._lin(attn, L.o_w, L.o_b)
         h = self._norm(x, L.post_norm)
-        g, u = F.linear(h, L.gu_w, L.gu_b).chunk(2, dim=-1)
-        return x + F.linear(F.silu(g) * u, L.down_w, L.down_b)
+        g, u = self._lin(h, L.gu_w, L.gu_b).chunk(2, dim=-1)
+        return x + self._lin(F.silu(g) * u, L.down_w, L.down_b)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._norm(h, self.norm), self.lm_head).float()
+        return torch.mm(self._norm(h, self.norm), self.lm_head_t).float()
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -249,7 +255,7 @@ class Transformer:
         c = self.cfg
         u, P = tokens.shape
         self._ensure_rope(P)
-        cos, sin = self.cos[:P].view(1, P, 1, -1), self.sin[:P].view(1, P, 1, -1)
+        cos, sin = self.cos[:P].view(1, P, 1, -1), self.sin_signed[:P].view(1, P, 1, -1)
         x = F.embedding(tokens, self.embed)
         for i, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, cos, sin)
@@ -267,21 +273,27 @@ class Transformer:
         ``pos`` [B]; ``max_len`` = max(pos)+1. Returns fp32 logits [B,V]."""
         c = self.cfg
         B = tokens.shape[0]
-        g = c.num_heads // c.num_kv_heads
+        nkv, hd = c.num_kv_heads, c.head_dim
+        g = c.num_heads // nkv
+        dev = tokens.device
         self._ensure_rope(max_len)
-        cos, sin = self.cos[pos].view(B, 1, 1, -1), self.sin[pos].view(B, 1, 1, -1)
-        mask = (torch.arange(max_len, device=tokens.device).view(1, -1) <= pos.view(-1, 1)).view(B, 1, 1, max_len)
-        rows = torch.arange(B, device=tokens.device)
+        cos, sin = self.cos[pos].view(B, 1, 1, -1), self.sin_signed[pos].view(B, 1, 1, -1)
+        allowed = torch.arange(max_len, device=dev).view(1, -1) <= pos.view(-1, 1)
+        mask = torch.zeros(B, 1, 1, max_len, dtype=self.dtype, device=dev)
+        mask.masked_fill_(~allowed.view(B, 1, 1, max_len), float("-inf"))
+        # flat row of (slot b, head h, position pos[b]) in a [slots*nkv*capacity, hd] view of the cache
+        rows = ((torch.arange(B, device=dev) * nkv).view(-1, 1) + torch.arange(nkv, device=dev).view(1, -1))
+        rows = (rows * cache.capacity + pos.view(-1, 1)).view(-1)
         x = F.embedding(tokens.view(B, 1), self.embed)
         for i, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, cos, sin)
             kc, vc = cache.k[i], cache.v[i]
-            kc[rows, :, pos] = k[:, :, 0]
-            vc[rows, :, pos] = v[:, :, 0]
+            kc.view(-1, hd).index_copy_(0, rows, k.reshape(B * nkv, hd))
+            vc.view(-1, hd).index_copy_(0, rows, v.reshape(B * nkv, hd))
             # grouped-query attention without repeating K/V: the g query heads of one kv head act as
             # g query positions attending to that head's keys
-            a = F.scaled_dot_product_attention(q.reshape(B, c.num_kv_heads, g, c.head_dim),
-                                               kc[:B, :, :max_len], vc[:B, :, :max_len], attn_mask=mask)
+            a = F.scaled_dot_product_attention(q.reshape(B, nkv, g, hd), kc[:B, :, :max_len],
+                                               vc[:B, :, :max_len], attn_mask=mask)
             x = self._mlp_out(L, x, a.reshape(B, 1, -1))
         return self._logits(x[:, 0])
 

@@ -1,0 +1,159 @@
+"""Benchmark: LocalEngine vs Hugging Face ``generate`` on SmolLM2-135M-Instruct (same prompts, dtype, T=1).
+
+    .venv/bin/python bench/engine.py [--n-prompts 32] [--new-tokens 64] [--dtype bf16] [--threads N]
+
+Prints a table of generated tokens/s and writes bench/results/engine.json. If ``bench/serve_latency.py``
+exists with ``measure(model_dir, n_requests=256) -> dict`` its p50/p99 latencies are included.
+Timings on a shared machine are noisy; run it a few times.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WORDS = ["apples", "marbles", "books", "coins", "stickers", "pencils", "cookies", "stamps"]
+NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo"]
+
+
+def make_prompts(tok, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` chat-templated arithmetic word questions (~40 tokens each)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        a, b, c = rng.randint(2, 60), rng.randint(2, 40), rng.randint(1, 9)
+        name, thing = rng.choice(NAMES), rng.choice(WORDS)
+        q = (f"{name} has {a} {thing} and buys {b} more, then gives away {c}. "
+             f"How many {thing} does {name} have now? Answer with a number.")
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        out.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
+    return out
+
+
+def bench_hf(model_dir, prompts, new_tokens, dtype, eos_ids) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), 2, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):        # left padding
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=2)
+    with torch.inference_mode():
+        model.generate(ids[:4], attention_mask=mask[:4], max_new_tokens=4, **kw)   # warm-up
+        t0 = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **kw)
+        dt = time.perf_counter() - t0
+    n = 0
+    for row in out[:, L:].tolist():        # count up to and including the first EOS
+        k = len(row)
+        for j, t in enumerate(row):
+            if t in eos_ids:
+                k = j + 1
+                break
+        n += k
+    return {"seconds": dt, "tokens": n, "tokens_per_sec": n / dt}
+
+
+def bench_engine(model_dir, prompts, new_tokens, dtype) -> dict:
+    from slick.engine.local import LocalEngine
+    from slick.types import SamplingParams
+
+    t0 = time.perf_counter()
+    eng = LocalEngine(model_dir, dtype=dtype, max_running=max(64, len(prompts)))
+    load_s = time.perf_counter() - t0
+
+    async def run_all(ps, n):
+        sp = SamplingParams(temperature=1.0, max_new_tokens=n)
+        return await asyncio.gather(*(eng.generate(p, sp) for p in ps))
+
+    try:
+        asyncio.run(run_all(prompts[:4], 4))                                        # warm-up
+        t0 = time.perf_counter()
+        gens = asyncio.run(run_all(prompts, new_tokens))
+        dt = time.perf_counter() - t0
+        st = eng.stats()
+    finally:
+        eng.close_sync()
+    n = sum(len(g.token_ids) for g in gens)
+    return {"seconds": dt, "tokens": n, "tokens_per_sec": n / dt, "load_seconds": load_s,
+            "decode_steps": st["decode_steps"], "eos_ids": eng.eos_ids}
+
+
+def maybe_serve_latency(model_dir) -> dict | None:
+    path = ROOT / "bench" / "serve_latency.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("serve_latency", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, "measure"):
+        return None
+    return mod.measure(str(model_dir), n_requests=256)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n-prompts", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-serve", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    a = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from slick.models.smollm2 import prepare_smollm2
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model_dir = prepare_smollm2()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts = make_prompts(tok, a.n_prompts)
+    tdtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    eng = bench_engine(model_dir, prompts, a.new_tokens, a.dtype)
+    hf = None if a.skip_hf else bench_hf(model_dir, prompts, a.new_tokens, tdtype, set(eng["eos_ids"]))
+    serve = None if a.skip_serve else maybe_serve_latency(model_dir)
+
+    res = {"model": "SmolLM2-135M-Instruct", "dtype": a.dtype, "n_prompts": len(prompts),
+           "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "max_new_tokens": a.new_tokens,
+           "temperature": 1.0, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+           "machine": platform.processor() or platform.machine(), "local_engine": eng, "hf_generate": hf,
+           "speedup": (eng["tokens_per_sec"] / hf["tokens_per_sec"]) if hf else None, "serve_latency": serve,
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    print(f"\nSmolLM2-135M-Instruct {a.dtype}, {len(prompts)} prompts x {a.new_tokens} new tokens, T=1.0, "
+          f"{torch.get_num_threads()} threads (shared machine: numbers are noisy)")
+    print(f"{'engine':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>10}")
+    rows = [("HF generate (batch)", hf), ("slick LocalEngine", eng)]
+    for name, r in rows:
+        if r:
+            print(f"{name:<22}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tokens_per_sec']:>10.1f}")
+    if hf:
+        print(f"{'speedup (local/HF)':<22}{res['speedup']:>28.2f}x")
+    if serve:
+        print(f"serve latency: p50={serve.get('p50')} p99={serve.get('p99')}  ({serve})")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
