@@ -211,7 +211,9 @@ class Transformer:
         self._rope_len = n
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return w * F.rms_norm(x.float(), (x.shape[-1],), None, self.cfg.rms_eps).to(x.dtype)
+        # one fused kernel; it accumulates in fp32 for bf16 inputs (HF rounds once more, before the
+        # weight multiply: identical in fp32, within bf16 rounding otherwise)
+        return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
 
     @staticmethod
     def _lin(x: torch.Tensor, w_t: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:

@@ -42,7 +42,7 @@ def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[f
         ps = [float(top_p[i]) for i in rows]
         if any(k < V for k in ks) or any(p < 1.0 for p in ps):
             noise.masked_fill_(~_keep_mask(part, ks, ps), float("-inf"))
-        pick = (part + noise).argmax(dim=-1)
+        pick = noise.add_(part).argmax(dim=-1)
         if len(rows) == B:
             tok = pick
         else:
