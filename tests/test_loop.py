@@ -7,13 +7,17 @@ import textwrap
 import pytest
 import torch
 
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from slick.config import Config
 from slick.config.validate import validate_config
+from slick.data import PromptDataset
 from slick.loop.sync import train
+from slick.models.tiny import make_tiny_model
 
 REWARD_MODULE = textwrap.dedent('''
     def even_tokens(args, sample):
-        """Fraction of response tokens with an even id: about 0.5 for a random model, learnable to 1."""
+        """Fraction of response tokens with an even id (about 0.5 for a random model): a cheap, varied reward."""
         ids = sample.response_ids
         return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
 ''')
@@ -101,11 +105,33 @@ def test_hf_export_reloads_with_identical_logits(tiny_model_dir, prompts, tmp_pa
     assert torch.allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.slow
-def test_tiny_model_learns_trivial_reward(tiny_model_dir, prompts, tmp_path):
-    cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=30, rollout_batch_size=4,
-                   n_samples_per_prompt=8, lr=3e-3)
+TARGET_RM = textwrap.dedent('''
+    import os
+    TARGET = int(os.environ["SLICK_TEST_TARGET"])
+
+    def first_token_is_target(args, sample):
+        """1 when the response starts with the target token."""
+        return float(sample.response_ids[:1] == [TARGET])
+''')
+
+
+def test_tiny_model_learns_to_emit_a_given_token(tmp_path, monkeypatch):
+    """A tiny policy learns to start its response with a given token it picks well under half the time at first."""
+    model = make_tiny_model(tmp_path / "peaky", tie_word_embeddings=False, lm_head_std=0.5, seed=1)
+    rows = [{"prompt": f"question {i}: say something", "label": str(i)} for i in range(8)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    dataset = PromptDataset(str(tmp_path / "p.jsonl"), AutoTokenizer.from_pretrained(str(model)))
+    with torch.no_grad():  # the target: the token most likely, on average, to start a response
+        probs = torch.stack([hf(torch.tensor([r["prompt_ids"]])).logits[0, -1].softmax(-1) for r in dataset])
+    target = int(probs.mean(0).argmax())
+    assert probs[:, target].mean() < 0.4
+    monkeypatch.setenv("SLICK_TEST_TARGET", str(target))
+    (tmp_path / "target_rm.py").write_text(TARGET_RM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = make_cfg(model, tmp_path / "p.jsonl", tmp_path / "run", num_rollout=12, rollout_batch_size=4,
+                   n_samples_per_prompt=8, rollout_max_response_len=4, lr=1e-3,
+                   custom_rm_path="target_rm.first_token_is_target")
     asyncio.run(train(cfg))
     rewards = [r["rollout/raw_reward"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert first < 0.7 and last > 0.9, rewards
+    assert rewards[0] < 0.5 and sum(rewards[-4:]) / 4 > 0.95, rewards

@@ -32,9 +32,11 @@ def load_demo_tokenizer():
 def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", hidden_size: int = 64,
                     num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
                     intermediate_size: int = 128, seed: int = 0, tie_word_embeddings: bool = True,
-                    **config_overrides) -> Path:
+                    lm_head_std: float | None = None, **config_overrides) -> Path:
     """Write a random ``arch`` model with SmolLM2's tokenizer into ``out_dir`` and return the path.
 
+    ``lm_head_std`` re-initialises an untied output head with that std: a larger value gives a peaky,
+    low-entropy next-token distribution while the body stays well-conditioned (useful for learning tests).
     ``config_overrides`` go to the HF config (e.g. ``initializer_range=0.5`` for a peaky, low-entropy policy)."""
     import torch
     import transformers
@@ -55,6 +57,10 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", hidden_size
     config = cfg_cls(**kw)
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32)
+    if lm_head_std is not None:
+        if tie_word_embeddings:
+            raise ValueError("lm_head_std needs tie_word_embeddings=False")
+        torch.nn.init.normal_(model.lm_head.weight, std=lm_head_std)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
