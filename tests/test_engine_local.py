@@ -267,3 +267,30 @@ def test_smollm2_greedy_matches_hf(smollm2_dir):
         assert g.finish_reason == ("stop" if out[-1] in eng.eos_ids else "length")
     finally:
         eng.close_sync()
+
+
+def test_kv_cache_grows_while_sequences_run(tmp_path, llama):
+    d, m, _ = llama
+    eng = LocalEngine(d, dtype="fp32", max_running=2)
+    try:
+        p1, p2, p3 = (eng.tokenizer.encode(t) for t in PROMPTS[:3])
+        sp = lambda n: SamplingParams(temperature=0, max_new_tokens=n)  # noqa: E731
+        ref = [hf_greedy(m, p, n) for p, n in ((p1, 40), (p2, 150), (p3, 10))]
+
+        async def go():
+            t1 = asyncio.ensure_future(eng.generate(p1, sp(40)))
+            t0 = time.monotonic()
+            while not eng._running or len(eng._running[0].out) < 5:
+                assert time.monotonic() - t0 < 30
+                await asyncio.sleep(0.002)
+            cap = eng.cache.capacity
+            # a longer request (more positions) and a third one (queued: only 2 slots) join mid-flight
+            rest = await asyncio.gather(eng.generate(p2, sp(150)), eng.generate(p3, sp(10)))
+            return cap, [await t1] + list(rest)
+
+        cap, res = run(go())
+        assert eng.cache.capacity > cap and eng.cache.slots <= 2
+        for g, r in zip(res, ref):
+            assert g.token_ids == r
+    finally:
+        eng.close_sync()
