@@ -111,6 +111,7 @@ def main(argv=None) -> int:
         rows.append({"scheme": scheme, "step_s": t, "fwd_bwd_s": min(fb), "tokens": m["tokens"],
                      "tokens_per_s": m["tokens"] / t, "tflops": flops / t / 1e12,
                      "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times})
+        print(f"[{scheme}] step {t:.2f}s, {m['tokens'] / t:.0f} tok/s", flush=True)
         del tr
     print(f"device={rows and args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
           f"bf16 matmul ceiling={ceiling / 1e12:.3f} TFLOP/s")
