@@ -105,6 +105,10 @@ def maybe_serve_latency(model_dir) -> dict | None:
     return mod.measure(str(model_dir), n_requests=256)
 
 
+def _fmt(x) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-prompts", type=int, default=32)
@@ -147,7 +151,11 @@ def main(argv=None) -> int:
     if hf:
         print(f"{'speedup (local/HF)':<22}{res['speedup']:>28.2f}x")
     if serve:
-        print(f"serve latency: p50={serve.get('p50')} p99={serve.get('p99')}  ({serve})")
+        p50 = serve.get("p50_latency_s", serve.get("p50"))
+        p99 = serve.get("p99_latency_s", serve.get("p99"))
+        res["serve_p50_s"], res["serve_p99_s"] = p50, p99
+        print(f"{'slick serve latency':<22}p50={_fmt(p50)}s p99={_fmt(p99)}s over {serve.get('n_requests')} "
+              f"requests ({serve.get('tokens_per_s', float('nan')):.1f} tok/s)")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

@@ -224,7 +224,7 @@ class Transformer:
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
     def _qkv(self, L: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B,T,H] -> q [B,nh,T,hd], k/v [B,nkv,T,hd] with RoPE (and q/k norm) applied."""
