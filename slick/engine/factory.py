@@ -34,7 +34,8 @@ def make_engines(cfg) -> EngineSet:
     if not urls:
         from slick.engine.router import launch_workers
 
-        procs = launch_workers(cfg.hf_checkpoint, cfg.rollout_num_workers, dtype=cfg.dtype)
+        procs = launch_workers(cfg.hf_checkpoint, cfg.rollout_num_workers, dtype=cfg.dtype,
+                               max_running=cfg.engine_max_running)
         urls = [p.url for p in procs]
     worker_urls = list(urls)
     if cfg.router == "sglang":
@@ -44,6 +45,7 @@ def make_engines(cfg) -> EngineSet:
         procs.append(router)
         urls = [router.url]
         log.info("sglang-router at %s in front of %s", router.url, worker_urls)
-    eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
-    eng.weight_urls = worker_urls  # weight updates go to every worker, not through the router
+    # generation goes through the router; weight updates and aborts go to every worker directly
+    eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout,
+                     control_urls=worker_urls)
     return EngineSet(eng, "disk", procs)
