@@ -117,6 +117,26 @@ def test_staggered_continuous_batching_equals_sequential(llama):
     assert steps < sum(len(g.token_ids) for g in par)
 
 
+def test_threaded_scheduler_matches_inline(llama):
+    """The background-thread scheduler (default on CUDA) gives the same tokens as the inline one (CPU)."""
+    d, m, eng = llama
+    threaded = LocalEngine(d, dtype="fp32", max_running=8, threaded=True)
+    try:
+        prompts = [eng.tokenizer.encode(t) for t in PROMPTS]
+
+        async def both(e):
+            sp = SamplingParams(temperature=0.8, max_new_tokens=12, seed=7)
+            return await asyncio.gather(*(e.generate(p, sp) for p in prompts))
+
+        assert not eng.threaded and threaded.threaded
+        for a, b in zip(run(both(eng)), run(both(threaded))):
+            assert a.token_ids == b.token_ids
+        assert run(threaded.update_weights(path=str(d), version=5)) == 5
+    finally:
+        threaded.close_sync()
+    assert not run(threaded.health())
+
+
 def test_seed_reproducible_and_shared_prefill(llama):
     d, m, eng = llama
     prompt = eng.tokenizer.encode(PROMPTS[2])
