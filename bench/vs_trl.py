@@ -60,7 +60,6 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
     split = {k: sum(r.get(f"perf/{k}_time", 0.0) for r in steps) for k in ("rollout", "logprob", "train",
                                                                              "update_weights")}
     split["reward"] = steps[-1].get("reward/time_total_s", 0.0) if steps else 0.0
-    split["train"] -= split["logprob"]  # perf/train_time includes the logprob pass
     return {"side": "slick", "num_steps": len(steps), "step_time_mean_s": step_s / max(len(steps), 1),
             "completions_per_sec": comps / step_s, "tokens_per_sec": tokens / step_s,
             "time_to_target_s": reached, "initial_accuracy": evals[0][1] if evals else None,

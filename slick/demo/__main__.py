@@ -18,7 +18,7 @@ from slick.models.smollm2 import prepare_smollm2
 DEFAULTS = {
     "--rollout-batch-size": "8", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "24",
     "--rollout-temperature": "1.0", "--advantage-estimator": "grpo", "--rm-type": "gsm8k",
-    "--lr": "2e-5", "--lr-warmup-steps": "0", "--num-rollout": "30", "--eval-interval": "5",
+    "--lr": "2e-5", "--lr-warmup-steps": "0", "--num-rollout": "20", "--eval-interval": "5",
     "--n-samples-per-eval-prompt": "4", "--eval-temperature": "1.0", "--micro-batch-size": "16",
     "--rollout-shuffle": None, "--apply-chat-template": None, "--run-dir": "runs/demo", "--seed": "1",
 }

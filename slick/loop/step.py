@@ -60,6 +60,7 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn) -> tu
     if trainer.has_ref:
         ref = trainer.compute_logprobs(samples, "ref")
     t_logp = time.perf_counter() - t0
+    t0 = time.perf_counter()
     advantages = compute_advantages(cfg, samples, rewards, old, ref)
     metrics: dict = {}
     gbs = cfg.global_batch_size
@@ -73,6 +74,6 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn) -> tu
         for key, v in m.items():  # average over optimizer steps
             metrics[key] = metrics.get(key, 0.0) + float(v) / cfg.num_steps_per_rollout
     out = {f"train/{k}": v for k, v in metrics.items()}
-    out["perf/logprob_time"] = t_logp
+    out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
     return out, {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}

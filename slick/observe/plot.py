@@ -37,7 +37,7 @@ def figure_specs(rows: list[dict]) -> dict[str, list[str]]:
     keys = _keys(rows)
     return {
         "reward.png": [k for k in ("rollout/raw_reward",) if k in keys],
-        "eval.png": sorted(k for k in keys if k.startswith("eval/")),
+        "eval.png": sorted(k for k in keys if k.startswith("eval/") and k.count("/") == 1),  # scores only
         "response_len.png": [k for k in ("rollout/response_len/mean",) if k in keys],
         "kl.png": [k for k in ("train/ppo_kl", "train/kl_loss") if k in keys],
         "step_time.png": _time_keys(keys),
