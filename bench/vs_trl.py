@@ -59,7 +59,8 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
             reached = elapsed[step]
     split = {k: sum(r.get(f"perf/{k}_time", 0.0) for r in steps) for k in ("rollout", "logprob", "train",
                                                                              "update_weights")}
-    split["reward"] = steps[-1].get("reward/time_total_s", 0.0) if steps else 0.0
+    split["reward"] = steps[-1].get("reward/time_total_s", 0.0) if steps else 0.0  # cumulative counter
+    split["generation"] = split.pop("rollout") - split["reward"]  # perf/rollout_time includes scoring
     return {"side": "slick", "num_steps": len(steps), "step_time_mean_s": step_s / max(len(steps), 1),
             "completions_per_sec": comps / step_s, "tokens_per_sec": tokens / step_s,
             "time_to_target_s": reached, "initial_accuracy": evals[0][1] if evals else None,
@@ -118,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out-dir", default="runs/vs_trl")
+    ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved side results")
     args = ap.parse_args(argv)
 
     from slick.demo.addition import write_addition_data
@@ -133,10 +135,11 @@ def main(argv=None) -> int:
         return 0
     results = {}
     for side in ("slick", "trl"):  # one process each
-        print(f"[vs_trl] running {side} ({args.steps} steps)...", flush=True)
-        cmd = [sys.executable, __file__, "--side", side] + [a for a in (argv or sys.argv[1:])
-                                                             if a not in ("--side", "both")]
-        subprocess.run(cmd, check=True)
+        if not args.table_only:
+            print(f"[vs_trl] running {side} ({args.steps} steps)...", flush=True)
+            cmd = [sys.executable, __file__, "--side", side] + [a for a in (argv or sys.argv[1:])
+                                                                 if a not in ("--side", "both")]
+            subprocess.run(cmd, check=True)
         results[side] = json.loads((Path(args.out_dir) / f"{side}.json").read_text())
     md = table(results["slick"], results["trl"])
     header = (f"slick vs TRL {results['trl'].get('trl_version', '?')} GRPOTrainer, SmolLM2-135M-Instruct bf16 on "
