@@ -44,7 +44,12 @@ class Run:
         seed_everything(cfg.seed)
         self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
         self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg)
-        self.tok = self.trainer.tokenizer if self.trainer else self.engines.engine.tokenizer
+        if self.trainer is not None:
+            self.tok = self.trainer.tokenizer
+        else:
+            from transformers import AutoTokenizer
+
+            self.tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint)
         self.data = DataSource(PromptDataset.from_config(cfg, self.tok), cfg.n_samples_per_prompt,
                                shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
         self.buffer = RolloutBuffer(cfg.max_staleness, load_function(cfg.buffer_filter_path, "--buffer-filter-path"))
