@@ -11,7 +11,7 @@ from slick.train import checkpoint as ckpt
 from slick.train.checkpoint import load_checkpoint, save_checkpoint, save_hf
 from slick.train.trainer import Trainer
 from slick.train.weight_sync import sync_weights
-from test_train import make_cfg, make_samples, simple_loss
+from tests.test_train import make_cfg, make_samples, simple_loss
 
 
 def _step(tr, samples):

@@ -115,6 +115,8 @@ class TrainConfig:
     seed: int = F(1234, "Global random seed (torch, python, numpy).")
     dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
+    disable_prompt_sharing: bool = F(False, "Give every sample its own copy of the prompt in packed micro-batches "
+                                     "(default: the n samples of a prompt share one copy via a tree attention mask).")
     logprob_chunk_size: int = F(512, "Tokens per chunk when computing logprobs/entropy from logits.")
     device: str = F("auto", "Torch device for trainer and local engine (auto: cuda when present).")
 

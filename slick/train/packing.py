@@ -66,14 +66,16 @@ class PackedBatch:
     gather_index: torch.Tensor      # [R] long: row positions whose logits score the response tokens
     targets: torch.Tensor           # [R] long: the response tokens themselves
     response_lengths: list[int]     # per sample, sums to R
+    attention_mask: Optional[torch.Tensor] = None   # [1,1,N,N] bool (True = attend) for shared prompts
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
     def to(self, device) -> "PackedBatch":
+        mask = None if self.attention_mask is None else self.attention_mask.to(device)
         return PackedBatch(self.indices, self.input_ids.to(device), self.position_ids.to(device),
-                           self.gather_index.to(device), self.targets.to(device), self.response_lengths)
+                           self.gather_index.to(device), self.targets.to(device), self.response_lengths, mask)
 
 
 def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
@@ -106,6 +108,68 @@ def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
         targets=torch.tensor(targets, dtype=torch.long),
         response_lengths=lengths,
     )
+
+
+def pack_shared_prompts(samples: Sequence, indices: list[int]) -> PackedBatch:
+    """Like :func:`pack`, but samples with identical ``prompt_ids`` share ONE copy of their prompt.
+
+    Row layout per prompt group: ``prompt, resp_1[:-1], resp_2[:-1], ...``; each response segment sits at
+    the positions that follow the prompt and attends to the prompt and to itself only (a tree-shaped mask),
+    so every logprob and gradient equals that of separate sequences while the prompt is computed once per
+    group instead of once per sample (GRPO's n samples per prompt). Outputs keep the order of ``indices``.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i in indices:
+        s = samples[i]
+        if not s.response_ids or not s.prompt_ids:
+            raise ValueError(f"sample {i} (index {s.index}) needs a prompt and a non-empty response to be packed")
+        groups.setdefault(tuple(s.prompt_ids), []).append(i)
+    ids: list[int] = []
+    pos: list[int] = []
+    segments: list[tuple[int, int, int]] = []   # (prompt start, segment start, segment end) per row span
+    where: dict[int, list[int]] = {}             # sample index -> row positions scoring its response tokens
+    for prompt, members in groups.items():
+        p0, P = len(ids), len(prompt)
+        ids.extend(prompt)
+        pos.extend(range(P))
+        segments.append((p0, p0, p0 + P))
+        for i in members:
+            r = list(samples[i].response_ids)
+            s0 = len(ids)
+            ids.extend(r[:-1])
+            pos.extend(range(P, P + len(r) - 1))
+            segments.append((p0, s0, len(ids)))
+            where[i] = [p0 + P - 1] + list(range(s0, len(ids)))
+    n = len(ids)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for p0, s0, s1 in segments:
+        if s1 == s0:
+            continue
+        if s0 > p0:  # a response segment sees its whole prompt
+            mask[s0:s1, p0:p0 + (pos[s0] if s0 < n else 0)] = True
+        mask[s0:s1, s0:s1] = torch.ones(s1 - s0, s1 - s0, dtype=torch.bool).tril()
+    gather = [g for i in indices for g in where[i]]
+    targets = [t for i in indices for t in samples[i].response_ids]
+    return PackedBatch(
+        indices=list(indices),
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        position_ids=torch.tensor([pos], dtype=torch.long),
+        gather_index=torch.tensor(gather, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        response_lengths=[len(samples[i].response_ids) for i in indices],
+        attention_mask=mask.view(1, 1, n, n),
+    )
+
+
+def shares_prompts(samples: Sequence, indices: list[int]) -> bool:
+    """True when at least two of the samples have the same prompt (sharing would save tokens)."""
+    seen = set()
+    for i in indices:
+        key = tuple(samples[i].prompt_ids)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
 
 
 def pad_stack(rows: Sequence[torch.Tensor], length: int, value: float = 0.0,

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from slick.train.logprobs import chunked_logprobs
-from slick.train.packing import PackedBatch, pack, pad_stack, split_micro_batches
+from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, shares_prompts,
+                                 split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 
 LOSS_KEY = "loss"
@@ -136,7 +137,8 @@ class Trainer:
         """Per-sample (logprobs, entropy) lists for one packed micro-batch."""
         mb = mb.to(self.device)
         with self._autocast():
-            out = model.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+            out = model.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
+                                   attention_mask=mb.attention_mask)
             hidden = out.last_hidden_state[0].index_select(0, mb.gather_index)
             lp, ent = chunked_logprobs(hidden, model.get_output_embeddings(), mb.targets, self.temperature,
                                        self.cfg.logprob_chunk_size, with_entropy, entropy_grad,
@@ -144,6 +146,12 @@ class Trainer:
         lps = list(lp.split(mb.response_lengths))
         ents = list(ent.split(mb.response_lengths)) if ent is not None else None
         return lps, ents
+
+    def _pack(self, samples: Sequence, idx: list[int]) -> PackedBatch:
+        """Pack a micro-batch; samples sharing a prompt share one copy of it unless disabled."""
+        if not getattr(self.cfg, "disable_prompt_sharing", False) and shares_prompts(samples, idx):
+            return pack_shared_prompts(samples, idx)
+        return pack(samples, idx)
 
     def _micro_batches(self, samples: Sequence) -> list[list[int]]:
         return split_micro_batches(samples, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
@@ -162,7 +170,7 @@ class Trainer:
             raise ValueError(f"which must be 'actor' or 'ref' (got {which!r})")
         result: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
         for idx in self._micro_batches(samples):
-            lps, _ = self._forward(model, pack(samples, idx), with_entropy=False, entropy_grad=False)
+            lps, _ = self._forward(model, self._pack(samples, idx), with_entropy=False, entropy_grad=False)
             for i, lp in zip(idx, lps):
                 result[i] = lp.detach().float().cpu()
         return result
@@ -209,7 +217,7 @@ class Trainer:
         total_loss, diff_sum, diff_n, tokens = 0.0, 0.0, 0, 0
         self.optimizer.zero_grad(set_to_none=True)
         for idx in self._micro_batches(samples):
-            mb = pack(samples, idx)
+            mb = self._pack(samples, idx)
             tokens += mb.num_tokens
             lps, ents = self._forward(self.model, mb, with_entropy=True, entropy_grad=entropy_grad)
             T = max(mb.response_lengths)
