@@ -141,14 +141,16 @@ class EvalConfig:
 
 @dataclass
 class ClusterConfig:
-    colocate: bool = F(False, "Training and rollout share the same devices (offload between phases).")
-    actor_num_nodes: int = F(1, "Training nodes.")
-    actor_num_gpus_per_node: int = F(0, "GPUs per training node (0 = CPU).")
-    rollout_num_gpus: int = F(0, "GPUs for rollout engines in total.")
-    rollout_num_gpus_per_engine: int = F(1, "GPUs per rollout engine.")
-    use_fault_tolerance: bool = F(False, "Restart failed rollout engines and retry their requests.")
+    colocate: bool = F(False, "Training and rollout share devices. The in-process engine always shares the trainer's "
+                              "device; accepted for slime compatibility.")
+    actor_num_nodes: int = F(1, "Training nodes (only 1 is supported: training runs in one process).")
+    actor_num_gpus_per_node: int = F(0, "GPUs per training node (0 or 1: training runs in one process).")
+    rollout_num_gpus: int = F(0, "GPUs for rollout engines in total (informational; launch SGLang servers and "
+                                 "pass --rollout-urls to use more).")
+    rollout_num_gpus_per_engine: int = F(1, "GPUs per rollout engine (passed to engines you launch yourself).")
+    use_fault_tolerance: bool = F(False, "Accepted for slime compatibility: HTTP engines always retry a failed "
+                                         "request on another worker.")
     update_weights_interval: int = F(1, "Push weights to the engines every N steps.")
-    use_ray: bool = F(False, "Place trainer and engines as Ray actors on a (local) Ray cluster.")
 
 
 @dataclass

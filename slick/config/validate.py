@@ -68,6 +68,11 @@ def validate_config(cfg: Config, check_files: bool = True) -> Config:
         p.append("--over-sampling-batch-size must be positive")
     if cfg.rollout_engine == "http" and not cfg.rollout_urls and not cfg.hf_checkpoint:
         p.append("--rollout-engine http needs --rollout-urls or --hf-checkpoint (to launch workers)")
+    if cfg.actor_num_nodes != 1 or cfg.actor_num_gpus_per_node > 1:
+        p.append("--actor-num-nodes > 1 / --actor-num-gpus-per-node > 1: slick trains in one process for now "
+                 "(scale rollout out with --rollout-engine http instead)")
+    if cfg.update_weights_interval < 1:
+        p.append("--update-weights-interval must be >= 1")
     if check_files:
         specs = [("--prompt-data", cfg.prompt_data)] if cfg.prompt_data else []
         specs += [("--eval-prompt-data", s) for s in cfg.eval_prompt_data[1::2]]

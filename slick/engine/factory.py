@@ -17,6 +17,13 @@ class EngineSet:
         for p in reversed(self.processes):
             p.stop()
 
+    def close_sync(self) -> None:
+        """Stop what was started, without an event loop (for failures during set-up)."""
+        if hasattr(self.engine, "close_sync"):
+            self.engine.close_sync()
+        for p in reversed(self.processes):
+            p.stop()
+
 
 def make_engines(cfg) -> EngineSet:
     """--rollout-engine local: LocalEngine in this process (weights synced as tensors).

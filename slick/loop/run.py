@@ -42,24 +42,19 @@ class Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         seed_everything(cfg.seed)
-        self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
-        self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg)
-        if self.trainer is not None:
-            self.tok = self.trainer.tokenizer
-        else:
-            from transformers import AutoTokenizer
+        # cheap things that can fail on bad input first, then the trainer, then the engines (processes)
+        from transformers import AutoTokenizer
 
-            self.tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint)
+        self.tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint)
         self.data = DataSource(PromptDataset.from_config(cfg, self.tok), cfg.n_samples_per_prompt,
                                shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
-        self.buffer = RolloutBuffer(cfg.max_staleness, load_function(cfg.buffer_filter_path, "--buffer-filter-path"))
-        self.rewards = RewardHub(cfg)
-        self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
-            if self.engines else None
         pairs = list(cfg.eval_prompt_data)
         self.eval_sets = {n: PromptDataset.from_config(cfg, self.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
+        self.buffer = RolloutBuffer.from_config(cfg)
+        self.rewards = RewardHub(cfg)
         self.loss_fn = make_loss_fn(cfg)
         self.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
+        self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
         self.start_step = self._maybe_resume()
         if cfg.num_rollout is not None:
             self.num_steps = cfg.num_rollout
@@ -72,6 +67,13 @@ class Run:
                                     wandb_project=cfg.wandb_project, wandb_group=cfg.wandb_group,
                                     config=cfg.to_dict())
         self.progress = Progress(self.num_steps, enabled=not cfg.no_progress, initial=self.start_step)
+        self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg)  # last: may start processes
+        try:
+            self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
+                if self.engines else None
+        except Exception:
+            self.engines.close_sync()
+            raise
 
     @property
     def version(self) -> int:
