@@ -107,7 +107,7 @@ class RolloutManager:
         if len(kept) < want:
             log.warning("step %d: only %d of %d groups passed the dynamic-sampling filter after %d groups",
                         step, len(kept), want, submitted)
-        kept = kept[:want]
+        kept = sorted(kept, key=lambda g: g[0].group_index)[:want]  # batch order independent of timing
         return kept, self._metrics(kept, dropped, time.perf_counter() - t0)
 
     def _metrics(self, groups: list[list[Sample]], dropped: int, seconds: float) -> dict:
@@ -124,6 +124,8 @@ class RolloutManager:
             "rollout/filtered_groups": dropped,
             "rollout/generated_tokens": tokens,
             "perf/rollout_time": seconds,
+            # time inside reward calls, summed over groups; it overlaps the generation of other groups
+            "perf/reward_time": sum(g[0].timings.get("reward", 0.0) for g in groups if g),
             "perf/rollout_tokens_per_sec": tokens / max(seconds, 1e-9),
         }
         m.update(self.rewards.stats())
