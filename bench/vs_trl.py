@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
             "--rollout-max-response-len", str(args.max_new_tokens), "--rollout-temperature", "1.0",
             "--eval-temperature", "1.0", "--lr", str(args.lr), "--num-rollout", str(args.steps),
             "--eval-interval", str(args.eval_every), "--rollout-shuffle", "--run-dir", str(run_dir),
-            "--seed", str(args.seed), "--micro-batch-size", "16", "--no-progress"]
+            "--seed", str(args.seed), "--micro-batch-size", "64", "--no-progress"] + shlex.split(args.slick_args)
     cfg = parse_config(argv)
     t0 = time.perf_counter()
     asyncio.run(train_loop(cfg))
@@ -61,7 +62,8 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
     split = {k: sum(r.get(f"perf/{k}_time", 0.0) for r in steps) for k in ("rollout", "logprob", "train",
                                                                              "update_weights")}
     split["other"] = step_s - sum(split.values())
-    overlapped_reward = sum(r.get("perf/reward_time", 0.0) for r in steps)    return {"side": "slick", "num_steps": len(steps), "step_time_mean_s": step_s / max(len(steps), 1),
+    overlapped_reward = sum(r.get("perf/reward_time", 0.0) for r in steps)
+    return {"side": "slick", "num_steps": len(steps), "step_time_mean_s": step_s / max(len(steps), 1),
             "completions_per_sec": comps / step_s, "tokens_per_sec": tokens / step_s,
             "time_to_target_s": reached, "initial_accuracy": evals[0][1] if evals else None,
             "final_accuracy": evals[-1][1] if evals else None, "evals": evals, "wall_time_s": wall,
@@ -122,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out-dir", default="runs/vs_trl")
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved side results")
+    ap.add_argument("--slick-args", default="", help="extra `slick train` flags for the slick side, one string "
+                    "(e.g. --slick-args='--calculate-per-token-loss')")
     args = ap.parse_args(argv)
 
     from slick.demo.addition import write_addition_data

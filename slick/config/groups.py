@@ -114,6 +114,10 @@ class TrainConfig:
     max_tokens_per_micro_batch: Optional[int] = F(None, "Pack micro-batches up to this many tokens instead of a sample count.")
     seed: int = F(1234, "Global random seed (torch, python, numpy).")
     dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
+    train_precision: str = F("autocast", "bf16 training scheme: fp32 weights under torch.autocast, fp32 weight "
+                             "grads (autocast; learns faster and runs faster here), or bf16 weights and grads with "
+                             "fp32 master copies in AdamW (bf16; less memory). Ignored with --dtype fp32.",
+                             choices=["autocast", "bf16"])
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
     disable_prompt_sharing: bool = F(False, "Give every sample its own copy of the prompt in packed micro-batches "
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")

@@ -68,7 +68,7 @@ class Trainer:
     """Policy model, optional frozen reference model, AdamW with linear warm-up, grad clipping.
 
     ``cfg`` is a ``slick.config.Config`` (flat access). ``precision`` picks the bf16 scheme
-    (``"bf16"`` default, or ``"autocast"``; see ``slick.train.precision``); ignored for fp32.
+    (``"autocast"`` default, or ``"bf16"``; see ``slick.train.precision``); ignored for fp32.
     """
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
@@ -83,6 +83,8 @@ class Trainer:
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if precision is None and self.dtype != torch.float32:
+            precision = getattr(cfg, "train_precision", None)  # --train-precision (ignored for fp32)
         self.scheme = resolve_scheme(self.dtype, precision)
         weight_dtype = torch.bfloat16 if self.scheme == "bf16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
