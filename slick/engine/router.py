@@ -186,6 +186,7 @@ def launch_workers(hf_checkpoint: str, n: int, *, dtype: str = "auto", host: str
                    log_dir: Optional[str] = None) -> list[WorkerProcess]:
     """Start ``n`` ``slick serve`` subprocesses (in parallel) and wait until each answers /health.
 
+    Each worker gets ``OMP_NUM_THREADS = cores // n`` unless the caller's environment sets it.
     Ports are ``base_port + i`` when given, else free ports picked by the OS. On any failure every
     started worker is stopped and a RuntimeError carrying the worker's log tail is raised.
     """
@@ -195,6 +196,9 @@ def launch_workers(hf_checkpoint: str, n: int, *, dtype: str = "auto", host: str
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # split the cores between the workers: oversubscribed OpenMP teams (n x all cores) spin against each
+    # other and a CPU worker slows down by an order of magnitude
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     try:
         for i in range(n):
             port = base_port + i if base_port else free_port(host)
