@@ -1,7 +1,7 @@
 """The engine protocol. Rollout code talks only to this; LocalEngine and HttpEngine implement it."""
 from __future__ import annotations
 
-from typing import Iterable, Optional, Protocol, Union, runtime_checkable
+from typing import Iterable, Optional, Protocol, runtime_checkable
 
 from slick.types import Generation, SamplingParams
 
@@ -30,5 +30,3 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-
-EngineLike = Union[Engine]
