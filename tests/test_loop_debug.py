@@ -56,3 +56,14 @@ def test_train_from_saved_rollouts_without_an_engine(tiny_model_dir, parity_prom
     assert [r["rollout/raw_reward"] for r in a] == [r["rollout/raw_reward"] for r in b]
     # same batch and same initial weights: the same gradient
     assert a[0]["train/grad_norm"] == pytest.approx(b[0]["train/grad_norm"], rel=1e-4)
+
+
+def test_weight_sync_every_other_step_still_trains_every_step(tiny_model_dir, parity_prompts, tmp_path):
+    cfg = make_cfg(tiny_model_dir, parity_prompts, tmp_path / "run", num_rollout=4,
+                   custom_rm_path="parity_rm.first_even", update_weights_interval=2)
+    assert cfg.max_staleness == 1  # derived: the engine lags one optimizer step between syncs
+    run = asyncio.run(train(cfg))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert all("train/loss" in r for r in rows) and run.trainer.version == 4
+    assert ["perf/update_weights_time" in r for r in rows] == [False, True, False, True]
+    assert asyncio.run(run.engines.engine.get_weight_version()) == 4

@@ -154,7 +154,8 @@ class ClusterConfig:
     rollout_num_gpus_per_engine: int = F(1, "GPUs per rollout engine (passed to engines you launch yourself).")
     use_fault_tolerance: bool = F(False, "Accepted for slime compatibility: HTTP engines always retry a failed "
                                          "request on another worker.")
-    update_weights_interval: int = F(1, "Push weights to the engines every N steps.")
+    update_weights_interval: int = F(1, "Push weights to the engines every N steps (raises --max-staleness to the "
+                                        "lag this creates).")
 
 
 @dataclass

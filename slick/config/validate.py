@@ -73,6 +73,10 @@ def validate_config(cfg: Config, check_files: bool = True) -> Config:
                  "(scale rollout out with --rollout-engine http instead)")
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
+    elif cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
+        # engines lag the trainer by up to (interval - 1) rollouts of optimizer steps: allow that staleness
+        lag = (cfg.update_weights_interval - 1) * cfg.num_steps_per_rollout
+        cfg.max_staleness = max(cfg.max_staleness, lag)
     if check_files:
         specs = [("--prompt-data", cfg.prompt_data)] if cfg.prompt_data else []
         specs += [("--eval-prompt-data", s) for s in cfg.eval_prompt_data[1::2]]
