@@ -115,7 +115,7 @@ class TrainConfig:
     seed: int = F(1234, "Global random seed (torch, python, numpy).")
     dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
     train_precision: str = F("autocast", "bf16 training scheme: fp32 weights under torch.autocast, fp32 weight "
-                             "grads (autocast; learns faster and runs faster here), or bf16 weights and grads with "
+                             "grads (autocast; learns faster per step here), or bf16 weights and grads with "
                              "fp32 master copies in AdamW (bf16; less memory). Ignored with --dtype fp32.",
                              choices=["autocast", "bf16"])
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")

@@ -6,7 +6,7 @@ Schemes (``Trainer(..., precision=...)``):
 * ``"autocast"``  fp32 master weights in the model, forward/backward under ``torch.autocast(bf16)``;
                   AdamW updates the fp32 weights directly. Each forward re-casts weights to bf16.
                   Default for bf16: weight gradients stay fp32, which learned ~1.5x faster per step on
-                  the demo task and also ran faster here (see docs/training.md).
+                  the demo task at about the same tokens/s (see docs/training.md).
 * ``"bf16"``      bf16 weights in the model (forward/backward fully bf16, no casts); AdamW runs on
                   separate fp32 master copies. After every micro-batch the bf16 grads are added into
                   fp32 master grads; after the step the master weights are copied back (rounded) into
