@@ -100,6 +100,10 @@ def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
         gather.extend(range(offset + len(p) - 1, offset + len(seq)))
         targets.extend(r)
         lengths.append(len(r))
+    return _packed(indices, ids, pos, gather, targets, lengths)
+
+
+def _packed(indices, ids, pos, gather, targets, lengths, mask=None) -> PackedBatch:
     return PackedBatch(
         indices=list(indices),
         input_ids=torch.tensor([ids], dtype=torch.long),
@@ -107,6 +111,7 @@ def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
         gather_index=torch.tensor(gather, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         response_lengths=lengths,
+        attention_mask=mask,
     )
 
 
@@ -145,20 +150,13 @@ def pack_shared_prompts(samples: Sequence, indices: list[int]) -> PackedBatch:
     for p0, s0, s1 in segments:
         if s1 == s0:
             continue
-        if s0 > p0:  # a response segment sees its whole prompt
-            mask[s0:s1, p0:p0 + (pos[s0] if s0 < n else 0)] = True
+        if s0 > p0:  # a response segment sees its whole prompt (its first position == prompt length)
+            mask[s0:s1, p0:p0 + pos[s0]] = True
         mask[s0:s1, s0:s1] = torch.ones(s1 - s0, s1 - s0, dtype=torch.bool).tril()
     gather = [g for i in indices for g in where[i]]
     targets = [t for i in indices for t in samples[i].response_ids]
-    return PackedBatch(
-        indices=list(indices),
-        input_ids=torch.tensor([ids], dtype=torch.long),
-        position_ids=torch.tensor([pos], dtype=torch.long),
-        gather_index=torch.tensor(gather, dtype=torch.long),
-        targets=torch.tensor(targets, dtype=torch.long),
-        response_lengths=[len(samples[i].response_ids) for i in indices],
-        attention_mask=mask.view(1, 1, n, n),
-    )
+    lengths = [len(samples[i].response_ids) for i in indices]
+    return _packed(indices, ids, pos, gather, targets, lengths, mask.view(1, 1, n, n))
 
 
 def shares_prompts(samples: Sequence, indices: list[int]) -> bool:
