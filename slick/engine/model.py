@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from slick.engine.kvcache import KVCache
+from slick.engine.linear import Dense, can_pack
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -88,10 +89,10 @@ class ArchConfig:
 
 
 class Layer:
-    """One decoder layer's weights (fused qkv and gate/up)."""
+    """One decoder layer's weights (fused qkv and gate/up) and the :class:`Dense` ops over them."""
 
     __slots__ = ("in_norm", "qkv_w", "qkv_b", "q_norm", "k_norm", "o_w", "o_b", "post_norm",
-                 "gu_w", "gu_b", "down_w", "down_b")
+                 "gu_w", "gu_b", "down_w", "down_b", "qkv", "o", "gu", "gate", "up", "down")
 
 
 class Transformer:
@@ -101,10 +102,12 @@ class Transformer:
         self.cfg, self.dtype, self.device = cfg, dtype, device
         H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
         e = lambda *s: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
-        # Linear weights are stored transposed, [in, out], so a forward is a plain ``x @ w`` (faster than
-        # F.linear's x @ W.T on CPU). The tied embedding is the transpose view of the lm head.
-        self.lm_head_t = e(H, cfg.vocab_size)
-        self.embed = self.lm_head_t.t() if cfg.tie_word_embeddings else e(cfg.vocab_size, H)
+        self.packed = can_pack(device, dtype)   # oneDNN pre-packed linears (see slick.engine.linear)
+        # Linear weights are stored transposed, [in, out], so the unpacked forward is a plain ``x @ w`` (faster
+        # than F.linear's x @ W.T on CPU). A tied lm head is the transpose view of the embedding, which stays
+        # row-contiguous: the per-step token lookup is then a cheap row gather.
+        self.embed = e(cfg.vocab_size, H)
+        self.lm_head_t = self.embed.t() if cfg.tie_word_embeddings else e(H, cfg.vocab_size)
         self.norm = e(H)
         self.layers: list[Layer] = []
         # hf name -> a view of our storage with the HF tensor's shape (copy_ into it updates the weights)
@@ -145,7 +148,13 @@ class Transformer:
             if cfg.qk_norm:
                 t[p + "self_attn.q_norm.weight"] = L.q_norm
                 t[p + "self_attn.k_norm.weight"] = L.k_norm
+            pk = self.packed
+            L.qkv, L.o, L.down = Dense(L.qkv_w, L.qkv_b, pk), Dense(L.o_w, L.o_b, pk), Dense(L.down_w, L.down_b, pk)
+            L.gu = Dense(L.gu_w, L.gu_b, False)          # one matmul on the plain path; split when packed
+            gb, ub = (None, None) if L.gu_b is None else (L.gu_b[:inter], L.gu_b[inter:])
+            L.gate, L.up = Dense(L.gu_w[:, :inter], gb, pk), Dense(L.gu_w[:, inter:], ub, pk)
             self.layers.append(L)
+        self.head = Dense(self.lm_head_t, None, pk)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         self._inv_freq = inv
         self._rope_len = 0
@@ -194,7 +203,20 @@ class Transformer:
             with torch.no_grad():
                 view.copy_(tensor.detach())
             seen.add(name)
+        if seen:
+            self.repack()
         return seen
+
+    def dense_ops(self) -> list[Dense]:
+        """Every :class:`Dense` of the model."""
+        return [d for L in self.layers for d in (L.qkv, L.o, L.gu, L.gate, L.up, L.down)] + [self.head]
+
+    def repack(self) -> None:
+        """Refresh the packed weight copies after the weights changed (no-op without packing)."""
+        if self.packed:
+            with torch.no_grad():
+                for d in self.dense_ops():
+                    d.repack()
 
     # ---------------------------------------------------------------- forward pieces
     def _ensure_rope(self, n: int) -> None:
@@ -216,13 +238,6 @@ class Transformer:
         return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
 
     @staticmethod
-    def _lin(x: torch.Tensor, w_t: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-        """``x @ w_t (+ b)`` for x [..., in] and a transposed weight [in, out]."""
-        x2 = x.reshape(-1, x.shape[-1])
-        y = torch.mm(x2, w_t) if b is None else torch.addmm(b, x2, w_t)
-        return y.view(*x.shape[:-1], w_t.shape[1])
-
-    @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
@@ -231,7 +246,7 @@ class Transformer:
         c = self.cfg
         B, T, _ = x.shape
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = self._lin(self._norm(x, L.in_norm), L.qkv_w, L.qkv_b).view(B, T, nh + 2 * nkv, hd)
+        qkv = L.qkv(self._norm(x, L.in_norm)).view(B, T, nh + 2 * nkv, hd)
         v = qkv[:, :, nh + nkv:]
         if L.q_norm is not None:
             q = self._rope(self._norm(qkv[:, :, :nh], L.q_norm), cos, sin)
@@ -242,13 +257,18 @@ class Transformer:
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _mlp_out(self, L: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + self._lin(attn, L.o_w, L.o_b)
+        """Attention output projection and the SwiGLU MLP, each with its residual connection."""
+        x = L.o.add(attn, x)
         h = self._norm(x, L.post_norm)
-        g, u = self._lin(h, L.gu_w, L.gu_b).chunk(2, dim=-1)
-        return x + self._lin(F.silu(g) * u, L.down_w, L.down_b)
+        if L.gate.packed is not None:        # silu and the product fused into the two matmuls
+            m = L.up.mul(h, L.gate.silu(h))
+        else:
+            g, u = L.gu(h).chunk(2, dim=-1)
+            m = F.silu(g) * u
+        return L.down.add(m, x)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.mm(self._norm(h, self.norm), self.lm_head_t).float()
+        return self.head(self._norm(h, self.norm)).float()
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
