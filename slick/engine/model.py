@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from slick.engine.kvcache import KVCache
+from slick.engine import native
 from slick.engine.linear import Dense, can_pack
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -103,6 +104,9 @@ class Transformer:
         H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
         e = lambda *s: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
         self.packed = can_pack(device, dtype)   # oneDNN pre-packed linears (see slick.engine.linear)
+        self.native = None                      # C kernels for norm and decode attention (slick.engine.native)
+        if device.type == "cpu" and dtype in native.NativeKernels.dtypes and cfg.head_dim <= 256:
+            self.native = native.load()
         # Linear weights are stored transposed, [in, out], so the unpacked forward is a plain ``x @ w`` (faster
         # than F.linear's x @ W.T on CPU). A tied lm head is the transpose view of the embedding, which stays
         # row-contiguous: the per-step token lookup is then a cheap row gather.
@@ -233,6 +237,8 @@ class Transformer:
         self._rope_len = n
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.rmsnorm(x, w, self.cfg.rms_eps)
         # one fused kernel; it accumulates in fp32 for bf16 inputs (HF rounds once more, before the
         # weight multiply: identical in fp32, within bf16 rounding otherwise)
         return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
@@ -299,6 +305,8 @@ class Transformer:
         g = c.num_heads // nkv
         dev = tokens.device
         self._ensure_rope(max_len)
+        if self.native is not None and not c.qk_norm:
+            return self._decode_native(tokens, pos, cache)
         cos, sin = self.cos[pos].view(B, 1, 1, -1), self.sin_signed[pos].view(B, 1, 1, -1)
         allowed = torch.arange(max_len, device=dev).view(1, -1) <= pos.view(-1, 1)
         mask = torch.zeros(B, 1, 1, max_len, dtype=self.dtype, device=dev)
@@ -318,6 +326,18 @@ class Transformer:
                                                vc[:B, :, :max_len], attn_mask=mask)
             x = self._mlp_out(L, x, a.reshape(B, 1, -1))
         return self._logits(x[:, 0])
+
+    def _decode_native(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """:meth:`decode` with RoPE, the KV write and attention in one native call per layer."""
+        c = self.cfg
+        B, nh, nkv = tokens.shape[0], c.num_heads, c.num_kv_heads
+        pos = pos.contiguous()
+        x = F.embedding(tokens, self.embed)
+        for i, L in enumerate(self.layers):
+            qkv = L.qkv(self._norm(x, L.in_norm)).view(B, nh + 2 * nkv, c.head_dim)
+            a = self.native.decode_attention(qkv, nh, nkv, self.cos, self.sin_signed, pos, cache.k[i], cache.v[i])
+            x = self._mlp_out(L, x, a)
+        return self._logits(x)
 
 
 def safetensor_files(path: str | Path) -> list[Path]:

@@ -1,0 +1,99 @@
+"""slick.engine.native: the C++ decode kernels agree with the pure-torch path they replace."""
+import asyncio
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import slick.engine.model as model_mod
+from slick.engine import native
+from slick.engine.kvcache import KVCache
+from slick.engine.local import LocalEngine
+from slick.types import SamplingParams
+
+from .test_engine_local import PROMPTS, hf_greedy, hf_logprobs, make_spiky_model
+
+K = native.load()
+needs_native = pytest.mark.skipif(K is None, reason="no C++ compiler: native kernels not built")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_torch(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(70, 96, generator=g) * 3).to(dtype)   # 70 rows: the threaded branch
+    w = (1 + torch.randn(96, generator=g) * 0.1).to(dtype)
+    ref = (F.rms_norm(x.float(), (96,), None, 1e-6).to(dtype) * w)       # HF order: cast, then scale
+    for rows in (x, x[:5], x[:, :].t().contiguous().t()[:3]):            # also a row-strided view
+        got = K.rmsnorm(rows, w, 1e-6)
+        want = ref[:rows.shape[0]]
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def torch_decode_attention(qkv, nh, nkv, cos, sin, pos, kc, vc):
+    """Reference: RoPE, KV write and attention written with torch ops (what model.decode does without C++)."""
+    B, _, hd = qkv.shape
+    out = []
+    for b in range(B):
+        p = int(pos[b])
+        x = qkv[b].float()
+        qk = x[:nh + nkv] * cos[p].float() + x[:nh + nkv].roll(hd // 2, -1) * sin[p].float()
+        kc[b, :, p] = qk[nh:].to(kc.dtype)
+        vc[b, :, p] = qkv[b, nh + nkv:]
+        q = qk[:nh].to(qkv.dtype).float().view(nkv, nh // nkv, hd)
+        a = F.scaled_dot_product_attention(q, kc[b, :, :p + 1].float(), vc[b, :, :p + 1].float())
+        out.append(a.reshape(-1))
+    return torch.stack(out)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype,hd,nh,nkv", [(torch.float32, 64, 9, 3), (torch.float32, 32, 4, 4),
+                                            (torch.bfloat16, 64, 9, 3), (torch.float32, 128, 8, 2)])
+def test_decode_attention_matches_torch(dtype, hd, nh, nkv):
+    g = torch.Generator().manual_seed(1)
+    B, cap = 5, 300
+    pos = torch.tensor([0, 7, 130, 299, 64])                  # 130 and 299 span several 128-position chunks
+    qkv = torch.randn(B, nh + 2 * nkv, hd, generator=g).to(dtype)
+    ang = torch.randn(cap, hd // 2, generator=g)
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(dtype)
+    sin = torch.cat([-ang.sin(), ang.sin()], -1).to(dtype)
+    kc = torch.randn(B + 2, nkv, cap, hd, generator=g).to(dtype)
+    vc = torch.randn(B + 2, nkv, cap, hd, generator=g).to(dtype)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = K.decode_attention(qkv, nh, nkv, cos, sin, pos, kc, vc)
+    want = torch_decode_attention(qkv, nh, nkv, cos, sin, pos, kc2, vc2)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(got.float(), want, atol=tol, rtol=tol), (got.float() - want).abs().max()
+    written = torch.zeros(kc.shape[0], kc.shape[2], dtype=torch.bool)
+    written[torch.arange(B), pos] = True
+    for a, b in ((kc, kc2), (vc, vc2)):
+        assert torch.equal(a.transpose(1, 2)[~written], b.transpose(1, 2)[~written])   # nothing else touched
+        assert torch.allclose(a.transpose(1, 2)[written].float(), b.transpose(1, 2)[written].float(),
+                              atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("use_native", [False, True])
+def test_engine_matches_hf_with_and_without_native(tmp_path, monkeypatch, use_native):
+    if use_native and K is None:
+        pytest.skip("no C++ compiler: native kernels not built")
+    monkeypatch.setattr(model_mod.native, "load", lambda: K if use_native else None)
+    d, m = make_spiky_model(tmp_path / "llama", "llama")
+    eng = LocalEngine(d, dtype="fp32")
+    try:
+        assert (eng.model.native is not None) is use_native
+        eng.eos_ids = []
+        for text in PROMPTS[:2]:
+            prompt = eng.tokenizer.encode(text)
+            g = asyncio.run(eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=20, stop_token_ids=[])))
+            assert g.token_ids == hf_greedy(m, prompt, 20)
+            assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(m, prompt, g.token_ids, 1.0), atol=1e-4)
+    finally:
+        eng.close_sync()
+
+
+def test_disabled_by_env_and_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLICK_NATIVE", "0")
+    assert native.load() is None
+    monkeypatch.setenv("SLICK_CACHE", str(tmp_path))
+    assert native.cache_dir() == tmp_path / "native"
