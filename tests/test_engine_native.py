@@ -97,3 +97,41 @@ def test_disabled_by_env_and_cache_location(monkeypatch, tmp_path):
     assert native.load() is None
     monkeypatch.setenv("SLICK_CACHE", str(tmp_path))
     assert native.cache_dir() == tmp_path / "native"
+
+
+def gens(n, seed=0):
+    return [torch.Generator().manual_seed(seed + i) for i in range(n)]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampler_agrees_with_torch_path(dtype):
+    from slick.engine.sampling import sample
+
+    torch.manual_seed(0)
+    logits = (torch.randn(8, 1001) * 3).to(dtype)           # V not a multiple of 16: the tail block
+    temps = [1.0, 0, 0.7, 1.3, 1.0, 0.5, 0, 2.0]
+    args = (temps, [1.0] * 8, [-1] * 8)
+    tok_t, lp_t = sample(logits, *args, gens(8, seed=5))
+    tok_n, lp_n = sample(logits, *args, gens(8, seed=5), native=K)
+    assert tok_n == tok_t
+    assert torch.allclose(torch.tensor(lp_n), torch.tensor(lp_t), atol=1e-5)
+    # hand-computed: greedy picks the first maximum; logprob under T=1
+    tok, lp = sample(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), [0], [1.0], [-1], gens(1), native=K)
+    assert tok == [1] and abs(lp[0] - (2 - torch.logsumexp(torch.tensor([0.0, 2, 2, 1]), 0).item())) < 1e-6
+
+
+@needs_native
+def test_sampler_frequencies_and_truncation_fallback():
+    from slick.engine.sampling import sample
+
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05] + [0.0] * 20)
+    n = 4000
+    logits = p.log().repeat(n, 1)                            # -inf logits: never sampled
+    tok, lp = sample(logits, [1.0] * n, [1.0] * n, [-1] * n, gens(n, seed=11), native=K)
+    freq = torch.bincount(torch.tensor(tok), minlength=24).float() / n
+    assert torch.allclose(freq[:4], p[:4], atol=0.03) and freq[4:].sum() == 0, freq
+    assert torch.allclose(torch.tensor(lp), p[tok].log(), atol=1e-5)
+    # a row with top_k makes the batch take the torch path: top_k=2 keeps only {0, 1}
+    tok, _ = sample(logits, [1.0] * n, [1.0] * n, [2] * n, gens(n, seed=12), native=K)
+    assert set(tok) == {0, 1}

@@ -357,7 +357,7 @@ class LocalEngine:
     def _sample_and_finish(self, logits: torch.Tensor, slots: list[int]) -> None:
         reqs = [self._running[s] for s in slots]
         tokens, lps = sample(logits, [r.sp.temperature for r in reqs], [r.sp.top_p for r in reqs],
-                             [r.sp.top_k for r in reqs], [r.rng for r in reqs])
+                             [r.sp.top_k for r in reqs], [r.rng for r in reqs], native=self.model.native)
         done = []
         for s, r, t, lp in zip(slots, reqs, tokens, lps):
             r.out.append(t)

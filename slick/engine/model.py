@@ -105,8 +105,10 @@ class Transformer:
         e = lambda *s: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
         self.packed = can_pack(device, dtype)   # oneDNN pre-packed linears (see slick.engine.linear)
         self.native = None                      # C kernels for norm and decode attention (slick.engine.native)
-        if device.type == "cpu" and dtype in native.NativeKernels.dtypes and cfg.head_dim <= 256:
+        if device.type == "cpu" and dtype in native.NativeKernels.dtypes:
             self.native = native.load()
+        self.native_attention = (self.native is not None and not cfg.qk_norm
+                                 and self.native.supports_attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
         # Linear weights are stored transposed, [in, out], so the unpacked forward is a plain ``x @ w`` (faster
         # than F.linear's x @ W.T on CPU). A tied lm head is the transpose view of the embedding, which stays
         # row-contiguous: the per-step token lookup is then a cheap row gather.
@@ -274,12 +276,12 @@ class Transformer:
         return L.down.add(m, x)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.head(self._norm(h, self.norm)).float()
+        return self.head(self._norm(h, self.norm))   # in the model dtype; the sampler reads it as is
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run right-padded prompts ``tokens`` [u,P] (true lengths ``lens``) from position 0, write
-        their keys/values into cache ``slots``; return fp32 logits [u,V] at each prompt's last token."""
+        their keys/values into cache ``slots``; return logits [u,V] (model dtype) at each prompt's last token."""
         c = self.cfg
         u, P = tokens.shape
         self._ensure_rope(P)
@@ -298,14 +300,14 @@ class Transformer:
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, max_len: int) -> torch.Tensor:
         """One decode step for the sequences in cache slots ``0..B-1``: ``tokens`` [B] sit at positions
-        ``pos`` [B]; ``max_len`` = max(pos)+1. Returns fp32 logits [B,V]."""
+        ``pos`` [B]; ``max_len`` = max(pos)+1. Returns logits [B,V] in the model dtype."""
         c = self.cfg
         B = tokens.shape[0]
         nkv, hd = c.num_kv_heads, c.head_dim
         g = c.num_heads // nkv
         dev = tokens.device
         self._ensure_rope(max_len)
-        if self.native is not None and not c.qk_norm:
+        if self.native_attention:
             return self._decode_native(tokens, pos, cache)
         cos, sin = self.cos[pos].view(B, 1, 1, -1), self.sin_signed[pos].view(B, 1, 1, -1)
         allowed = torch.arange(max_len, device=dev).view(1, -1) <= pos.view(-1, 1)

@@ -61,7 +61,7 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
+        cmd = [cc, "-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-2000:]}")
@@ -101,7 +101,7 @@ class NativeKernels:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        self._norm, self._attn = {}, {}
+        self._norm, self._attn, self._sample = {}, {}, {}
         for dt, sfx in _SUFFIX.items():
             f = getattr(lib, f"rmsnorm_{sfx}")
             f.argtypes, f.restype = [_P, _P, _P, _I64, _I64, _I64, _F32, ctypes.c_int], None
@@ -110,6 +110,9 @@ class NativeKernels:
             f.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64, _P, _F32, ctypes.c_int]
             f.restype = ctypes.c_int
             self._attn[dt] = f
+            f = getattr(lib, f"sample_{sfx}")
+            f.argtypes, f.restype = [_P, _I64, _I64, _P, _P, _P, _P, ctypes.c_int], None
+            self._sample[dt] = f
 
     def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dim (HF order: normalise in fp32, cast to the storage dtype, scale by w)."""
@@ -133,7 +136,25 @@ class NativeKernels:
         """
         B, _, hd = qkv.shape
         out = torch.empty(B, nh * hd, dtype=qkv.dtype)
-        self._attn[qkv.dtype](qkv.data_ptr(), qkv.stride(0), B, nh, nkv, hd, cos.data_ptr(), sin_signed.data_ptr(),
+        rc = self._attn[qkv.dtype](qkv.data_ptr(), qkv.stride(0), B, nh, nkv, hd, cos.data_ptr(), sin_signed.data_ptr(),
                               pos.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.shape[2], out.data_ptr(),
                               hd ** -0.5, torch.get_num_threads())
+        if rc:
+            raise ValueError(f"native decode attention does not support nh={nh} nkv={nkv} head_dim={hd}")
         return out
+
+    def supports_attention(self, nh: int, nkv: int, hd: int) -> bool:
+        """Whether :meth:`decode_attention` handles this head layout (head_dim 16/32/64/128/256, nh/nkv <= 16)."""
+        return bool(self.lib.slick_attn_supported(ctypes.c_int64(nh), ctypes.c_int64(nkv), ctypes.c_int64(hd)))
+
+    def sample(self, logits: torch.Tensor, inv_temp: torch.Tensor, u: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Untruncated sampling of each row of ``logits`` [B,V] (fp32 or bf16): ``inv_temp`` fp32 [B] (0 = greedy),
+        ``u`` fp32 [B] uniforms. Picks the first token whose cumulative probability exceeds ``u`` (greedy: the
+        first maximum); returns (tokens, log_softmax(logits * inv_temp) of each token)."""
+        logits = logits.contiguous()
+        B, V = logits.shape
+        tok = torch.empty(B, dtype=torch.int64)
+        lp = torch.empty(B, dtype=torch.float32)
+        self._sample[logits.dtype](logits.data_ptr(), B, V, inv_temp.data_ptr(), u.data_ptr(), tok.data_ptr(),
+                                   lp.data_ptr(), torch.get_num_threads())
+        return tok.tolist(), lp.tolist()

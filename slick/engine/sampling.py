@@ -18,11 +18,24 @@ import torch
 
 
 def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[float],
-           top_k: Sequence[int], generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
-    """Pick one token per row of fp32 ``logits`` [B,V]; return (token ids, logprobs) as Python lists."""
+           top_k: Sequence[int], generators: Sequence[torch.Generator],
+           native=None) -> tuple[list[int], list[float]]:
+    """Pick one token per row of ``logits`` [B,V]; return (token ids, logprobs) as Python lists.
+
+    ``native``: :class:`slick.engine.native.NativeKernels` for a one-pass CPU path, used when no row truncates
+    (top-k/top-p); it draws the same uniforms and applies the same rule as the torch path below.
+    """
     B, V = logits.shape
     dev = logits.device
     greedy = [t <= 0 for t in temperature]
+    if native is not None and dev.type == "cpu" and logits.dtype in native.dtypes and not any(
+            _truncates(k, p, V) for k, p, g in zip(top_k, top_p, greedy) if not g):
+        inv = torch.tensor([0.0 if g else 1.0 / float(t) for g, t in zip(greedy, temperature)], dtype=torch.float32)
+        u = torch.zeros(B, dtype=torch.float32)
+        if not all(greedy):
+            u[torch.tensor([not g for g in greedy])] = _uniforms(generators, greedy, dev)
+        return native.sample(logits, inv, u)
+    logits = logits.float()
     if all(t == 1.0 or g for t, g in zip(temperature, greedy)):
         scaled = logits
     else:
@@ -42,9 +55,11 @@ def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[f
         if any(k < V for k in ks) or any(p < 1.0 for p in ps):
             probs.masked_fill_(~_keep_mask(probs, ks, ps), 0.0)
         cdf = probs.cumsum_(dim=-1)
-        u = torch.cat([torch.rand(1, generator=generators[i], device=dev) for i in rows])
+        u = _uniforms(generators, greedy, dev)
         # first token whose cumulative mass exceeds u * total: zero-probability tokens never win
-        pick = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1), right=True).view(-1).clamp_(max=V - 1)
+        pick = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1), right=True).view(-1)
+        if bool((pick >= V).any()):    # rounding put the target at the total: take the last token with mass
+            pick = torch.where(pick >= V, cdf.argmax(dim=-1), pick)
         if sel is None:
             tok = pick
         else:
@@ -52,6 +67,16 @@ def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[f
             tok[sel] = pick
     chosen = scaled.gather(1, tok.view(B, 1)) - lse
     return tok.tolist(), chosen.view(B).tolist()
+
+
+def _truncates(k, p, V: int) -> bool:
+    return 0 < int(k) < V or float(p) < 1.0
+
+
+def _uniforms(generators: Sequence[torch.Generator], greedy: Sequence[bool], dev) -> torch.Tensor:
+    """One uniform per sampled row, from that row's own generator (greedy rows draw nothing)."""
+    us = [torch.rand(1, generator=generators[i], device=dev) for i, g in enumerate(greedy) if not g]
+    return torch.cat(us) if us else torch.empty(0, device=dev)
 
 
 def _keep_mask(probs: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -16,10 +19,10 @@ inline float load(float x) { return x; }
 inline float load(BF16 x) { uint32_t u = uint32_t(x.bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 template <class T> inline T store(float f);
 template <> inline float store<float>(float f) { return f; }
-template <> inline BF16 store<BF16>(float f) {  // round to nearest even; NaN stays NaN
+template <> inline BF16 store<BF16>(float f) {  // round to nearest even; NaN stays NaN (branch-free)
     uint32_t u; std::memcpy(&u, &f, 4);
-    if (f != f) return BF16{0x7FC0};
-    return BF16{uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+    const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return BF16{uint16_t(f != f ? 0x7FC0u : r)};
 }
 template <class T> inline float round_to(float f) { return load(store<T>(f)); }
 
@@ -59,34 +62,113 @@ inline float exp_neg(float x) {
 
 constexpr int64_t MAXG = 16, CH = 128;
 
-// One (sequence, kv head) of a decode step; HD is the head size (a compile-time constant, so every inner loop
-// is a few fully unrolled vector instructions).
+// RoPE of one head (rotate-half form): out = round(round(x*c) + roll(x, HD/2)*s), as fp32. Two half loops
+// instead of a wrapped index, so both vectorise.
 template <class T, int64_t HD>
-inline void attn_task(const T* src, int64_t nh, int64_t nkv, int64_t g, int64_t h, int64_t p, const T* c,
-                      const T* s, T* kc, T* vc, T* o, float scale) {
+inline void rope(const T* x, const T* c, const T* s, float* out) {
     constexpr int64_t half = HD / 2;
-    const T* k = src + (nh + h) * HD;
-    const T* v = src + (nh + nkv + h) * HD;
-    for (int64_t d = 0; d < HD; d++) {
-        const float rolled = load(k[d < half ? d + half : d - half]);
-        kc[p * HD + d] = store<T>(round_to<T>(load(k[d]) * load(c[d])) + rolled * load(s[d]));
-        vc[p * HD + d] = v[d];
-    }
-    alignas(64) float q[MAXG][HD], acc[MAXG][HD], sc[MAXG][CH], kf[HD];
+#pragma omp simd
+    for (int64_t d = 0; d < half; d++)
+        out[d] = round_to<T>(round_to<T>(load(x[d]) * load(c[d])) + load(x[d + half]) * load(s[d]));
+#pragma omp simd
+    for (int64_t d = half; d < HD; d++)
+        out[d] = round_to<T>(round_to<T>(load(x[d]) * load(c[d])) + load(x[d - half]) * load(s[d]));
+}
+
+#if defined(__AVX512F__)
+inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 ld16(const BF16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// e^x for x <= 0, 16 lanes: the same reduction and polynomial as exp_neg, 2^n applied with vscalefps.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// Attention of g query heads q[j] (fp32, pre-scaled) over positions 0..p of one head's cache rows kc/vc;
+// writes round(softmax(q.K) V) to o[j*HD ..]. CH positions at a time (scores, then numerators with a running
+// max, then the value sum), so each K and V row is read once for all g heads.
+template <class T, int64_t HD>
+inline void attend(const float (*q)[HD], int64_t g, int64_t p, const T* kc, const T* vc, T* o) {
+    alignas(64) float acc[MAXG][HD], sc[MAXG][CH];
     float m[MAXG], l[MAXG];
     for (int64_t j = 0; j < g; j++) {
-        const T* qj = src + (h * g + j) * HD;
-        for (int64_t d = 0; d < HD; d++) {
-            const float rolled = load(qj[d < half ? d + half : d - half]);
-            q[j][d] = round_to<T>(round_to<T>(load(qj[d]) * load(c[d])) + rolled * load(s[d])) * scale;
-            acc[j][d] = 0.f;
-        }
         m[j] = -INFINITY;
         l[j] = 0.f;
+        for (int64_t d = 0; d < HD; d++) acc[j][d] = 0.f;
     }
-    for (int64_t t0 = 0; t0 <= p; t0 += CH) {  // CH positions at a time, running max across chunks
+    for (int64_t t0 = 0; t0 <= p; t0 += CH) {
         const int64_t n = (p + 1 - t0) < CH ? (p + 1 - t0) : CH;
-        for (int64_t t = 0; t < n; t++) {  // scores: each K row read once for the g query heads
+#if defined(__AVX512F__)
+        // A chunk's K and V rows are two short runs of memory: request all their cache lines now, so the
+        // loads below find them in flight instead of waiting for the hardware prefetcher to ramp up.
+        for (int64_t b = 0; b < n * HD * int64_t(sizeof(T)); b += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(kc + t0 * HD) + b, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(vc + t0 * HD) + b, _MM_HINT_T1);
+        }
+        if constexpr (HD % 16 == 0) {
+            constexpr int64_t NV = HD / 16;
+            for (int64_t t = 0; t < n; t++) {
+                const T* kt = kc + (t0 + t) * HD;
+                __m512 kv[NV];
+                for (int64_t i = 0; i < NV; i++) kv[i] = ld16(kt + 16 * i);
+                for (int64_t j = 0; j < g; j++) {
+                    __m512 a = _mm512_mul_ps(_mm512_load_ps(q[j]), kv[0]);
+                    for (int64_t i = 1; i < NV; i++) a = _mm512_fmadd_ps(_mm512_load_ps(q[j] + 16 * i), kv[i], a);
+                    sc[j][t] = _mm512_reduce_add_ps(a);
+                }
+            }
+            for (int64_t j = 0; j < g; j++) {
+                __m512 mv = _mm512_set1_ps(m[j]);
+                for (int64_t t = 0; t < n; t += 16) {
+                    const __mmask16 k = n - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - t)) - 1);
+                    mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, sc[j] + t));
+                }
+                const float mx = _mm512_reduce_max_ps(mv);
+                if (mx > m[j]) {
+                    const float f = exp_neg(m[j] - mx);
+                    l[j] *= f;
+                    for (int64_t d = 0; d < HD; d++) acc[j][d] *= f;
+                    m[j] = mx;
+                }
+                __m512 sum = _mm512_setzero_ps();
+                for (int64_t t = 0; t < n; t += 16) {
+                    const __mmask16 k = n - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - t)) - 1);
+                    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sc[j] + t), _mm512_set1_ps(mx)));
+                    _mm512_mask_storeu_ps(sc[j] + t, k, e);
+                    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+                }
+                l[j] += _mm512_reduce_add_ps(sum);
+            }
+            for (int64_t t = 0; t < n; t++) {
+                const T* vt = vc + (t0 + t) * HD;
+                __m512 vv[NV];
+                for (int64_t i = 0; i < NV; i++) vv[i] = ld16(vt + 16 * i);
+                for (int64_t j = 0; j < g; j++) {
+                    const __m512 e = _mm512_set1_ps(sc[j][t]);
+                    for (int64_t i = 0; i < NV; i++)
+                        _mm512_store_ps(acc[j] + 16 * i, _mm512_fmadd_ps(e, vv[i], _mm512_load_ps(acc[j] + 16 * i)));
+                }
+            }
+            continue;
+        }
+#endif
+        alignas(64) float kf[HD];
+        for (int64_t t = 0; t < n; t++) {  // scores
             const T* kt = kc + (t0 + t) * HD;
 #pragma omp simd
             for (int64_t d = 0; d < HD; d++) kf[d] = load(kt[d]);
@@ -97,22 +179,20 @@ inline void attn_task(const T* src, int64_t nh, int64_t nkv, int64_t g, int64_t 
                 sc[j][t] = dot;
             }
         }
-        for (int64_t j = 0; j < g; j++) {  // softmax numerators, rescaling what came before
+        for (int64_t j = 0; j < g; j++) {  // numerators, rescaling what came before
             float mx = m[j];
             for (int64_t t = 0; t < n; t++) mx = sc[j][t] > mx ? sc[j][t] : mx;
             if (mx > m[j]) {
                 const float f = exp_neg(m[j] - mx);
                 l[j] *= f;
-#pragma omp simd
                 for (int64_t d = 0; d < HD; d++) acc[j][d] *= f;
                 m[j] = mx;
             }
             float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
             for (int64_t t = 0; t < n; t++) { sc[j][t] = exp_neg(sc[j][t] - mx); sum += sc[j][t]; }
             l[j] += sum;
         }
-        for (int64_t t = 0; t < n; t++) {  // weighted sum of V rows, each read once
+        for (int64_t t = 0; t < n; t++) {  // value sum
             const T* vt = vc + (t0 + t) * HD;
 #pragma omp simd
             for (int64_t d = 0; d < HD; d++) kf[d] = load(vt[d]);
@@ -125,10 +205,30 @@ inline void attn_task(const T* src, int64_t nh, int64_t nkv, int64_t g, int64_t 
     }
     for (int64_t j = 0; j < g; j++) {
         const float inv = 1.f / l[j];
-        T* oj = o + (h * g + j) * HD;
 #pragma omp simd
-        for (int64_t d = 0; d < HD; d++) oj[d] = store<T>(acc[j][d] * inv);
+        for (int64_t d = 0; d < HD; d++) o[j * HD + d] = store<T>(acc[j][d] * inv);
     }
+}
+
+// One (sequence, kv head) of a decode step: RoPE on k and on the group's g query heads, k and v written at
+// position p, then attention. HD is a compile-time constant so every inner loop is fully unrolled.
+template <class T, int64_t HD>
+inline void attn_task(const T* src, int64_t nh, int64_t nkv, int64_t g, int64_t h, int64_t p, const T* c,
+                      const T* s, T* kc, T* vc, T* o, float scale) {
+    alignas(64) float q[MAXG][HD], kr[HD];
+    rope<T, HD>(src + (nh + h) * HD, c, s, kr);
+    const T* v = src + (nh + nkv + h) * HD;
+#pragma omp simd
+    for (int64_t d = 0; d < HD; d++) {
+        kc[p * HD + d] = store<T>(kr[d]);
+        vc[p * HD + d] = v[d];
+    }
+    for (int64_t j = 0; j < g; j++) {
+        rope<T, HD>(src + (h * g + j) * HD, c, s, q[j]);
+#pragma omp simd
+        for (int64_t d = 0; d < HD; d++) q[j][d] *= scale;
+    }
+    attend<T, HD>(q, g, p, kc, vc, o + h * g * HD);
 }
 
 // One decode step for B sequences in KV slots 0..B-1. qkv: [B, nh + 2*nkv, hd] (row stride qs), the fresh
@@ -139,12 +239,23 @@ template <class T, int64_t HD>
 void decode_attn(const T* qkv, int64_t qs, int64_t B, int64_t nh, int64_t nkv, const T* cos, const T* sin,
                  const int64_t* pos, T* kcache, T* vcache, int64_t cap, T* out, float scale, int nt) {
     const int64_t g = nh / nkv;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < nkv; h++)
-            attn_task<T, HD>(qkv + b * qs, nh, nkv, g, h, pos[b], cos + pos[b] * HD, sin + pos[b] * HD,
-                             kcache + (b * nkv + h) * cap * HD, vcache + (b * nkv + h) * cap * HD,
-                             out + b * nh * HD, scale);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < B * nkv; i++) {  // task i = (sequence i / nkv, kv head i % nkv)
+        const int64_t b = i / nkv, h = i % nkv;
+#if defined(__AVX512F__)
+        if (i + 1 < B * nkv) {  // start fetching the next task's first keys and values into L2
+            const int64_t n = pos[(i + 1) / nkv] + 1, bytes = (n < CH ? n : CH) * HD * int64_t(sizeof(T));
+            const char* kn = reinterpret_cast<const char*>(kcache + (i + 1) * cap * HD);
+            const char* vn = reinterpret_cast<const char*>(vcache + (i + 1) * cap * HD);
+            for (int64_t o = 0; o < bytes; o += 64) {
+                _mm_prefetch(kn + o, _MM_HINT_T1);
+                _mm_prefetch(vn + o, _MM_HINT_T1);
+            }
+        }
+#endif
+        attn_task<T, HD>(qkv + b * qs, nh, nkv, g, h, pos[b], cos + pos[b] * HD, sin + pos[b] * HD,
+                         kcache + i * cap * HD, vcache + i * cap * HD, out + b * nh * HD, scale);
+    }
 }
 
 template <class T>
@@ -158,6 +269,59 @@ int decode_attn_any(const T* qkv, int64_t qs, int64_t B, int64_t nh, int64_t nkv
         case 32: decode_attn<T, 32>(qkv, qs, B, nh, nkv, cos, sin, pos, kc, vc, cap, out, scale, nt); return 0;
         case 16: decode_attn<T, 16>(qkv, qs, B, nh, nkv, cos, sin, pos, kc, vc, cap, out, scale, nt); return 0;
         default: return 2;
+    }
+}
+
+// Sampling for rows without top-k/top-p: per row b, z = x * inv_t[b] (inv_t = 0: greedy, z = x). Picks the
+// first token whose running sum of exp(z - max) exceeds u[b] * total (greedy: the first maximum) and returns
+// its logprob z[tok] - logsumexp(z). Block sums of 16 make the search one pass over V/16 numbers.
+template <class T>
+void sample_rows(const T* logits, int64_t B, int64_t V, const float* inv_t, const float* u, int64_t* tok, float* lp,
+                 int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < B; b++) {
+        const T* x = logits + b * V;
+        const bool greedy = inv_t[b] <= 0.f;
+        const float it = greedy ? 1.f : inv_t[b];
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t i = 0; i < V; i++) mx = std::fmax(mx, load(x[i]));
+        const float m = mx * it;
+        const int64_t nb = (V + 15) / 16;
+        float* blk = new float[nb];
+        double total = 0.0;
+        for (int64_t k = 0; k < nb; k++) {
+            const int64_t e = (k + 1) * 16 < V ? (k + 1) * 16 : V;
+            float sum = 0.f;
+#if defined(__AVX512F__)
+            if (e - k * 16 == 16) {
+                const __m512 z = _mm512_fmsub_ps(ld16(x + k * 16), _mm512_set1_ps(it), _mm512_set1_ps(m));
+                sum = _mm512_reduce_add_ps(exp16(z));
+            } else
+#endif
+                for (int64_t i = k * 16; i < e; i++) sum += exp_neg(load(x[i]) * it - m);
+            blk[k] = sum;
+            total += sum;
+        }
+        int64_t pick = -1;
+        if (greedy) {
+            for (int64_t i = 0; i < V && pick < 0; i++)
+                if (load(x[i]) == mx) pick = i;
+        } else {
+            const double target = double(u[b]) * total;
+            double run = 0.0;
+            int64_t k = 0;
+            while (k < nb && run + blk[k] <= target) run += blk[k++];
+            for (int64_t i = k * 16; k < nb && i < ((k + 1) * 16 < V ? (k + 1) * 16 : V); i++) {
+                run += exp_neg(load(x[i]) * it - m);
+                if (run > target) { pick = i; break; }
+            }
+            for (int64_t i = V - 1; pick < 0 && i >= 0; i--)  // rounding left the target unreached:
+                if (exp_neg(load(x[i]) * it - m) > 0.f) pick = i;  // the last token with mass
+        }
+        delete[] blk;
+        tok[b] = pick;
+        lp[b] = load(x[pick]) * it - m - float(std::log(total));
     }
 }
 
@@ -177,6 +341,14 @@ int decode_attn_f32(const float* qkv, int64_t qs, int64_t B, int64_t nh, int64_t
                     const float* sin, const int64_t* pos, float* kc, float* vc, int64_t cap, float* out, float scale,
                     int nt) {
     return decode_attn_any<float>(qkv, qs, B, nh, nkv, hd, cos, sin, pos, kc, vc, cap, out, scale, nt);
+}
+void sample_f32(const float* x, int64_t B, int64_t V, const float* inv_t, const float* u, int64_t* tok, float* lp,
+                int nt) {
+    sample_rows<float>(x, B, V, inv_t, u, tok, lp, nt);
+}
+void sample_bf16(const BF16* x, int64_t B, int64_t V, const float* inv_t, const float* u, int64_t* tok, float* lp,
+                 int nt) {
+    sample_rows<BF16>(x, B, V, inv_t, u, tok, lp, nt);
 }
 int decode_attn_bf16(const BF16* qkv, int64_t qs, int64_t B, int64_t nh, int64_t nkv, int64_t hd, const BF16* cos,
                      const BF16* sin, const int64_t* pos, BF16* kc, BF16* vc, int64_t cap, BF16* out, float scale,
