@@ -314,3 +314,28 @@ def test_kv_cache_grows_while_sequences_run(tmp_path, llama):
             assert g.token_ids == r
     finally:
         eng.close_sync()
+
+
+def test_shared_prompt_prefix_is_computed_once(llama):
+    """Prompts admitted together with a common prefix (a system prompt) prefill it once; outputs are unchanged."""
+    d, m, eng = llama
+    head = eng.tokenizer.encode("You are a careful assistant. Answer every question briefly and exactly.")
+    prompts = [head + eng.tokenizer.encode(t) for t in PROMPTS[:3]]
+    prompts.append(prompts[0][:len(head) + 1])          # a prompt that is the prefix plus one token
+    n = 10
+
+    async def together():
+        sp = SamplingParams(temperature=0, max_new_tokens=n, stop_token_ids=[])
+        return await asyncio.gather(*(eng.generate(p, sp) for p in prompts))
+
+    eos, eng.eos_ids = eng.eos_ids, []
+    try:
+        before = eng.stats()
+        outs = run(together())
+        after = eng.stats()
+    finally:
+        eng.eos_ids = eos
+    assert after["prefix_reused_tokens"] - before["prefix_reused_tokens"] == len(head) * (len(prompts) - 1)
+    for p, g in zip(prompts, outs):
+        assert g.token_ids == hf_greedy(m, p, n)
+        assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(m, p, g.token_ids, 1.0), atol=1e-4)

@@ -54,6 +54,15 @@ class KVCache:
 
     move = copy
 
+    def broadcast(self, src: int, dsts: list[int], length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into every slot of ``dsts`` (all layers)."""
+        if not dsts:
+            return
+        idx = torch.tensor(dsts, dtype=torch.long, device=self.device)
+        for k, v in zip(self.k, self.v):
+            k[idx, :, :length] = k[src, :, :length]
+            v[idx, :, :length] = v[src, :, :length]
+
     def nbytes(self) -> int:
         """Bytes currently allocated."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

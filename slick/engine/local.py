@@ -34,6 +34,8 @@ from slick.types import Generation, SamplingParams
 log = logging.getLogger("slick.engine")
 
 PREFILL_TOKEN_BUDGET = 8192     # padded prompt tokens per prefill forward
+MIN_SHARED_PREFIX = 8           # prompts admitted together that share at least this many leading tokens
+                                # (a system prompt, a chat template) compute that prefix once
 
 
 class _Request:
@@ -216,6 +218,7 @@ class LocalEngine:
         return {"running": len(self._running), "queued": len(self._queue),
                 "generated_tokens_total": c["tokens"], "tokens_per_sec": tps,
                 "prefills": c["prefills"], "prefill_tokens": c["prefill_tokens"],
+                "prefix_reused_tokens": c["prefix_reused_tokens"],
                 "decode_steps": c["decode_steps"], "requests_finished": c["finished"],
                 "aborted": c["aborted"], "weight_version": self._version,
                 "kv_cache_bytes": self.cache.nbytes(), "max_running": self.max_running,
@@ -309,15 +312,21 @@ class LocalEngine:
         for k, r in enumerate(new):
             groups.setdefault(tuple(r.prompt), []).append(B0 + k)
         uniq = list(groups.items())
+        start = _shared_prefix([p for p, _ in uniq])
+        if start:   # compute the common prefix once, in the first group's slot, and copy it to the others
+            first = uniq[0][1][0]
+            self._prefill([(uniq[0][0][:start], [first])])
+            self.cache.broadcast(first, [slots[0] for _, slots in uniq[1:]], start)
+            self._counters["prefix_reused_tokens"] += start * (len(uniq) - 1)
         logit_rows: dict[int, torch.Tensor] = {}
         chunk: list = []
         for item in uniq + [None]:
             if item is not None:
-                plen = max([len(p) for p, _ in chunk + [item]])
+                plen = max([len(p) - start for p, _ in chunk + [item]])
                 if not chunk or plen * (len(chunk) + 1) <= PREFILL_TOKEN_BUDGET:
                     chunk.append(item)
                     continue
-            logits = self._prefill(chunk)
+            logits = self._prefill(chunk, start)
             for row, (p, slots) in enumerate(chunk):
                 for s in slots[1:]:
                     self.cache.copy(slots[0], s, len(p))
@@ -330,15 +339,17 @@ class LocalEngine:
         logits = torch.stack([logit_rows[s] for s in slots])
         self._sample_and_finish(logits, slots)
 
-    def _prefill(self, chunk: list) -> torch.Tensor:
-        P = max(len(p) for p, _ in chunk)
+    def _prefill(self, chunk: list, start: int = 0) -> torch.Tensor:
+        """Prefill ``(prompt, slots)`` items into each item's first slot from position ``start`` (the positions
+        before it are already cached); return the logits at each prompt's last token."""
+        P = max(len(p) for p, _ in chunk) - start
         toks = torch.zeros(len(chunk), P, dtype=torch.long)
         for row, (p, _) in enumerate(chunk):
-            toks[row, :len(p)] = torch.tensor(p, dtype=torch.long)
-        lens = torch.tensor([len(p) for p, _ in chunk], dtype=torch.long)
+            toks[row, :len(p) - start] = torch.tensor(p[start:], dtype=torch.long)
+        lens = torch.tensor([len(p) - start for p, _ in chunk], dtype=torch.long)
         slots = torch.tensor([s[0] for _, s in chunk], dtype=torch.long)
         dev = self.device
-        out = self.model.prefill(toks.to(dev), lens.to(dev), slots.to(dev), self.cache)
+        out = self.model.prefill(toks.to(dev), lens.to(dev), slots.to(dev), self.cache, start)
         self._counters["prefills"] += len(chunk)
         self._counters["prefill_tokens"] += int(lens.sum())
         return out
@@ -385,6 +396,20 @@ class LocalEngine:
     def _finish(self, r: _Request, reason: str) -> None:
         self._counters["finished"] += 1
         _deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt)))
+
+
+def _shared_prefix(prompts: list) -> int:
+    """Leading tokens common to all ``prompts`` (at least two), if ``MIN_SHARED_PREFIX`` or more; else 0.
+    Every prompt keeps one token of its own so that its prefill yields its next-token logits."""
+    if len(prompts) < 2:
+        return 0
+    lo, hi = min(prompts), max(prompts)          # the common prefix of all is that of the extremes
+    n = min(len(lo), len(hi)) - 1
+    n = min(n, min(len(p) for p in prompts) - 1)
+    i = 0
+    while i < n and lo[i] == hi[i]:
+        i += 1
+    return i if i >= MIN_SHARED_PREFIX else 0
 
 
 def _deliver(r: _Request, gen: Optional[Generation] = None, exc: Optional[BaseException] = None) -> None:

@@ -279,19 +279,31 @@ class Transformer:
         return self.head(self._norm(h, self.norm))   # in the model dtype; the sampler reads it as is
 
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Run right-padded prompts ``tokens`` [u,P] (true lengths ``lens``) from position 0, write
-        their keys/values into cache ``slots``; return logits [u,V] (model dtype) at each prompt's last token."""
+    def prefill(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+                start: int = 0) -> torch.Tensor:
+        """Run right-padded prompts ``tokens`` [u,P] (true lengths ``lens``) at positions ``start..``, write
+        their keys/values into cache ``slots``; return logits [u,V] (model dtype) at each prompt's last token.
+
+        ``start > 0``: positions ``0..start-1`` of every slot already hold a (shared) prefix in the cache, which
+        the new tokens attend to; only the suffix is computed.
+        """
         c = self.cfg
         u, P = tokens.shape
-        self._ensure_rope(P)
-        cos, sin = self.cos[:P].view(1, P, 1, -1), self.sin_signed[:P].view(1, P, 1, -1)
+        self._ensure_rope(start + P)
+        cos = self.cos[start:start + P].view(1, P, 1, -1)
+        sin = self.sin_signed[start:start + P].view(1, P, 1, -1)
+        mask = None
+        if start:   # query j (position start+j) sees the prefix and the suffix up to itself
+            dev = tokens.device
+            mask = torch.arange(start + P, device=dev).view(1, -1) <= (start + torch.arange(P, device=dev)).view(-1, 1)
         x = F.embedding(tokens, self.embed)
         for i, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, cos, sin)
-            cache.k[i][slots, :, :P] = k
-            cache.v[i][slots, :, :P] = v
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            cache.k[i][slots, :, start:start + P] = k
+            cache.v[i][slots, :, start:start + P] = v
+            if start:
+                k, v = cache.k[i][slots, :, :start + P], cache.v[i][slots, :, :start + P]
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                enable_gqa=c.num_heads != c.num_kv_heads)
             x = self._mlp_out(L, x, a.transpose(1, 2).reshape(u, P, -1))
         last = x[torch.arange(u, device=x.device), lens - 1]
