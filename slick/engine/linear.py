@@ -21,6 +21,14 @@ import torch.nn.functional as F
 
 log = logging.getLogger("slick.engine")
 
+_lp = _lpb = None   # torch.ops.mkldnn._linear_pointwise and its .binary overload, resolved once (_bind)
+
+
+def _bind() -> None:
+    global _lp, _lpb
+    _lp = torch.ops.mkldnn._linear_pointwise.default
+    _lpb = torch.ops.mkldnn._linear_pointwise.binary
+
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """True where oneDNN packed linears are available for this device and dtype (CPU, fp32/bf16)."""
@@ -56,6 +64,8 @@ class Dense:
     def repack(self) -> None:
         """Rebuild the packed copy from ``w_t`` (after a weight update). No-op on the plain path."""
         if self.pack:
+            if _lp is None:
+                _bind()
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w_t.t().contiguous(), self.batch_hint)
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
@@ -63,25 +73,25 @@ class Dense:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
+            return _lp(x, self.packed, self.b, "none", [], "")
         return self._mm(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ w_t + b)``."""
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "swish", [], "")
+            return _lp(x, self.packed, self.b, "swish", [], "")
         return F.silu(self(x))
 
     def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``(x @ w_t + b) * other``."""
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.b, "mul")
+            return _lpb(x, other, self.packed, self.b, "mul")
         return self(x).mul_(other)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``other + x @ w_t + b`` (a residual connection)."""
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.b, "add")
+            return _lpb(x, other, self.packed, self.b, "add")
         y = torch.addmm(other.reshape(-1, other.shape[-1]), x.reshape(-1, x.shape[-1]), self.w_t)
         if self.b is not None:
             y.add_(self.b)

@@ -95,6 +95,13 @@ class Layer:
     __slots__ = ("in_norm", "qkv_w", "qkv_b", "q_norm", "k_norm", "o_w", "o_b", "post_norm",
                  "gu_w", "gu_b", "down_w", "down_b", "qkv", "o", "gu", "gate", "up", "down")
 
+    def mlp_out(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x + down(silu(gate(h)) * up(h))``: the SwiGLU MLP of the normed ``h`` with its residual."""
+        if self.gate.packed is not None:        # silu and the product fused into the two matmuls
+            return self.down.add(self.up.mul(h, self.gate.silu(h)), x)
+        g, u = self.gu(h).chunk(2, dim=-1)
+        return self.down.add(F.silu(g) * u, x)
+
 
 class Transformer:
     """Weights plus the functional forward pass. Build with :meth:`load`."""
@@ -267,13 +274,7 @@ class Transformer:
     def _mlp_out(self, L: Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Attention output projection and the SwiGLU MLP, each with its residual connection."""
         x = L.o.add(attn, x)
-        h = self._norm(x, L.post_norm)
-        if L.gate.packed is not None:        # silu and the product fused into the two matmuls
-            m = L.up.mul(h, L.gate.silu(h))
-        else:
-            g, u = L.gu(h).chunk(2, dim=-1)
-            m = F.silu(g) * u
-        return L.down.add(m, x)
+        return L.mlp_out(self._norm(x, L.post_norm), x)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.head(self._norm(h, self.norm))   # in the model dtype; the sampler reads it as is
@@ -342,15 +343,26 @@ class Transformer:
         return self._logits(x[:, 0])
 
     def _decode_native(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """:meth:`decode` with RoPE, the KV write and attention in one native call per layer."""
-        c = self.cfg
-        B, nh, nkv = tokens.shape[0], c.num_heads, c.num_kv_heads
+        """:meth:`decode` with the norms and RoPE + KV write + attention as native calls. The loop runs 30+
+        times per token, so it calls the C functions directly and reuses one norm and one attention buffer."""
+        c, K = self.cfg, self.native
+        B, nh, nkv, hd, H = tokens.shape[0], c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
+        norm, attn, nt, eps = K.raw_norm[self.dtype], K.raw_attn[self.dtype], torch.get_num_threads(), c.rms_eps
         pos = pos.contiguous()
+        h = torch.empty(B, H, dtype=self.dtype)
+        a = torch.empty(B, nh * hd, dtype=self.dtype)
+        hp, ap, cosp, sinp, posp = h.data_ptr(), a.data_ptr(), self.cos.data_ptr(), self.sin_signed.data_ptr(), \
+            pos.data_ptr()
+        row, cap, scale = (nh + 2 * nkv) * hd, cache.capacity, hd ** -0.5
         x = F.embedding(tokens, self.embed)
-        for i, L in enumerate(self.layers):
-            qkv = L.qkv(self._norm(x, L.in_norm)).view(B, nh + 2 * nkv, c.head_dim)
-            a = self.native.decode_attention(qkv, nh, nkv, self.cos, self.sin_signed, pos, cache.k[i], cache.v[i])
-            x = self._mlp_out(L, x, a)
+        for L, kc, vc in zip(self.layers, cache.k, cache.v):
+            norm(x.data_ptr(), L.in_norm.data_ptr(), hp, B, H, H, eps, nt)
+            qkv = L.qkv(h)
+            attn(qkv.data_ptr(), row, B, nh, nkv, hd, cosp, sinp, posp, kc.data_ptr(), vc.data_ptr(), cap, ap,
+                 scale, nt)
+            x = L.o.add(a, x)
+            norm(x.data_ptr(), L.post_norm.data_ptr(), hp, B, H, H, eps, nt)
+            x = L.mlp_out(h, x)
         return self._logits(x)
 
 

@@ -102,6 +102,8 @@ class NativeKernels:
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
         self._norm, self._attn, self._sample = {}, {}, {}
+        # the ctypes functions by dtype, for callers that pass raw pointers (see Transformer._decode_native)
+        self.raw_norm, self.raw_attn = self._norm, self._attn
         for dt, sfx in _SUFFIX.items():
             f = getattr(lib, f"rmsnorm_{sfx}")
             f.argtypes, f.restype = [_P, _P, _P, _I64, _I64, _I64, _F32, ctypes.c_int], None

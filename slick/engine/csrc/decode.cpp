@@ -26,20 +26,66 @@ template <> inline BF16 store<BF16>(float f) {  // round to nearest even; NaN st
 }
 template <class T> inline float round_to(float f) { return load(store<T>(f)); }
 
+#if defined(__AVX512F__)
+inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 ld16(const BF16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// e^x for x <= 0, 16 lanes: the same reduction and polynomial as exp_neg, 2^n applied with vscalefps.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#if defined(__AVX512BF16__)
+inline __m512 bf16_round16(__m512 v) {  // round 16 floats through bf16 (nearest even)
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+#endif
+
 // RMSNorm of one row: out = round(round(x * rsqrt(mean(x^2) + eps)) * w)  (HF order).
 template <class T>
-void rmsnorm(const T* x, const T* w, T* out, int64_t rows, int64_t H, int64_t xs, float eps, int nt) {
-#pragma omp parallel for if (rows >= 64) schedule(static) num_threads(nt)
-    for (int64_t r = 0; r < rows; r++) {
-        const T* xr = x + r * xs;
-        T* o = out + r * H;
-        float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < H; i++) { float v = load(xr[i]); ss += v * v; }
-        const float s = 1.0f / std::sqrt(ss / float(H) + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < H; i++) o[i] = store<T>(round_to<T>(load(xr[i]) * s) * load(w[i]));
+inline void rmsnorm_row(const T* xr, const T* w, T* o, int64_t H, float eps) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if constexpr (sizeof(T) == 2) {
+        if (H % 16 == 0) {  // 16 lanes at a time; bf16 rounding with vcvtneps2bf16 (nearest even, NaN kept)
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = 0; i < H; i += 16) { const __m512 v = ld16(xr + i); acc = _mm512_fmadd_ps(v, v, acc); }
+            const __m512 sv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / float(H) + eps));
+            for (int64_t i = 0; i < H; i += 16) {
+                const __m512 y = bf16_round16(_mm512_mul_ps(ld16(xr + i), sv));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(y, ld16(w + i))));
+            }
+            return;
+        }
     }
+#endif
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < H; i++) { float v = load(xr[i]); ss += v * v; }
+    const float s = 1.0f / std::sqrt(ss / float(H) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < H; i++) o[i] = store<T>(round_to<T>(load(xr[i]) * s) * load(w[i]));
+}
+
+template <class T>
+void rmsnorm(const T* x, const T* w, T* out, int64_t rows, int64_t H, int64_t xs, float eps, int nt) {
+#pragma omp parallel for if (rows * H >= (1 << 16)) schedule(static) num_threads(nt)
+    for (int64_t r = 0; r < rows; r++) rmsnorm_row<T>(x + r * xs, w, out + r * H, H, eps);
 }
 
 // e^x for x <= 0 (scores minus their max): Cody-Waite reduction and a degree-6 polynomial, ~1 ulp. Plain
@@ -75,29 +121,6 @@ inline void rope(const T* x, const T* c, const T* s, float* out) {
         out[d] = round_to<T>(round_to<T>(load(x[d]) * load(c[d])) + load(x[d - half]) * load(s[d]));
 }
 
-#if defined(__AVX512F__)
-inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 ld16(const BF16* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-// e^x for x <= 0, 16 lanes: the same reduction and polynomial as exp_neg, 2^n applied with vscalefps.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
 
 // Attention of g query heads q[j] (fp32, pre-scaled) over positions 0..p of one head's cache rows kc/vc;
 // writes round(softmax(q.K) V) to o[j*HD ..]. CH positions at a time (scores, then numerators with a running
