@@ -1,10 +1,11 @@
 """Benchmark: LocalEngine vs Hugging Face ``generate`` on SmolLM2-135M-Instruct (same prompts, dtype, T=1).
 
-    .venv/bin/python bench/engine.py [--n-prompts 32] [--new-tokens 64] [--dtype bf16] [--threads N]
+    .venv/bin/python bench/engine.py [--n-prompts 32] [--new-tokens 64] [--dtype bf16] [--repeats 3]
 
-Prints a table of generated tokens/s and writes bench/results/engine.json. If ``bench/serve_latency.py``
-exists with ``measure(model_dir, n_requests=256) -> dict`` its p50/p99 latencies are included.
-Timings on a shared machine are noisy; run it a few times.
+Both engines are loaded once and warmed up, then timed in alternation (LocalEngine, HF, LocalEngine, HF, ...)
+so that a slow spell of a shared machine hits both; the table gives each run and the median, and the speedup
+is the ratio of the medians. Writes bench/results/engine.json. If ``bench/serve_latency.py`` exists with
+``measure(model_dir, n_requests=256) -> dict`` its p50/p99 latencies are included.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,7 +42,8 @@ def make_prompts(tok, n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def bench_hf(model_dir, prompts, new_tokens, dtype, eos_ids) -> dict:
+def setup_hf(model_dir, prompts, new_tokens, dtype, eos_ids):
+    """Load HF, warm up, and return a function that times one ``generate`` over all prompts."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -54,21 +57,27 @@ def bench_hf(model_dir, prompts, new_tokens, dtype, eos_ids) -> dict:
     kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=2)
     with torch.inference_mode():
         model.generate(ids[:4], attention_mask=mask[:4], max_new_tokens=4, **kw)   # warm-up
-        t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **kw)
-        dt = time.perf_counter() - t0
-    n = 0
-    for row in out[:, L:].tolist():        # count up to and including the first EOS
-        k = len(row)
-        for j, t in enumerate(row):
-            if t in eos_ids:
-                k = j + 1
-                break
-        n += k
-    return {"seconds": dt, "tokens": n, "tokens_per_sec": n / dt}
+
+    def run() -> dict:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, **kw)
+            dt = time.perf_counter() - t0
+        n = 0
+        for row in out[:, L:].tolist():        # count up to and including the first EOS
+            k = len(row)
+            for j, t in enumerate(row):
+                if t in eos_ids:
+                    k = j + 1
+                    break
+            n += k
+        return {"seconds": dt, "tokens": n, "tokens_per_sec": n / dt}
+
+    return run
 
 
-def bench_engine(model_dir, prompts, new_tokens, dtype) -> dict:
+def setup_engine(model_dir, prompts, new_tokens, dtype):
+    """Load LocalEngine, warm up, and return (run, engine): ``run()`` times one batch of all prompts."""
     from slick.engine.local import LocalEngine
     from slick.types import SamplingParams
 
@@ -80,17 +89,18 @@ def bench_engine(model_dir, prompts, new_tokens, dtype) -> dict:
         sp = SamplingParams(temperature=1.0, max_new_tokens=n)
         return await asyncio.gather(*(eng.generate(p, sp) for p in ps))
 
-    try:
-        asyncio.run(run_all(prompts[:4], 4))                                        # warm-up
+    asyncio.run(run_all(prompts[:4], 4))                                            # warm-up
+
+    def run() -> dict:
+        steps0 = eng.stats()["decode_steps"]
         t0 = time.perf_counter()
         gens = asyncio.run(run_all(prompts, new_tokens))
         dt = time.perf_counter() - t0
-        st = eng.stats()
-    finally:
-        eng.close_sync()
-    n = sum(len(g.token_ids) for g in gens)
-    return {"seconds": dt, "tokens": n, "tokens_per_sec": n / dt, "load_seconds": load_s,
-            "decode_steps": st["decode_steps"], "eos_ids": eng.eos_ids}
+        n = sum(len(g.token_ids) for g in gens)
+        return {"seconds": dt, "tokens": n, "tokens_per_sec": n / dt, "load_seconds": load_s,
+                "decode_steps": eng.stats()["decode_steps"] - steps0}
+
+    return run, eng
 
 
 def maybe_serve_latency(model_dir) -> dict | None:
@@ -115,6 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default)")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating timed rounds of each engine")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
@@ -131,25 +142,38 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     prompts = make_prompts(tok, a.n_prompts)
     tdtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    eng = bench_engine(model_dir, prompts, a.new_tokens, a.dtype)
-    hf = None if a.skip_hf else bench_hf(model_dir, prompts, a.new_tokens, tdtype, set(eng["eos_ids"]))
+    run_eng, eng = setup_engine(model_dir, prompts, a.new_tokens, a.dtype)
+    run_hf = None if a.skip_hf else setup_hf(model_dir, prompts, a.new_tokens, tdtype, set(eng.eos_ids))
+    runs = {"local": [], "hf": []}
+    try:
+        for i in range(a.repeats):
+            runs["local"].append(run_eng())
+            if run_hf:
+                runs["hf"].append(run_hf())
+            print(f"round {i + 1}/{a.repeats}: LocalEngine {runs['local'][-1]['tokens_per_sec']:.1f} tok/s"
+                  + (f", HF {runs['hf'][-1]['tokens_per_sec']:.1f} tok/s" if run_hf else ""), flush=True)
+    finally:
+        eng.close_sync()
+    med = {k: statistics.median(r["tokens_per_sec"] for r in v) for k, v in runs.items() if v}
     serve = None if a.skip_serve else maybe_serve_latency(model_dir)
 
     res = {"model": "SmolLM2-135M-Instruct", "dtype": a.dtype, "n_prompts": len(prompts),
            "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "max_new_tokens": a.new_tokens,
            "temperature": 1.0, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-           "machine": platform.processor() or platform.machine(), "local_engine": eng, "hf_generate": hf,
-           "speedup": (eng["tokens_per_sec"] / hf["tokens_per_sec"]) if hf else None, "serve_latency": serve,
+           "machine": platform.processor() or platform.machine(), "repeats": a.repeats,
+           "local_engine_runs": runs["local"], "hf_generate_runs": runs["hf"],
+           "local_engine_tokens_per_sec": med["local"], "hf_generate_tokens_per_sec": med.get("hf"),
+           "speedup": med["local"] / med["hf"] if "hf" in med else None, "serve_latency": serve,
            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     print(f"\nSmolLM2-135M-Instruct {a.dtype}, {len(prompts)} prompts x {a.new_tokens} new tokens, T=1.0, "
-          f"{torch.get_num_threads()} threads (shared machine: numbers are noisy)")
-    print(f"{'engine':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>10}")
-    rows = [("HF generate (batch)", hf), ("slick LocalEngine", eng)]
-    for name, r in rows:
-        if r:
-            print(f"{name:<22}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tokens_per_sec']:>10.1f}")
-    if hf:
-        print(f"{'speedup (local/HF)':<22}{res['speedup']:>28.2f}x")
+          f"{torch.get_num_threads()} threads, {a.repeats} alternating rounds (shared machine: numbers are noisy)")
+    print(f"{'engine':<22}{'tok/s per round':>34}{'median':>10}")
+    for name, key in (("HF generate (batch)", "hf"), ("slick LocalEngine", "local")):
+        if runs[key]:
+            per = " ".join(f"{r['tokens_per_sec']:.0f}" for r in runs[key])
+            print(f"{name:<22}{per:>34}{med[key]:>10.1f}")
+    if res["speedup"]:
+        print(f"{'speedup (local/HF)':<22}{res['speedup']:>44.2f}x")
     if serve:
         p50 = serve.get("p50_latency_s", serve.get("p50"))
         p99 = serve.get("p99_latency_s", serve.get("p99"))
