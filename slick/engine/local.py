@@ -2,14 +2,15 @@
 
 One scheduler owns the model. At every step it (1) drops cancelled requests, (2) admits queued
 requests into free KV-cache slots -- identical prompts waiting together share one prefill whose keys and
-values are copied into each slot -- and samples their first token, (3) runs one batched decode step for
-every running sequence. A finished sequence frees its slot at once. Results go back to the caller's
+values are copied into each slot, and a prefix common to all of them is computed once -- and samples their
+first token, (3) runs one batched decode step for every running sequence. A finished sequence frees its slot at once. Results go back to the caller's
 event loop with ``call_soon_threadsafe``, so any number of event loops may call one engine over its life.
 
 The scheduler runs either in a background thread (``threaded=True``, the default on CUDA) or inline, as a
 task of the caller's event loop that runs one step and yields (the default on CPU). Inline is ~1.5x faster on
-CPU: torch's OpenMP team stays hot in the thread that also trains, while a second thread pays a wake-up on
-every one of the ~600 small kernels of a decode step. A step (tens of ms) then blocks that loop briefly.
+CPU (bench/engine.py's batch: ~890 vs ~590 tok/s): torch's OpenMP team stays hot in the thread that also
+trains, while a second thread pays a wake-up on every one of the ~200 kernels of a decode step. A step
+(tens of ms) then blocks that loop briefly.
 Weight updates and ``abort_all`` take the step lock, i.e. they happen between two steps.
 """
 from __future__ import annotations
@@ -404,8 +405,7 @@ def _shared_prefix(prompts: list) -> int:
     if len(prompts) < 2:
         return 0
     lo, hi = min(prompts), max(prompts)          # the common prefix of all is that of the extremes
-    n = min(len(lo), len(hi)) - 1
-    n = min(n, min(len(p) for p in prompts) - 1)
+    n = min(len(p) for p in prompts) - 1
     i = 0
     while i < n and lo[i] == hi[i]:
         i += 1

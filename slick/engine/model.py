@@ -16,8 +16,8 @@ from typing import Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from slick.engine.kvcache import KVCache
 from slick.engine import native
+from slick.engine.kvcache import KVCache
 from slick.engine.linear import Dense, can_pack
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
