@@ -163,13 +163,16 @@ def _metrics(url):
 def test_metrics_prometheus_text(server):
     before = _metrics(server.url)
     for key in ["slick_num_running_reqs", "slick_num_queue_reqs", "slick_generation_tokens_total",
-                "slick_gen_throughput", "slick_weight_version"]:
+                "slick_gen_throughput", "slick_weight_version", "slick_prefill_tokens_total",
+                "slick_prefix_reused_tokens_total"]:
         assert key in before
     st, out = call(server.url, "/generate", gen_body(n=5))
     after = _metrics(server.url)
     assert after["slick_generation_tokens_total"] - before["slick_generation_tokens_total"] == \
         out["meta_info"]["completion_tokens"]
     assert after["slick_requests_total"] == before["slick_requests_total"] + 1
+    assert after["slick_prefill_tokens_total"] - before["slick_prefill_tokens_total"] == \
+        out["meta_info"]["prompt_tokens"]
 
 
 def test_update_weights_from_disk_changes_version(server, tiny_model_dir, tmp_path):
