@@ -343,6 +343,7 @@ void sample_rows(const T* logits, int64_t B, int64_t V, const float* inv_t, cons
                 if (exp_neg(load(x[i]) * it - m) > 0.f) pick = i;  // the last token with mass
         }
         delete[] blk;
+        if (pick < 0) pick = 0;  // only for NaN logits: keep the read in bounds
         tok[b] = pick;
         lp[b] = load(x[pick]) * it - m - float(std::log(total));
     }
