@@ -1,5 +1,13 @@
-"""slick.engine.native: the C++ decode kernels agree with the pure-torch path they replace."""
+"""slick.engine.native: the C++ decode kernels agree with the pure-torch path they replace.
+
+The kernel tests run twice: on the library built for this CPU (AVX-512 paths where present) and on one built
+for plain x86-64-v2, which takes the generic loops that machines without AVX-512 run.
+"""
 import asyncio
+import ctypes
+import os
+import platform
+import shutil
 
 import pytest
 import torch
@@ -14,18 +22,28 @@ from slick.types import SamplingParams
 from .test_engine_local import PROMPTS, hf_greedy, hf_logprobs, make_spiky_model
 
 K = native.load()
-needs_native = pytest.mark.skipif(K is None, reason="no C++ compiler: native kernels not built")
 
 
-@needs_native
+@pytest.fixture(scope="module", params=["native", "generic"])
+def kern(request):
+    if K is None:
+        pytest.skip("no C++ compiler: native kernels not built")
+    if request.param == "native":
+        return K
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the generic build targets x86-64")
+    cxx = os.environ.get("CXX") or "c++"
+    return native.NativeKernels(ctypes.CDLL(str(native.build(shutil.which(cxx) or cxx, march="x86-64-v2"))))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_matches_torch(dtype):
+def test_rmsnorm_matches_torch(kern, dtype):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(70, 96, generator=g) * 3).to(dtype)   # 70 rows: the threaded branch
     w = (1 + torch.randn(96, generator=g) * 0.1).to(dtype)
     ref = (F.rms_norm(x.float(), (96,), None, 1e-6).to(dtype) * w)       # HF order: cast, then scale
     for rows in (x, x[:5], x[:, :].t().contiguous().t()[:3]):            # also a row-strided view
-        got = K.rmsnorm(rows, w, 1e-6)
+        got = kern.rmsnorm(rows, w, 1e-6)
         want = ref[:rows.shape[0]]
         tol = 1e-6 if dtype == torch.float32 else 1e-2
         assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol)
@@ -47,10 +65,9 @@ def torch_decode_attention(qkv, nh, nkv, cos, sin, pos, kc, vc):
     return torch.stack(out)
 
 
-@needs_native
 @pytest.mark.parametrize("dtype,hd,nh,nkv", [(torch.float32, 64, 9, 3), (torch.float32, 32, 4, 4),
                                             (torch.bfloat16, 64, 9, 3), (torch.float32, 128, 8, 2)])
-def test_decode_attention_matches_torch(dtype, hd, nh, nkv):
+def test_decode_attention_matches_torch(kern, dtype, hd, nh, nkv):
     g = torch.Generator().manual_seed(1)
     B, cap = 5, 300
     pos = torch.tensor([0, 7, 130, 299, 64])                  # 130 and 299 span several 128-position chunks
@@ -61,7 +78,7 @@ def test_decode_attention_matches_torch(dtype, hd, nh, nkv):
     kc = torch.randn(B + 2, nkv, cap, hd, generator=g).to(dtype)
     vc = torch.randn(B + 2, nkv, cap, hd, generator=g).to(dtype)
     kc2, vc2 = kc.clone(), vc.clone()
-    got = K.decode_attention(qkv, nh, nkv, cos, sin, pos, kc, vc)
+    got = kern.decode_attention(qkv, nh, nkv, cos, sin, pos, kc, vc)
     want = torch_decode_attention(qkv, nh, nkv, cos, sin, pos, kc2, vc2)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert torch.allclose(got.float(), want, atol=tol, rtol=tol), (got.float() - want).abs().max()
@@ -103,9 +120,8 @@ def gens(n, seed=0):
     return [torch.Generator().manual_seed(seed + i) for i in range(n)]
 
 
-@needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sampler_agrees_with_torch_path(dtype):
+def test_sampler_agrees_with_torch_path(kern, dtype):
     from slick.engine.sampling import sample
 
     torch.manual_seed(0)
@@ -113,25 +129,24 @@ def test_sampler_agrees_with_torch_path(dtype):
     temps = [1.0, 0, 0.7, 1.3, 1.0, 0.5, 0, 2.0]
     args = (temps, [1.0] * 8, [-1] * 8)
     tok_t, lp_t = sample(logits, *args, gens(8, seed=5))
-    tok_n, lp_n = sample(logits, *args, gens(8, seed=5), native=K)
+    tok_n, lp_n = sample(logits, *args, gens(8, seed=5), native=kern)
     assert tok_n == tok_t
     assert torch.allclose(torch.tensor(lp_n), torch.tensor(lp_t), atol=1e-5)
     # hand-computed: greedy picks the first maximum; logprob under T=1
-    tok, lp = sample(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), [0], [1.0], [-1], gens(1), native=K)
+    tok, lp = sample(torch.tensor([[0.0, 2.0, 2.0, 1.0]]), [0], [1.0], [-1], gens(1), native=kern)
     assert tok == [1] and abs(lp[0] - (2 - torch.logsumexp(torch.tensor([0.0, 2, 2, 1]), 0).item())) < 1e-6
 
 
-@needs_native
-def test_sampler_frequencies_and_truncation_fallback():
+def test_sampler_frequencies_and_truncation_fallback(kern):
     from slick.engine.sampling import sample
 
     p = torch.tensor([0.5, 0.3, 0.15, 0.05] + [0.0] * 20)
     n = 4000
     logits = p.log().repeat(n, 1)                            # -inf logits: never sampled
-    tok, lp = sample(logits, [1.0] * n, [1.0] * n, [-1] * n, gens(n, seed=11), native=K)
+    tok, lp = sample(logits, [1.0] * n, [1.0] * n, [-1] * n, gens(n, seed=11), native=kern)
     freq = torch.bincount(torch.tensor(tok), minlength=24).float() / n
     assert torch.allclose(freq[:4], p[:4], atol=0.03) and freq[4:].sum() == 0, freq
     assert torch.allclose(torch.tensor(lp), p[tok].log(), atol=1e-5)
     # a row with top_k makes the batch take the torch path: top_k=2 keeps only {0, 1}
-    tok, _ = sample(logits, [1.0] * n, [1.0] * n, [2] * n, gens(n, seed=12), native=K)
+    tok, _ = sample(logits, [1.0] * n, [1.0] * n, [2] * n, gens(n, seed=12), native=kern)
     assert set(tok) == {0, 1}

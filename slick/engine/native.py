@@ -50,10 +50,11 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def _build(cc: str) -> Path:
+def build(cc: str, march: str = "native") -> Path:
+    """Compile ``csrc/decode.cpp`` for ``-march=<march>`` (unless cached) and return the library's path."""
     src = SOURCE.read_text()
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join((src, ver, _cpu_flags())).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((src, ver, _cpu_flags(), march)).encode()).hexdigest()[:16]
     out = cache_dir() / f"slick_decode-{key}.so"
     if out.is_file():
         return out
@@ -61,7 +62,7 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, "-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
+        cmd = [cc, "-std=c++17", "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-2000:]}")
@@ -84,7 +85,7 @@ def load() -> Optional["NativeKernels"]:
                 log.info("no C++ compiler (%s) found: LocalEngine uses its pure-torch decode path", cc)
             else:
                 try:
-                    _cached[cc] = NativeKernels(ctypes.CDLL(str(_build(cc))))
+                    _cached[cc] = NativeKernels(ctypes.CDLL(str(build(cc))))
                 except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                     log.warning("native decode kernels unavailable, using the pure-torch path: %s", e)
         return _cached[cc]
