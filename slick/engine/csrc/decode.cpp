@@ -137,12 +137,6 @@ inline void attend(const float (*q)[HD], int64_t g, int64_t p, const T* kc, cons
     for (int64_t t0 = 0; t0 <= p; t0 += CH) {
         const int64_t n = (p + 1 - t0) < CH ? (p + 1 - t0) : CH;
 #if defined(__AVX512F__)
-        // A chunk's K and V rows are two short runs of memory: request all their cache lines now, so the
-        // loads below find them in flight instead of waiting for the hardware prefetcher to ramp up.
-        for (int64_t b = 0; b < n * HD * int64_t(sizeof(T)); b += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(kc + t0 * HD) + b, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(vc + t0 * HD) + b, _MM_HINT_T1);
-        }
         if constexpr (HD % 16 == 0) {
             constexpr int64_t NV = HD / 16;
             for (int64_t t = 0; t < n; t++) {
