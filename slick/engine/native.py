@@ -102,17 +102,17 @@ class NativeKernels:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        self._norm, self._attn, self._sample = {}, {}, {}
-        # the ctypes functions by dtype, for callers that pass raw pointers (see Transformer._decode_native)
-        self.raw_norm, self.raw_attn = self._norm, self._attn
+        # the ctypes functions by dtype; raw_norm/raw_attn also serve callers that pass raw pointers
+        # (Transformer._decode_native)
+        self.raw_norm, self.raw_attn, self._sample = {}, {}, {}
         for dt, sfx in _SUFFIX.items():
             f = getattr(lib, f"rmsnorm_{sfx}")
             f.argtypes, f.restype = [_P, _P, _P, _I64, _I64, _I64, _F32, ctypes.c_int], None
-            self._norm[dt] = f
+            self.raw_norm[dt] = f
             f = getattr(lib, f"decode_attn_{sfx}")
             f.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64, _P, _F32, ctypes.c_int]
             f.restype = ctypes.c_int
-            self._attn[dt] = f
+            self.raw_attn[dt] = f
             f = getattr(lib, f"sample_{sfx}")
             f.argtypes, f.restype = [_P, _I64, _I64, _P, _P, _P, _P, ctypes.c_int], None
             self._sample[dt] = f
@@ -126,7 +126,7 @@ class NativeKernels:
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         out = torch.empty(x2.shape, dtype=x.dtype)
-        self._norm[x.dtype](x2.data_ptr(), w.data_ptr(), out.data_ptr(), x2.shape[0], H, x2.stride(0), eps,
+        self.raw_norm[x.dtype](x2.data_ptr(), w.data_ptr(), out.data_ptr(), x2.shape[0], H, x2.stride(0), eps,
                              torch.get_num_threads())
         return out.view(x.shape)
 
@@ -139,7 +139,7 @@ class NativeKernels:
         """
         B, _, hd = qkv.shape
         out = torch.empty(B, nh * hd, dtype=qkv.dtype)
-        rc = self._attn[qkv.dtype](qkv.data_ptr(), qkv.stride(0), B, nh, nkv, hd, cos.data_ptr(), sin_signed.data_ptr(),
+        rc = self.raw_attn[qkv.dtype](qkv.data_ptr(), qkv.stride(0), B, nh, nkv, hd, cos.data_ptr(), sin_signed.data_ptr(),
                               pos.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.shape[2], out.data_ptr(),
                               hd ** -0.5, torch.get_num_threads())
         if rc:
