@@ -3,6 +3,7 @@ import io
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -142,7 +143,13 @@ def test_wandb_offline(tmp_path, monkeypatch):
     # the offline run wrote a .wandb log (leveldb-style records of wandb protobufs); read our history back
     wandb_files = list(run_dir.glob("*.wandb"))
     assert len(wandb_files) == 1 and wandb_files[0].stat().st_size > 0
+    # wandb's service process writes the log asynchronously: finish() can return with only the file header
+    # on disk (seen ~1 run in 15). Wait for the records, at most 20 s.
+    deadline = time.monotonic() + 20
     history = _read_wandb_history(wandb_files[0])
+    while len(history) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        history = _read_wandb_history(wandb_files[0])
     assert [(step, vals["rollout/raw_reward"]) for step, vals in history] == [(1, 0.5), (2, 0.75)]
     assert str(run_dir).startswith(str(tmp_path / "wb"))
     # jsonl still written alongside
