@@ -1,9 +1,12 @@
 """slick.engine.sampling against hand-computed distributions."""
 import math
 
+import pytest
 import torch
 
 from slick.engine.sampling import sample
+
+from .stats import assert_frequencies
 
 
 def gens(n, seed=0):
@@ -28,23 +31,40 @@ def test_temperature_logprob_is_before_truncation():
     assert abs(lp[0] - want) < 1e-6
 
 
-def test_frequencies_follow_softmax_and_truncation():
-    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    n = 4000
-    logits = p.log().repeat(n, 1)
-    g = gens(n, seed=11)
-    tok, _ = sample(logits, [1.0] * n, [1.0] * n, [-1] * n, g)
-    freq = torch.bincount(torch.tensor(tok), minlength=4).float() / n
-    assert torch.allclose(freq, p, atol=0.03), freq
+P = torch.tensor([0.5, 0.3, 0.15, 0.05])
+N = 4000
+
+
+def draw(n=N, temperature=1.0, top_p=1.0, top_k=-1, seed=11, logits=None):
+    logits = P.log().repeat(n, 1) if logits is None else logits
+    tok, _ = sample(logits, [temperature] * n, [top_p] * n, [top_k] * n, gens(n, seed=seed))
+    return tok
+
+
+def test_frequencies_follow_softmax_temperature_and_truncation():
+    """Chi-square goodness of fit at alpha = 1e-4 (tests/stats.py), 4000 draws per case."""
+    assert_frequencies(draw(seed=11), P)
+    # T=0.5: softmax(log p / 0.5) is p^2 renormalised
+    assert_frequencies(draw(temperature=0.5, seed=15), P ** 2 / (P ** 2).sum())
     # top_k=2: only {0,1}, renormalised 0.625 / 0.375
-    tok, _ = sample(logits, [1.0] * n, [1.0] * n, [2] * n, gens(n, seed=12))
-    freq = torch.bincount(torch.tensor(tok), minlength=4).float() / n
-    assert freq[2:].sum() == 0 and abs(freq[0] - 0.625) < 0.03
+    assert_frequencies(draw(top_k=2, seed=12), [0.625, 0.375, 0.0, 0.0])
     # top_p=0.7: mass before token 2 is 0.8 >= 0.7 -> nucleus {0,1}; top_p=0.85 -> {0,1,2}
-    tok, _ = sample(logits, [1.0] * n, [0.7] * n, [-1] * n, gens(n, seed=13))
-    assert set(tok) == {0, 1}
-    tok, _ = sample(logits, [1.0] * n, [0.85] * n, [-1] * n, gens(n, seed=14))
-    assert set(tok) == {0, 1, 2}
+    assert_frequencies(draw(top_p=0.7, seed=13), [0.625, 0.375, 0.0, 0.0])
+    assert_frequencies(draw(top_p=0.85, seed=14), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
+    # temperature then truncation: T=0.5 gives p^2 / 0.365 = [0.685, 0.247, 0.062, 0.007]; top_p=0.9 -> {0,1}
+    assert_frequencies(draw(temperature=0.5, top_p=0.9, seed=16), [0.25 / 0.34, 0.09 / 0.34, 0.0, 0.0])
+
+
+def test_frequency_check_rejects_a_halved_token():
+    """The check has power: a sampler that draws token 3 at 0.025 instead of 0.05 fails it."""
+    wrong = P.clone()
+    wrong[3] /= 2
+    tok = draw(seed=11, logits=(wrong / wrong.sum()).log().repeat(N, 1))
+    with pytest.raises(AssertionError, match="do not fit"):
+        assert_frequencies(tok, P)
+    assert_frequencies(tok, wrong / wrong.sum())       # the same draws fit the distribution they came from
+    with pytest.raises(AssertionError, match="probability 0 were drawn"):
+        assert_frequencies(draw(seed=11), [0.625, 0.375, 0.0, 0.0])
 
 
 def test_rows_are_independent_of_batch():
