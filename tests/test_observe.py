@@ -17,11 +17,13 @@ from slick.observe.progress import Progress
 
 def test_jsonl_roundtrip_and_flush(tmp_path):
     log = MetricsLogger(tmp_path)
+    before = time.time()
     log.log({"rollout/raw_reward": 0.25, "train/loss": 1.5}, step=1)
+    after = time.time()
     # flushed before close: another reader sees the line now
     rows = read_metrics(tmp_path)
     assert len(rows) == 1 and rows[0]["step"] == 1 and rows[0]["rollout/raw_reward"] == 0.25
-    assert isinstance(rows[0]["time"], float)
+    assert before <= rows[0]["time"] <= after           # wall-clock time of the log call
     log.log({"rollout/raw_reward": 0.5, "perf/step_time": 2.0, "train/ppo_kl": float("nan")}, step=2)
     log.close()
     rows = read_metrics(tmp_path)

@@ -1,10 +1,19 @@
 """Tests for `slick plot`: PNGs written from metrics.jsonl, plotted data equals the logged metrics."""
+import struct
+
 import pytest
 
 from slick.observe.metrics import MetricsLogger, read_metrics
 from slick.observe.plot import build_figures, figure_specs, main, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
 
 
 def _write_run(run_dir, with_kl=True):
@@ -27,8 +36,7 @@ def test_plot_run_writes_pngs(tmp_path):
     assert names == ["eval.png", "kl.png", "response_len.png", "reward.png", "step_time.png"]
     for p in paths:
         assert p.parent == tmp_path / "run" / "plots"
-        data = p.read_bytes()
-        assert data[:8] == PNG_MAGIC and len(data) > 2000
+        assert png_size(p) == (640, 400)                 # figsize 6.4 x 4.0 in at 100 dpi
 
 
 def test_figure_data_matches_metrics(tmp_path):
@@ -92,4 +100,4 @@ def test_cli_dispatch(tmp_path):
 
     _write_run(tmp_path / "run")
     assert slick_main(["plot", str(tmp_path / "run")]) == 0
-    assert (tmp_path / "run" / "plots" / "reward.png").stat().st_size > 0
+    assert png_size(tmp_path / "run" / "plots" / "reward.png") == (640, 400)
