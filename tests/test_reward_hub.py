@@ -143,9 +143,9 @@ def test_construction_errors():
 def test_bad_custom_paths_fail_at_construction(plugin):
     name, _ = plugin
     for path, msg in [("no_such_pkg_xyz.fn", "module 'no_such_pkg_xyz' not found"),
-                      (f"{name}.missing_fn", "has no attribute 'missing_fn'"),
+                      (f"{name}.missing_fn", "has no function 'missing_fn'"),
                       (f"{name}.NOT_CALLABLE", "not a function"),
-                      ("justaname", "expected 'pkg.module.fn'")]:
+                      ("justaname", "not a dotted path")]:
         with pytest.raises(ValueError, match="--custom-rm-path") as e:
             RewardHub(make_cfg(custom_rm_path=path))
         assert msg in str(e.value)

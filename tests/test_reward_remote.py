@@ -13,13 +13,14 @@ from slick.types import Sample
 
 class RewardServer:
     """A tiny reward server: /ok (exact match), /flaky (500 twice per response, then OK),
-    /always500, /dict (dict reward), /slow (never answers in time), /bad (not JSON), /teapot (418)."""
+    /always500, /dict (dict reward), /slow (never answers in time), /bad (not JSON), /teapot (418),
+    /nan (response "float": a bare NaN; otherwise a dict whose "score" is the response as a float)."""
 
     def __init__(self):
         self.requests: list[dict] = []
         self.attempts: Counter = Counter()
         app = web.Application()
-        for name in ("ok", "flaky", "always500", "dict", "slow", "bad", "teapot"):
+        for name in ("ok", "flaky", "always500", "dict", "slow", "bad", "teapot", "nan"):
             app.router.add_post(f"/{name}", getattr(self, name))
         self.runner = web.AppRunner(app)
         self.port = None
@@ -78,6 +79,12 @@ class RewardServer:
     async def teapot(self, request):
         await self._body(request)
         return web.Response(status=418, text="no")
+
+    async def nan(self, request):
+        b = await self._body(request)
+        if b["response"] == "float":
+            return web.Response(text="NaN", content_type="application/json")
+        return web.json_response({"score": float(b["response"]), "acc": 1.0})   # json writes NaN/Infinity
 
 
 def cfg(url, **kw):
@@ -218,3 +225,21 @@ def test_parse_reply():
         except ValueError:
             continue
         raise AssertionError(f"parse_reply accepted {bad!r}")
+
+
+def test_remote_non_finite_rewards_fail_and_are_counted():
+    async def go():
+        async with RewardServer() as srv:
+            hub = RewardHub(cfg(srv.url("nan"), reward_key="score", rm_failure_reward=-1.0), remote_backoff=0.01)
+            g = group(["float", "nan", "inf", "-inf", "0.5"])
+            await score(hub, g)
+            return srv, hub, g
+    srv, hub, g = asyncio.run(go())
+    assert [s.reward for s in g[:4]] == [-1.0] * 4
+    assert g[4].reward == {"score": 0.5, "acc": 1.0} and hub.scalar(g[4]) == 0.5
+    assert "non-finite reward nan" in g[0].metadata["reward_error"]
+    for s, v in zip(g[1:4], ("nan", "inf", "-inf")):
+        assert f"dict reward field 'score' of sample {s.index} is not finite ({v})" in s.metadata["reward_error"]
+    assert srv.attempts["float"] == 1                 # not retried
+    st = hub.stats()
+    assert st["reward/failures"] == 4 and st["reward/nonfinite"] == 4

@@ -1,7 +1,9 @@
 """``countdown`` reward: an arithmetic expression over given numbers that must hit a target.
 
-The label is ``{"target": int, "numbers": [int, ...]}`` (a dict or its JSON text); when the
-label lacks them, ``metadata["target"]`` / ``metadata["numbers"]`` are used.
+The label is ``{"target": int, "numbers": [int, ...]}`` (a dict or its JSON text) or ``None``;
+when the label lacks them, ``metadata["target"]`` / ``metadata["numbers"]`` are used. Any other
+label (a list, a number, JSON that is not an object) or a missing or malformed field raises
+:class:`~slick.reward.errors.LabelError`.
 
 The expression is the content of the last ``<answer>...</answer>`` in the response, else its
 last non-empty line. If it contains ``=``, the first side that is not a bare number is used
@@ -25,6 +27,8 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any, Optional
 
+from slick.reward.errors import LabelError, label_error
+
 MAX_EXPR_CHARS = 512
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -38,26 +42,30 @@ class _Rejected(Exception):
 def parse_task(label: Any, metadata: dict | None = None) -> tuple[int, list[int]]:
     """Return ``(target, numbers)`` from the label (dict or JSON) or, failing that, the metadata.
 
-    Raises ``ValueError`` naming the missing or malformed field.
+    Raises :class:`LabelError` (a ``ValueError``) naming the wrong label type or the missing or
+    malformed field.
     """
     task = label
     if isinstance(task, str):
         try:
             task = json.loads(task)
         except json.JSONDecodeError as e:
-            raise ValueError(f"countdown label is not JSON: {label[:80]!r} ({e})") from None
-    task = dict(task) if isinstance(task, dict) else {}
+            raise LabelError(f"countdown label is not JSON: {label[:80]!r} ({e})") from None
+    if task is not None and not isinstance(task, dict):
+        raise label_error("countdown", 'a dict like {"target": 50, "numbers": [4, 5, 6]}, its JSON text, or None',
+                          task)
+    task = dict(task or {})
     for key in ("target", "numbers"):
         if key not in task and metadata and key in metadata:
             task[key] = metadata[key]
     if "target" not in task or "numbers" not in task:
-        raise ValueError(f"countdown needs 'target' and 'numbers' in the label or metadata (label={label!r})")
+        raise LabelError(f"countdown needs 'target' and 'numbers' in the label or metadata (label={label!r})")
     target, numbers = task["target"], task["numbers"]
     if isinstance(target, bool) or not isinstance(target, int):
-        raise ValueError(f"countdown 'target' must be an int, got {target!r}")
+        raise LabelError(f"countdown 'target' must be an int, got {target!r}")
     if not isinstance(numbers, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool)
                                                          for n in numbers):
-        raise ValueError(f"countdown 'numbers' must be a list of ints, got {numbers!r}")
+        raise LabelError(f"countdown 'numbers' must be a list of ints, got {numbers!r}")
     return target, list(numbers)
 
 

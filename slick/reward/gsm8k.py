@@ -11,6 +11,8 @@ import re
 from fractions import Fraction
 from typing import Any, Optional
 
+from slick.reward.errors import LabelError, label_error
+
 # An optional sign and `$`, then digits with optional thousands commas and decimals, or `.5`.
 _NUMBER = re.compile(r"[-+]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
 
@@ -38,19 +40,21 @@ def extract_number(text: str) -> Optional[Fraction]:
 def score(response: str, label: Any, metadata: dict | None = None) -> float:
     """1.0 when the response's final number equals the label's number, else 0.0.
 
-    Raises ``ValueError`` when the label holds no number (a data problem the hub reports).
+    The label must be an int, a float or a string. Raises :class:`LabelError` (a ``ValueError``)
+    for any other type and for a label that holds no number (a data problem the hub reports).
     """
-    if label is None:
-        raise ValueError("gsm8k reward needs a label (got None)")
-    if isinstance(label, bool):
-        raise ValueError(f"gsm8k reward: label must be a number, got {label!r}")
+    if isinstance(label, bool) or not isinstance(label, (int, float, str)):
+        raise label_error("gsm8k", "a number or a string", label)
     if isinstance(label, int):
         gold = Fraction(label)
     elif isinstance(label, float):
-        gold = Fraction(repr(label))
+        try:
+            gold = Fraction(repr(label))
+        except ValueError:          # nan / inf
+            raise label_error("gsm8k", "a finite number", label) from None
     else:
-        gold = extract_number(str(label))
+        gold = extract_number(label)
     if gold is None:
-        raise ValueError(f"gsm8k reward: no number in label {str(label)[:80]!r}")
+        raise LabelError(f"gsm8k reward: no number in label {str(label)[:80]!r}")
     pred = extract_number(response)
     return 1.0 if pred is not None and pred == gold else 0.0

@@ -17,6 +17,13 @@ or returns something that is not a finite number or a dict gives its sample(s)
 ``--rm-failure-reward``, sets ``sample.metadata["reward_error"]``, is counted in
 :meth:`RewardHub.stats` and logged as a warning; the other samples are unaffected.
 
+A dict reward is checked when it arrives: its scalar (``--reward-key``, else ``"reward"``, see
+:mod:`slick.reward.scalar`) must be present and a finite number, or the sample fails as above, so
+no NaN/inf ever reaches training. Other non-finite numeric fields of a kept dict are reported
+(``sample.metadata["reward_warning"]``, ``reward/nonfinite_fields``) but do not fail the sample.
+Non-finite scalars count in ``reward/nonfinite`` and unusable labels
+(:class:`~slick.reward.errors.LabelError`) in ``reward/bad_labels``, both also in ``reward/failures``.
+
 A timed-out synchronous function cannot be killed: its worker thread stays busy until the
 function returns (the result is then dropped).
 """
@@ -26,35 +33,42 @@ import asyncio
 import functools
 import inspect
 import logging
-import math
-import numbers
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union
 
-from slick.reward.custom import load_function
+from slick.plugins import load_function
+from slick.reward.errors import LabelError, NonFiniteRewardError
 from slick.reward.registry import REMOTE, get_score_fn
 from slick.reward.remote import RemoteRewardError, RemoteRM
+from slick.reward.scalar import finite_float, is_number, nonfinite_fields, scalar_reward
 
 logger = logging.getLogger(__name__)
 
 Reward = Union[float, dict]
 
 
-def check_reward(value: Any) -> Reward:
+def check_reward(value: Any, reward_key: Optional[str] = None, index: Any = None) -> Reward:
     """Normalise a reward function's result to a float or a dict; ``ValueError`` otherwise.
 
     Booleans and numeric scalars (Python, NumPy, 0-d tensors) become floats; NaN and infinities
-    are rejected, because one of them would poison a whole training batch.
+    are rejected (:class:`NonFiniteRewardError`), because one of them would poison a whole
+    training batch. A dict is returned as is once its scalar (``reward_key``, else ``"reward"``)
+    is found to be a finite number (``KeyError`` when it is missing). ``index`` names the sample
+    in messages.
     """
     if isinstance(value, dict):
+        scalar_reward(value, reward_key, index)
         return value
-    if isinstance(value, numbers.Real) or (hasattr(value, "item") and hasattr(value, "__float__")):
-        out = float(value)
-        if not math.isfinite(out):
-            raise ValueError(f"reward is not finite ({out})")
-        return out
+    if is_number(value):
+        return finite_float(value, "reward")
     raise ValueError(f"reward must be a number or a dict, got {type(value).__name__}: {str(value)[:80]!r}")
+
+
+def _describe(e: BaseException) -> str:
+    # str(KeyError("x")) is "'x'"; show our KeyError messages without the extra quotes
+    text = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else e
+    return f"{type(e).__name__}: {text}"
 
 
 class RewardHub:
@@ -90,7 +104,8 @@ class RewardHub:
         self._pool: Optional[ThreadPoolExecutor] = None
         self._sem: Optional[asyncio.Semaphore] = None
         self._sem_loop: Optional[asyncio.AbstractEventLoop] = None
-        self._counts = {"samples": 0, "calls": 0, "failures": 0, "timeouts": 0}
+        self._counts = {"samples": 0, "calls": 0, "failures": 0, "timeouts": 0,
+                        "nonfinite": 0, "bad_labels": 0, "nonfinite_fields": 0}
         self._time_total = 0.0
 
     # ------------------------------------------------------------------ public API
@@ -114,29 +129,19 @@ class RewardHub:
             self._time_total += time.perf_counter() - t0
 
     def scalar(self, sample: Any) -> float:
-        """The sample's reward as a float; dict rewards use ``cfg.reward_key``.
+        """The sample's reward as a float: :func:`slick.reward.scalar.scalar_reward` with ``cfg.reward_key``.
 
         Without ``--reward-key`` a dict reward falls back to its ``"reward"`` entry.
-        Raises ``ValueError`` for an unscored sample and ``KeyError`` naming the available keys
-        when the key is missing.
+        Raises ``ValueError`` for an unscored sample or a non-finite/non-numeric value and
+        ``KeyError`` naming the available keys when the key is missing (samples scored by this
+        hub have already passed these checks).
         """
-        r = sample.reward
-        if r is None:
-            raise ValueError(f"sample {sample.index} has no reward yet (score it with RewardHub.score_group)")
-        if isinstance(r, dict):
-            key = self.cfg.reward_key or ("reward" if "reward" in r else None)
-            if key is None:
-                raise KeyError(f"sample {sample.index} has a dict reward with keys {sorted(r)}; "
-                               f"set --reward-key to choose the scalar")
-            if key not in r:
-                raise KeyError(f"--reward-key {key!r} not in the dict reward of sample {sample.index} "
-                               f"(keys: {sorted(r)})")
-            return float(r[key])
-        return float(r)
+        return scalar_reward(sample.reward, self.cfg.reward_key, getattr(sample, "index", None))
 
     def stats(self) -> dict:
-        """Counters since the hub was built: samples scored, function calls, failures, timeouts,
-        remote retries, and total wall time spent in :meth:`score_group` (seconds)."""
+        """Counters since the hub was built: samples scored, function calls, failures (and among
+        them timeouts, non-finite scalars and bad labels), kept dict rewards with other non-finite
+        fields, remote retries, and total wall time spent in :meth:`score_group` (seconds)."""
         out = {f"reward/{k}": v for k, v in self._counts.items()}
         out["reward/retries"] = self._remote.retries if self._remote else 0
         out["reward/time_total_s"] = self._time_total
@@ -198,7 +203,8 @@ class RewardHub:
             async with self._semaphore():
                 t0 = time.perf_counter()
                 awaitable, timeout = await self._reward_of(sample)
-                reward = check_reward(await asyncio.wait_for(awaitable, timeout))
+                reward = check_reward(await asyncio.wait_for(awaitable, timeout),
+                                      self.cfg.reward_key, getattr(sample, "index", None))
                 sample.timings["reward_time"] = time.perf_counter() - t0
             self._succeed(sample, reward)
         except asyncio.TimeoutError:
@@ -208,7 +214,7 @@ class RewardHub:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
-            self._fail(sample, f"{type(e).__name__}: {e}")
+            self._fail(sample, _describe(e), cause=e)
 
     async def _score_group_once(self, group: list) -> None:
         for s in group:
@@ -224,7 +230,7 @@ class RewardHub:
             raise
         except Exception as e:  # noqa: BLE001
             for s in group:
-                self._fail(s, f"group reward raised {type(e).__name__}: {e}")
+                self._fail(s, f"group reward raised {_describe(e)}", cause=e)
             return
         if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
             got = f"{type(rewards).__name__} of length {len(rewards)}" if hasattr(rewards, "__len__") \
@@ -234,23 +240,39 @@ class RewardHub:
             return
         for s, r in zip(group, rewards):
             try:
-                self._succeed(s, check_reward(r))
+                self._succeed(s, check_reward(r, self.cfg.reward_key, getattr(s, "index", None)))
             except Exception as e:  # noqa: BLE001 - e.g. float() of a multi-element tensor
-                self._fail(s, f"{type(e).__name__}: {e}")
+                self._fail(s, _describe(e), cause=e)
 
     def _succeed(self, sample: Any, reward: Reward) -> None:
         sample.reward = reward
-        if isinstance(sample.metadata, dict):
-            sample.metadata.pop("reward_error", None)
+        if not isinstance(sample.metadata, dict):
+            sample.metadata = {}
+        sample.metadata.pop("reward_error", None)
+        sample.metadata.pop("reward_warning", None)
+        bad = nonfinite_fields(reward) if isinstance(reward, dict) else {}
+        if bad:
+            message = "non-finite dict reward fields (not used for training): " + \
+                ", ".join(f"{k!r}={v}" for k, v in bad.items())
+            sample.metadata["reward_warning"] = message
+            self._counts["nonfinite_fields"] += 1
+            logger.warning("reward of sample %s (group %s): %s", getattr(sample, "index", "?"),
+                           getattr(sample, "group_index", "?"), message)
 
-    def _fail(self, sample: Any, message: str, timed_out: bool = False) -> None:
+    def _fail(self, sample: Any, message: str, timed_out: bool = False,
+              cause: Optional[BaseException] = None) -> None:
         sample.reward = self.failure_reward
         if not isinstance(sample.metadata, dict):
             sample.metadata = {}
+        sample.metadata.pop("reward_warning", None)
         sample.metadata["reward_error"] = message
         self._counts["failures"] += 1
         if timed_out:
             self._counts["timeouts"] += 1
+        if isinstance(cause, NonFiniteRewardError):
+            self._counts["nonfinite"] += 1
+        elif isinstance(cause, LabelError):
+            self._counts["bad_labels"] += 1
         logger.warning("reward failed for sample %s (group %s): %s; using reward %g",
                        getattr(sample, "index", "?"), getattr(sample, "group_index", "?"),
                        message, self.failure_reward)

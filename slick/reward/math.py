@@ -9,8 +9,10 @@ runs rewards in worker threads, so they are disabled here and the hub enforces `
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
+from slick.reward.errors import LabelError, label_error
 from slick.reward.extract import last_boxed
 
 
@@ -54,16 +56,17 @@ def parse_answer(response: str) -> list:
 def score(response: str, label: Any, metadata: dict | None = None) -> float:
     """1.0 when the response's answer is mathematically equivalent to ``label``, else 0.0.
 
-    Raises ``ValueError`` when the label itself cannot be parsed (a data problem, reported by
-    the hub as a reward failure rather than silently scored 0).
+    The label must be a string or a number (not a bool). Raises :class:`LabelError` (a
+    ``ValueError``) when it is not, or cannot be parsed: a data problem, reported by the hub as a
+    reward failure rather than silently scored 0.
     """
     from math_verify import verify
 
-    if label is None:
-        raise ValueError("math reward needs a label (got None)")
+    if isinstance(label, bool) or not isinstance(label, (str, numbers.Real)):
+        raise label_error("math", "a string or a number", label)
     gold = parse_gold(label)
     if not gold:
-        raise ValueError(f"math reward: cannot parse label {str(label)[:80]!r}")
+        raise LabelError(f"math reward: cannot parse label {str(label)[:80]!r}")
     pred = parse_answer(response)
     if not pred:
         return 0.0

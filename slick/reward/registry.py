@@ -2,7 +2,8 @@
 
 Every entry has the signature ``score(response: str, label, metadata) -> float``.
 ``boxed_<type>`` scores the content of the response's last ``\\boxed{...}`` with ``<type>``
-(no complete box scores 0.0). ``remote_rm`` is not a pure function and lives in the hub.
+(no complete box scores 0.0, once ``<type>`` has accepted the label). A label a scorer cannot use
+raises :class:`~slick.reward.errors.LabelError`. ``remote_rm`` is not a pure function and lives in the hub.
 """
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ def get_score_fn(rm_type: str) -> ScoreFn:
 
         def boxed_score(response: str, label: Any, metadata: dict | None = None) -> float:
             box = last_boxed(response)
-            return 0.0 if box is None else inner(box, label, metadata)
+            if box is None:
+                inner("", label, metadata)   # only to check the label: a bad one raises LabelError
+                return 0.0
+            return inner(box, label, metadata)
 
         boxed_score.__name__ = f"score_{rm_type}"
         return boxed_score

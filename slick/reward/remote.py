@@ -6,7 +6,9 @@ other JSON object, which becomes a dict reward (pick its scalar with ``--reward-
 
 Each attempt has its own ``timeout`` (seconds). Connection errors, timeouts and 5xx replies are
 retried up to ``max_retries`` times with exponential backoff (``backoff * 2**attempt`` seconds,
-capped at ``max_backoff``); 4xx replies and malformed bodies fail at once.
+capped at ``max_backoff``); 4xx replies, malformed bodies and non-finite numbers fail at once
+(the last as :class:`~slick.reward.errors.NonFiniteRewardError`, which the hub counts in
+``reward/nonfinite``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import math
 from typing import Any, Optional, Union
 
 import aiohttp
+
+from slick.reward.errors import NonFiniteRewardError
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,8 @@ class RemoteRM:
         return self._session
 
     async def score(self, prompt: Any, response: str, label: Any) -> Reward:
-        """POST one sample and return its reward; raises :class:`RemoteRewardError` after the last try."""
+        """POST one sample and return its reward; raises :class:`RemoteRewardError` after the last try
+        (:class:`NonFiniteRewardError` at once for a NaN or infinite number)."""
         payload = {"prompt": _jsonable(prompt), "response": response, "label": _jsonable(label)}
         session = self._get_session()
         last_error, timed_out = "", False
@@ -108,7 +113,7 @@ class RemoteRM:
                     except (json.JSONDecodeError, ValueError) as e:
                         raise RemoteRewardError(f"reward server {self.url} sent a bad reply: {e}") from None
                     if isinstance(reward, float) and not math.isfinite(reward):
-                        raise RemoteRewardError(f"reward server {self.url} sent a non-finite reward {reward}")
+                        raise NonFiniteRewardError(f"reward server {self.url} sent a non-finite reward {reward}")
                     return reward
             except asyncio.TimeoutError:
                 last_error, timed_out = f"no reply within {self.timeout:g}s", True

@@ -1,6 +1,7 @@
 """String rewards: ``exact`` (stripped equality) and ``f1`` (SQuAD-style token F1).
 
-A label may be a single answer or a list of acceptable answers; the best match counts.
+A label may be a single answer (a string or a number) or a non-empty list of them; the best match
+counts. Anything else (None, a bool, a dict, nested lists) raises :class:`LabelError`.
 """
 from __future__ import annotations
 
@@ -9,17 +10,26 @@ import string
 from collections import Counter
 from typing import Any
 
+from slick.reward.errors import label_error
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
 
 
+_EXPECTED = "a string, a number, or a non-empty list of them"
+
+
+def _is_answer(x: Any) -> bool:
+    return isinstance(x, (str, int, float)) and not isinstance(x, bool)
+
+
 def _answers(label: Any) -> list[str]:
-    if label is None:
-        raise ValueError("text reward needs a label (got None)")
     if isinstance(label, (list, tuple)):
-        if not label:
-            raise ValueError("text reward: empty list of acceptable answers")
+        if not label or not all(_is_answer(x) for x in label):
+            raise label_error("text (exact/f1)", _EXPECTED, label)
         return [str(x) for x in label]
+    if not _is_answer(label):
+        raise label_error("text (exact/f1)", _EXPECTED, label)
     return [str(label)]
 
 
