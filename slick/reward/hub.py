@@ -13,7 +13,7 @@ called once per group), else ``sample.metadata["rm_type"]`` when present, else `
 At most ``--rm-concurrency`` calls run at once; synchronous functions run on the hub's own
 worker threads so the event loop stays free; each call gets ``--rm-timeout`` seconds (a remote
 call gets that per attempt, retries included in its own bound). A call that raises, times out
-or returns something that is not a finite number or a dict gives its sample(s)
+or returns something that is not a finite number or a dict (checked below) gives its sample(s)
 ``--rm-failure-reward``, sets ``sample.metadata["reward_error"]``, is counted in
 :meth:`RewardHub.stats` and logged as a warning; the other samples are unaffected.
 
