@@ -1,7 +1,13 @@
-"""`slick` command line: one entry point, subcommands dispatch to the room that owns them."""
+"""`slick` command line: one entry point, subcommands dispatch to the room that owns them.
+
+slick never downloads: the CLI sets ``HF_HUB_OFFLINE=1`` (unless the environment already sets it) before any
+subcommand imports huggingface_hub, and a ``ConfigError`` from any subcommand is printed without a traceback
+(exit code 2).
+"""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module with main(argv) -> int, one-line help)
@@ -30,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"slick: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
         return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from slick.config import ConfigError
+
     module = importlib.import_module(COMMANDS[cmd][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except ConfigError as e:
+        print(f"slick {cmd}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

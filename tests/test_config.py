@@ -8,6 +8,7 @@ import yaml
 
 from slick.config import Config, ConfigError, build_parser, parse_config
 from slick.config.validate import validate_config
+from tests.hf_dirs import write_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +116,8 @@ def test_yaml_errors_name_the_file_and_key(tmp_path):
 def test_resolved_config_round_trips_through_yaml(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "x"}\n')
-    cfg = parse_config(["--prompt-data", str(data), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+    model = write_model_dir(tmp_path / "model")
+    cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
                         "--global-batch-size", "8", "--lr", "2e-6", "--sglang-tp", "2"])
     dumped = tmp_path / "config.yaml"
     dumped.write_text(yaml.safe_dump(cfg.to_dict()))
@@ -143,8 +145,16 @@ def data_file(tmp_path):
     return str(p)
 
 
-def make(data_file, **kw):
-    return Config.from_flat({"prompt_data": data_file, **kw})
+@pytest.fixture
+def model_dir(tmp_path):
+    return str(write_model_dir(tmp_path / "model"))
+
+
+@pytest.fixture
+def make(model_dir):
+    def make(data_file, **kw):
+        return Config.from_flat({"prompt_data": data_file, "hf_checkpoint": model_dir, **kw})
+    return make
 
 
 def problems_of(cfg):
@@ -153,12 +163,12 @@ def problems_of(cfg):
     return e.value.problems
 
 
-def test_valid_config_passes(data_file):
+def test_valid_config_passes(data_file, make):
     cfg = validate_config(make(data_file, rollout_batch_size=4, n_samples_per_prompt=8))
     assert (cfg.global_batch_size, cfg.num_steps_per_rollout) == (32, 1)
 
 
-def test_batch_constraint_mismatch_shows_numbers(data_file):
+def test_batch_constraint_mismatch_shows_numbers(data_file, make):
     (p,) = problems_of(make(data_file, rollout_batch_size=4, n_samples_per_prompt=8, global_batch_size=16,
                             num_steps_per_rollout=3))
     assert "4 x 8 = 32" in p and "16 x 3 = 48" in p
@@ -170,12 +180,12 @@ def test_batch_constraint_mismatch_shows_numbers(data_file):
     ({"global_batch_size": 32}, (32, 1)),
     ({"global_batch_size": 16, "num_steps_per_rollout": 2}, (16, 2)),
 ])
-def test_batch_derivation(data_file, given, want):
+def test_batch_derivation(data_file, make, given, want):
     cfg = validate_config(make(data_file, rollout_batch_size=4, n_samples_per_prompt=8, **given))
     assert (cfg.global_batch_size, cfg.num_steps_per_rollout) == want
 
 
-def test_batch_derivation_needs_a_divisor(data_file):
+def test_batch_derivation_needs_a_divisor(data_file, make):
     (p,) = problems_of(make(data_file, rollout_batch_size=4, n_samples_per_prompt=8, global_batch_size=5))
     assert "--global-batch-size 5 does not divide" in p and "32" in p
     (p,) = problems_of(make(data_file, rollout_batch_size=3, n_samples_per_prompt=3, num_steps_per_rollout=2))
@@ -188,37 +198,40 @@ def test_batch_derivation_needs_a_divisor(data_file):
     ({"eps_clip_c": 0.5}, "--eps-clip-c must be > 1 (got 0.5)"),
     ({"rollout_temperature": 0.0}, "--rollout-temperature must be > 0"),
     ({"rollout_temperature": -1.0}, "(got -1.0)"),
-    ({"advantage_estimator": "ppo2"}, "unknown --advantage-estimator 'ppo2'"),
+    ({"advantage_estimator": "ppo2"}, "unknown --advantage-estimator 'ppo2' (choose from grpo, gspo, ppo,"),
+    ({"dtype": "fp16"}, "unknown --dtype 'fp16' (choose from auto, bf16, fp32)"),   # YAML skips argparse's choices
     ({"rm_type": "bogus"}, "unknown --rm-type 'bogus'"),
     ({"rm_type": "boxed_bogus"}, "unknown --rm-type 'boxed_bogus'"),
+    ({"rm_type": "boxed_remote_rm"}, "unknown --rm-type 'boxed_remote_rm'"),
     ({"rm_type": "remote_rm"}, "--rm-type remote_rm needs --rm-url"),
     ({"rollout_batch_size": 0}, "--rollout-batch-size must be positive"),
 ])
-def test_each_validation_error(data_file, kw, needle):
+def test_each_validation_error(data_file, make, kw, needle):
     problems = problems_of(make(data_file, **kw))
     assert len(problems) == 1 and needle in problems[0], problems
 
 
-def test_known_rm_types_and_custom_rm_pass(data_file):
+def test_known_rm_types_and_custom_rm_pass(data_file, make):
     for rm in ("math", "gsm8k", "boxed_math", "exact", "f1", "countdown"):
         validate_config(make(data_file, rm_type=rm))
     validate_config(make(data_file, rm_type="anything", custom_rm_path="pkg.mod.fn"))
     validate_config(make(data_file, rm_type="remote_rm", rm_url="http://127.0.0.1:1/rm"))
 
 
-def test_prompt_data_file_checks(tmp_path, data_file):
-    (p,) = problems_of(Config.from_flat({"prompt_data": str(tmp_path / "nope.jsonl") + "@[0:10]"}))
+def test_prompt_data_file_checks(tmp_path, data_file, model_dir, make):
+    (p,) = problems_of(make(str(tmp_path / "nope.jsonl") + "@[0:10]"))
     assert p == f"--prompt-data: file not found: {tmp_path / 'nope.jsonl'}"
-    (p,) = problems_of(Config())
-    assert "--prompt-data is required" in p
+    assert problems_of(Config()) == ["--prompt-data is required (or --load-debug-rollout-data)",
+                                     "--hf-checkpoint is required (a local Hugging Face model directory)"]
     validate_config(make(data_file + "@[0:1]"))          # a slice on an existing file is fine
-    validate_config(Config.from_flat({"load_debug_rollout_data": str(tmp_path)}))
+    validate_config(Config.from_flat({"load_debug_rollout_data": str(tmp_path), "hf_checkpoint": model_dir}))
     (p,) = problems_of(make(data_file, eval_prompt_data=["aime", str(tmp_path / "aime.jsonl")]))
     assert p == f"--eval-prompt-data: file not found: {tmp_path / 'aime.jsonl'}"
 
 
-def test_several_problems_reported_together(tmp_path):
-    cfg = Config.from_flat({"prompt_data": str(tmp_path / "missing.jsonl"), "rollout_batch_size": 4,
+def test_several_problems_reported_together(tmp_path, model_dir):
+    cfg = Config.from_flat({"prompt_data": str(tmp_path / "missing.jsonl"), "hf_checkpoint": model_dir,
+                            "rollout_batch_size": 4,
                             "n_samples_per_prompt": 2, "global_batch_size": 3, "num_steps_per_rollout": 1,
                             "kl_coef": 0.1, "kl_loss_coef": 0.1, "eps_clip_c": 0.9, "rollout_temperature": 0.0})
     problems = problems_of(cfg)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from slick.config.groups import GROUPS
-from slick.config.parse import _base_type, flag_name
+from slick.config.parse import _base_type, field_choices, field_help, flag_name
 
 HEADER = """\
 # slick flags
@@ -42,13 +42,27 @@ Unknown keys are an error that names the file. Values are converted to the field
 (`1e-6` is read as a float even though YAML 1.1 would keep it a string). The loop writes the fully
 resolved config as `config.yaml` in the run directory; that file can be passed back to `--config`.
 
-## Engine pass-through: `--sglang-*`
+## Engine options: `--sglang-*`
 
 Any flag `--sglang-KEY VALUE` (or `--sglang-KEY=VALUE`; a bare `--sglang-KEY` means `true`) is
-collected into `cfg.sglang` as `{KEY: VALUE}` with dashes in `KEY` turned into underscores, and
-handed to the engine unchanged (for example `--sglang-mem-fraction-static 0.8` gives
-`{"mem_fraction_static": "0.8"}`). A `sglang:` mapping in the YAML file works the same way; flags
-win over the file key by key.
+collected into `cfg.sglang` as `{KEY: VALUE}` with dashes in `KEY` turned into underscores (for
+example `--sglang-mem-fraction-static 0.8` gives `{"mem_fraction_static": "0.8"}`). A `sglang:`
+mapping in the YAML file works the same way; flags win over the file key by key.
+
+These options go to the engines slick launches itself: the in-process engine
+(`--rollout-engine local`) and the `slick serve` workers started for `--rollout-engine http`
+without `--rollout-urls`. Options with a meaning there are honoured; a warning names each one that
+has none. SGLang servers you start yourself and pass with `--rollout-urls` do not receive them:
+give those servers their own flags when you launch them.
+
+## Megatron-LM flags
+
+slime passes Megatron-LM's own flags through, and its scripts carry them (`--num-layers`,
+`--tensor-model-parallel-size`, `--recompute-activations`, ...). slick accepts the ones a slime
+user brings, in the `megatron` group below: recompute flags turn on gradient checkpointing;
+model-shape flags are checked against the checkpoint's `config.json` before anything loads (a
+mismatch stops the run and shows both values); parallel sizes other than 1 are refused, because
+slick trains in one process today (data-parallel FSDP2 on Ray is planned).
 
 ## Batch-size constraint
 
@@ -67,8 +81,9 @@ that shows the numbers. All configuration problems are reported together, one pe
 def _type_name(f: dataclasses.Field) -> str:
     meta = f.metadata
     tp = _base_type(f.type)
-    if "choices" in meta:
-        return "{" + ", ".join(map(str, meta["choices"])) + "}"
+    choices = field_choices(f)
+    if choices is not None:
+        return "{" + ", ".join(map(str, choices)) + "}"
     if tp is bool:
         return "flag"
     if tp is list or meta.get("nargs"):
@@ -108,7 +123,7 @@ def render_markdown() -> str:
                 name, typ = "--sglang-KEY VALUE", "str"
             else:
                 name, typ = flag_name(f.name), _type_name(f)
-            out.append(f"| `{name}` | {_cell(typ)} | {_cell(_fmt_default(_default(f)))} | {_cell(meta['help'])} |")
+            out.append(f"| `{name}` | {_cell(typ)} | {_cell(_fmt_default(_default(f)))} | {_cell(field_help(f))} |")
     return "\n".join(out) + "\n"
 
 

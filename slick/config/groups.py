@@ -1,6 +1,9 @@
 """Typed config groups. Every field becomes a ``--flag`` (underscores -> dashes).
 
-Field metadata keys: ``help`` (required), ``choices``, ``nargs``, ``flag`` (override name).
+Field metadata keys: ``help`` (required), ``choices``, ``nargs``, ``type``, ``flag`` (``None``: no flag
+of its own), ``choices_from`` / ``names_from`` ("module:attribute" of a registry whose keys are the
+choices / the names listed in the help's ``{names}``; resolved only when a parser, the docs or the
+validation need them, so the registries stay the one list and this module stays torch-free).
 Field names are unique across groups, so ``Config`` also offers flat access (``cfg.lr``),
 the way slime's ``args`` does. This module imports only the standard library.
 """
@@ -57,12 +60,15 @@ class RolloutConfig:
     rollout_function_path: Optional[str] = F(None, "Dotted path to a function replacing the whole rollout step.")
     dynamic_sampling_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, group) -> bool` (keep group); `slick.rollout.filters.check_reward_nonzero_std` is built in.")
     buffer_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, groups) -> groups` applied when taking from the buffer.")
-    sglang: dict = F({}, "Engine pass-through options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE}.", flag=None)
+    sglang: dict = F({}, "Engine options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE} and goes to the "
+                         "engines slick launches (see `--sglang-*` above); servers you start yourself take their own flags.",
+                     flag=None)
 
 
 @dataclass
 class AlgorithmConfig:
-    advantage_estimator: str = F("grpo", "Advantage estimator.", choices=["grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"])
+    advantage_estimator: str = F("grpo", "Advantage estimator (the names registered in `slick.algo.estimators.ESTIMATORS`).",
+                                 choices_from="slick.algo.estimators:ESTIMATORS")
     use_kl_loss: bool = F(False, "Add a KL loss against the reference model.")
     kl_loss_coef: float = F(0.0, "Weight of the KL loss.")
     kl_loss_type: str = F("low_var_kl", "KL estimator for the KL loss.", choices=["k1", "k2", "k3", "low_var_kl"])
@@ -87,7 +93,9 @@ class AlgorithmConfig:
 
 @dataclass
 class RewardConfig:
-    rm_type: Optional[str] = F("math", "Reward type: math, gsm8k, boxed_<type>, exact, f1, countdown, remote_rm.")
+    rm_type: Optional[str] = F("math", "Reward type: {names}, or boxed_<type> to score the last \\boxed{{...}} with a "
+                                       "rule type (the names registered in `slick.reward.registry`).",
+                               names_from="slick.reward.registry:known_types")
     rm_url: Optional[str] = F(None, "URL of a remote reward model (--rm-type remote_rm).")
     custom_rm_path: Optional[str] = F(None, "Dotted path to `[async] def rm(args, sample) -> float | dict` (or of (args, samples) with --group-rm).")
     group_rm: bool = F(False, "Call the reward function once per group.")
@@ -145,17 +153,85 @@ class EvalConfig:
 
 @dataclass
 class ClusterConfig:
-    colocate: bool = F(False, "Training and rollout share devices. The in-process engine always shares the trainer's "
-                              "device; accepted for slime compatibility.")
-    actor_num_nodes: int = F(1, "Training nodes (only 1 is supported: training runs in one process).")
-    actor_num_gpus_per_node: int = F(0, "GPUs per training node (0 or 1: training runs in one process).")
-    rollout_num_gpus: int = F(0, "GPUs for rollout engines in total (informational; launch SGLang servers and "
-                                 "pass --rollout-urls to use more).")
-    rollout_num_gpus_per_engine: int = F(1, "GPUs per rollout engine (passed to engines you launch yourself).")
-    use_fault_tolerance: bool = F(False, "Accepted for slime compatibility: HTTP engines always retry a failed "
-                                         "request on another worker.")
+    colocate: bool = F(False, "Training and rollout share one process and device: the in-process engine "
+                              "(--rollout-engine local) always does, so the flag is honoured there and refused with "
+                              "--rollout-engine http (HTTP engines run in processes of their own).")
+    actor_num_nodes: int = F(1, "Training nodes. Only 1 for now: slick trains in one process today "
+                                "(data-parallel FSDP2 on Ray is planned); other values are refused.")
+    actor_num_gpus_per_node: int = F(0, "Training GPUs per node: 0 or 1 (one training process on the device --device "
+                                        "picks, cuda when present, else the CPU, which counts as one slot as in "
+                                        "slime's Ray layout); larger values are refused until FSDP2 on Ray lands.")
+    rollout_num_gpus: int = F(0, "GPUs for slick-managed rollout engines. Not supported yet (a value other than 0 is "
+                                 "refused): launch SGLang servers yourself and pass --rollout-engine http "
+                                 "--rollout-urls, or use --rollout-num-workers.")
+    rollout_num_gpus_per_engine: int = F(1, "GPUs per slick-managed rollout engine. Not supported yet (a value other "
+                                            "than 1 is refused): start SGLang servers with the tensor-parallel size "
+                                            "you want and pass --rollout-urls.")
+    use_fault_tolerance: bool = F(False, "slime's engine health checks and restarts. Not supported yet: the flag is "
+                                         "refused (planned with the Ray launcher).")
     update_weights_interval: int = F(1, "Push weights to the engines every N steps (raises --max-staleness to the "
                                         "lag this creates).")
+
+
+_PLANNED = "slick trains in one process today; data-parallel FSDP2 on Ray is planned"
+
+
+def _parallel(kind: str):
+    return F(1, f"Megatron {kind} size. Only 1 is accepted ({_PLANNED}).")
+
+
+def _shape(key: str, rule: str = "must equal", note: str = ""):
+    return F(None, f"Megatron model shape: {rule} config.json's `{key}` ({note}checked when set).")
+
+
+@dataclass
+class MegatronCompatConfig:
+    recompute_activations: bool = F(False, "Megatron: recompute activations in backward; turns on "
+                                           "--gradient-checkpointing (slick recomputes whole layers).")
+    recompute_granularity: Optional[str] = F(None, "Megatron: either value turns on --gradient-checkpointing (whole "
+                                                   "layers are recomputed, also for `selective`).",
+                                             choices=["full", "selective"])
+    recompute_method: Optional[str] = F(None, "Megatron: `uniform` (slick recomputes every layer on its own); "
+                                              "`block` is refused.", choices=["uniform", "block"])
+    recompute_num_layers: Optional[int] = F(None, "Megatron: only 1 (every layer is its own recompute unit).")
+    tensor_model_parallel_size: int = _parallel("tensor-parallel")
+    pipeline_model_parallel_size: int = _parallel("pipeline-parallel")
+    context_parallel_size: int = _parallel("context-parallel")
+    expert_model_parallel_size: int = _parallel("expert-parallel")
+    expert_tensor_parallel_size: int = _parallel("expert tensor-parallel")
+    sequence_parallel: bool = F(False, "Megatron: splits activations over tensor-parallel ranks, so with tensor-parallel "
+                                       "size 1 it does nothing: accepted with a warning, as Megatron does. To save "
+                                       "memory use --recompute-activations, --micro-batch-size or "
+                                       "--max-tokens-per-micro-batch.")
+    num_layers: Optional[int] = _shape("num_hidden_layers")
+    hidden_size: Optional[int] = _shape("hidden_size")
+    ffn_hidden_size: Optional[int] = _shape("intermediate_size")
+    num_attention_heads: Optional[int] = _shape("num_attention_heads")
+    group_query_attention: bool = F(False, "Megatron: enables --num-query-groups; slick reads the attention layout "
+                                           "from config.json, so this adds no check of its own.")
+    num_query_groups: Optional[int] = _shape("num_key_value_heads")
+    kv_channels: Optional[int] = _shape("head_dim", note="hidden_size / num_attention_heads without one; ")
+    vocab_size: Optional[int] = _shape("vocab_size")
+    seq_length: Optional[int] = _shape("max_position_embeddings", "must not exceed")
+    max_position_embeddings: Optional[int] = _shape("max_position_embeddings", "must not exceed")
+    rotary_base: Optional[float] = F(None, "Megatron model shape: must equal config.json's `rope_theta` (top level or "
+                                           "in `rope_parameters`; checked when set).")
+    norm_epsilon: Optional[float] = F(None, "Megatron model shape: must equal config.json's `rms_norm_eps` (or "
+                                            "`layer_norm_eps`; checked when set).")
+    normalization: Optional[str] = F(None, "Megatron model shape: RMSNorm needs `rms_norm_eps` in config.json, "
+                                           "LayerNorm its absence (checked when set).", choices=["LayerNorm", "RMSNorm"])
+    position_embedding_type: Optional[str] = F(None, "Megatron model shape: rope needs a rope_theta in config.json, "
+                                                     "the others its absence (checked when set).",
+                                               choices=["learned_absolute", "rope", "none"])
+    use_rotary_position_embeddings: bool = F(False, "Megatron model shape: config.json must have a rope_theta.")
+    swiglu: bool = F(False, "Megatron model shape: config.json's `hidden_act` must be silu (SwiGLU MLP).")
+    untie_embeddings_and_output_weights: bool = F(False, "Megatron model shape: config.json's `tie_word_embeddings` "
+                                                         "must be false.")
+    disable_bias_linear: bool = F(False, "Megatron model shape: the checkpoint must have no MLP biases, and no "
+                                         "q/k/v biases unless --add-qkv-bias is given.")
+    add_qkv_bias: bool = F(False, "Megatron model shape: the checkpoint must have q/k/v biases (Qwen2, or "
+                                  "`attention_bias: true`).")
+    qk_layernorm: bool = F(False, "Megatron model shape: the checkpoint must normalise queries and keys (Qwen3).")
 
 
 @dataclass
@@ -180,5 +256,5 @@ class DebugConfig:
 GROUPS = {
     "data": DataConfig, "rollout": RolloutConfig, "algorithm": AlgorithmConfig,
     "reward": RewardConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
-    "eval": EvalConfig, "cluster": ClusterConfig, "logging": LoggingConfig, "debug": DebugConfig,
+    "eval": EvalConfig, "cluster": ClusterConfig, "megatron": MegatronCompatConfig, "logging": LoggingConfig, "debug": DebugConfig,
 }

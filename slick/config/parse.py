@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import typing
 from pathlib import Path
 from typing import Optional, Sequence
@@ -22,6 +23,30 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+def registry_names(spec: str) -> list[str]:
+    """Names of the registry at ``"module:attribute"`` (a dict's keys, or what a function returns), in order.
+    Imports the module, so only parsers, docs and validation call it (never ``import slick.config``)."""
+    module, _, attr = spec.partition(":")
+    obj = getattr(importlib.import_module(module), attr)
+    return [str(n) for n in (obj() if callable(obj) else obj)]
+
+
+def field_choices(f: dataclasses.Field) -> Optional[list]:
+    """The allowed values of a field: its ``choices``, or the names of its ``choices_from`` registry."""
+    if "choices" in f.metadata:
+        return list(f.metadata["choices"])
+    if "choices_from" in f.metadata:
+        return registry_names(f.metadata["choices_from"])
+    return None
+
+
+def field_help(f: dataclasses.Field) -> str:
+    """The help text of a field, with ``{names}`` filled from its ``names_from`` / ``choices_from`` registry."""
+    spec = f.metadata.get("names_from") or f.metadata.get("choices_from")
+    text = f.metadata["help"]
+    return text.format(names=", ".join(registry_names(spec))) if spec else text
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one argument per config field, grouped as in ``groups.py``. Defaults are SUPPRESSed
     so that we can tell what the user typed (flags override --config YAML, which overrides defaults)."""
@@ -34,7 +59,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                 continue
             tp = _base_type(f.type)
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            help_ = f"{meta['help']} (default: {default!r})"
+            help_ = f"{field_help(f)} (default: {default!r})".replace("%", "%%")
             kw = dict(dest=f.name, default=argparse.SUPPRESS, help=help_)
             if tp is bool:
                 grp.add_argument(flag_name(f.name), action="store_true", **kw)
@@ -44,8 +69,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                 kw["type"] = meta.get("type", str)
             else:
                 kw["type"] = tp
-            if "choices" in meta:
-                kw["choices"] = meta["choices"]
+            choices = field_choices(f)
+            if choices is not None:
+                kw["choices"] = choices
             grp.add_argument(flag_name(f.name), **kw)
 
 

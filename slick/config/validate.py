@@ -1,12 +1,20 @@
-"""Checks run before any model is loaded. Every problem is reported, one per line."""
+"""Checks run before any model is loaded. Every problem is reported, one per line.
+
+Names of estimators and reward types come from their registries (``slick.algo.estimators``,
+``slick.reward.registry``), imported here only when a config is validated.
+"""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from slick.config.config import Config, ConfigError
+from slick.config.groups import GROUPS
+from slick.config.megatron import megatron_problems, shape_problems
+from slick.config.parse import field_choices, flag_name
+from slick.models.check import model_dir_problems, read_model_config
 
-ESTIMATORS = {"grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"}
-RM_TYPES = {"math", "gsm8k", "exact", "f1", "countdown", "remote_rm"}
+ROLLOUT_URLS_HINT = "launch SGLang servers yourself and pass --rollout-engine http --rollout-urls URL ..."
 
 
 def _data_path(spec: str) -> str:
@@ -38,6 +46,70 @@ def derive_batch_sizes(cfg: Config, problems: list[str]) -> None:
             f"{gbs} x {steps} = {gbs * steps}")
 
 
+def choice_problems(cfg: Config, problems: list[str]) -> None:
+    """Values outside a field's choices (argparse checks flags; this also covers YAML and ``Config``)."""
+    for cls in GROUPS.values():
+        for f in dataclasses.fields(cls):
+            value = getattr(cfg, f.name)
+            if value is None or ("choices" not in f.metadata and "choices_from" not in f.metadata):
+                continue
+            choices = field_choices(f)
+            if value not in choices:
+                problems.append(f"unknown {flag_name(f.name)} '{value}' (choose from {', '.join(map(str, choices))})")
+
+
+def rm_type_problems(cfg: Config, problems: list[str]) -> None:
+    from slick.reward.registry import REMOTE, get_score_fn, known_types
+
+    rm = cfg.rm_type
+    if not rm or cfg.custom_rm_path:
+        return
+    if rm == REMOTE:
+        if not cfg.rm_url:
+            problems.append(f"--rm-type {REMOTE} needs --rm-url")
+        return
+    try:
+        get_score_fn(rm)
+    except ValueError:
+        problems.append(f"unknown --rm-type '{rm}' (choose from {', '.join(known_types())}, "
+                        f"or boxed_<type> for a rule type)")
+
+
+def cluster_problems(cfg: Config, problems: list[str]) -> None:
+    """Every cluster flag is honoured or refused; none is silently ignored."""
+    if cfg.colocate and cfg.rollout_engine != "local":
+        problems.append(f"--colocate needs the in-process engine (--rollout-engine local): --rollout-engine "
+                        f"{cfg.rollout_engine} runs engines in processes of their own")
+    if cfg.actor_num_nodes != 1:
+        problems.append(f"--actor-num-nodes {cfg.actor_num_nodes}: not supported yet, only 1 (slick trains in one "
+                        f"process today; data-parallel FSDP2 on Ray is planned)")
+    if cfg.actor_num_gpus_per_node not in (0, 1):
+        problems.append(f"--actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}: not supported yet, only 0 or 1 "
+                        f"(slick trains in one process today; data-parallel FSDP2 on Ray is planned)")
+    if cfg.rollout_num_gpus != 0:
+        problems.append(f"--rollout-num-gpus {cfg.rollout_num_gpus}: not supported yet: {ROLLOUT_URLS_HINT} "
+                        f"(or --rollout-num-workers N for `slick serve` workers)")
+    if cfg.rollout_num_gpus_per_engine != 1:
+        problems.append(f"--rollout-num-gpus-per-engine {cfg.rollout_num_gpus_per_engine}: not supported yet: "
+                        f"{ROLLOUT_URLS_HINT} (start each with the tensor-parallel size you want)")
+    if cfg.use_fault_tolerance:
+        problems.append("--use-fault-tolerance: not supported yet (planned with the Ray launcher)")
+
+
+def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
+    """--hf-checkpoint (and --ref-load) are local HF directories; the megatron shape flags match the former."""
+    if not cfg.hf_checkpoint:
+        problems.append("--hf-checkpoint is required (a local Hugging Face model directory)")
+    else:
+        found = model_dir_problems(cfg.hf_checkpoint, "--hf-checkpoint")
+        problems += found
+        if not found:
+            source = str(Path(cfg.hf_checkpoint) / "config.json")
+            problems += shape_problems(cfg, read_model_config(cfg.hf_checkpoint), source)
+    if cfg.ref_load:
+        problems += model_dir_problems(cfg.ref_load, "--ref-load", tokenizer=False)
+
+
 def validate_config(cfg: Config, check_files: bool = True) -> Config:
     """Fill derived values and raise ConfigError listing every problem."""
     p: list[str] = []
@@ -53,24 +125,16 @@ def validate_config(cfg: Config, check_files: bool = True) -> Config:
         p.append(f"--eps-clip-c must be > 1 (got {cfg.eps_clip_c})")
     if cfg.rollout_temperature <= 0:
         p.append(f"--rollout-temperature must be > 0 for RL rollouts (got {cfg.rollout_temperature})")
-    if cfg.advantage_estimator not in ESTIMATORS:
-        p.append(f"unknown --advantage-estimator '{cfg.advantage_estimator}' (choose from {sorted(ESTIMATORS)})")
-    rm = cfg.rm_type
-    if rm and not cfg.custom_rm_path:
-        base = rm[len("boxed_"):] if rm.startswith("boxed_") else rm
-        if base not in RM_TYPES:
-            p.append(f"unknown --rm-type '{rm}' (choose from {sorted(RM_TYPES)}, optionally prefixed boxed_)")
-        if base == "remote_rm" and not cfg.rm_url:
-            p.append("--rm-type remote_rm needs --rm-url")
+    choice_problems(cfg, p)
+    rm_type_problems(cfg, p)
     if len(cfg.eval_prompt_data) % 2:
         p.append("--eval-prompt-data takes NAME PATH pairs")
     if cfg.over_sampling_batch_size is not None and cfg.over_sampling_batch_size <= 0:
         p.append("--over-sampling-batch-size must be positive")
     if cfg.rollout_engine == "http" and not cfg.rollout_urls and not cfg.hf_checkpoint:
         p.append("--rollout-engine http needs --rollout-urls or --hf-checkpoint (to launch workers)")
-    if cfg.actor_num_nodes != 1 or cfg.actor_num_gpus_per_node > 1:
-        p.append("--actor-num-nodes > 1 / --actor-num-gpus-per-node > 1: slick trains in one process for now "
-                 "(scale rollout out with --rollout-engine http instead)")
+    cluster_problems(cfg, p)
+    megatron_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
     elif cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
@@ -85,6 +149,7 @@ def validate_config(cfg: Config, check_files: bool = True) -> Config:
         for flag, spec in specs:
             if not Path(_data_path(spec)).is_file():
                 p.append(f"{flag}: file not found: {_data_path(spec)}")
+        checkpoint_problems(cfg, p)
     if p:
         raise ConfigError(p)
     return cfg
