@@ -52,8 +52,8 @@ mapping in the YAML file works the same way; flags win over the file key by key.
 These options go to the engines slick launches itself: the in-process engine
 (`--rollout-engine local`) and the `slick serve` workers started for `--rollout-engine http`
 without `--rollout-urls`. Options with a meaning there are honoured; a warning names each one that
-has none. SGLang servers you start yourself and pass with `--rollout-urls` do not receive them:
-give those servers their own flags when you launch them.
+has none. SGLang servers you start yourself and pass with `--rollout-urls` do not receive them (a
+warning says so): give those servers their own flags when you launch them.
 
 ## Megatron-LM flags
 

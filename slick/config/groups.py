@@ -108,8 +108,11 @@ class RewardConfig:
 
 @dataclass
 class TrainConfig:
-    hf_checkpoint: Optional[str] = F(None, "Hugging Face model directory for the policy (and reference).")
-    ref_load: Optional[str] = F(None, "HF directory of the reference model (default: --hf-checkpoint).")
+    hf_checkpoint: Optional[str] = F(None, "Local Hugging Face model directory for the policy (and reference); "
+                                           "required. Checked before anything loads (config.json, weights, "
+                                           "tokenizer); slick never downloads a model.")
+    ref_load: Optional[str] = F(None, "Local HF directory of the reference model (default: --hf-checkpoint); checked "
+                                      "like --hf-checkpoint, without the tokenizer.")
     lr: float = F(1e-6, "Learning rate (AdamW).")
     lr_warmup_steps: int = F(0, "Linear warm-up steps.")
     adam_beta1: float = F(0.9, "AdamW beta1.")
