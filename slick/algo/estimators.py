@@ -7,6 +7,10 @@ Every estimator has the signature::
 
 A custom advantage function (``--custom-advantage-function-path``) should
 follow the same signature; the caller resolves the dotted path.
+
+``ESTIMATORS`` is the one list of estimator names: its keys are the choices of
+``--advantage-estimator`` (``slick.config`` reads them from here when it builds the
+parser, the flag docs or validates a config), so registering one here is enough.
 """
 from __future__ import annotations
 

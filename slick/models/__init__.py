@@ -1,1 +1,2 @@
-"""Model directories: the bundled demo model and tiny random models for tests."""
+"""Model directories: checks of local HF directories (``check``), the bundled demo model, tiny random models
+for tests."""
