@@ -62,10 +62,9 @@ def test_split_micro_batches_by_count_and_tokens():
     mbs = split_micro_batches(s, 2)
     assert mbs == [[0, 1], [2, 4], [5, 6]]
     lens = [len(x.prompt_ids) + len(x.response_ids) - 1 for x in s]
-    mbs = split_micro_batches(s, 100, max_tokens=12)
-    for mb in mbs:
-        assert sum(lens[i] for i in mb) <= 12 or len(mb) == 1
-    assert sorted(i for mb in mbs for i in mb) == [0, 1, 2, 4, 5, 6]
+    assert lens == [9, 5, 6, 5, 8, 6, 5]  # packed tokens per sample (sample 3 has none: it is left out)
+    # 9 alone (9 + 5 > 12), 5 + 6 = 11, 8 alone (8 + 6 > 12), 6 + 5 = 11
+    assert split_micro_batches(s, 100, max_tokens=12) == [[0], [1, 2], [4], [5, 6]]
 
 
 def test_pack_layout():
@@ -175,6 +174,13 @@ def test_warmup_lr(tiny_model_dir):
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
 
 
+def assert_same_grad(a, b):
+    """Equal up to fp32 summation order: within 1e-5 of the tensor's largest entry (measured: up to 3.7e-6 on
+    the embedding gradient, whose entries reach 1.2); a wrong normaliser is off by tens of percent."""
+    err, scale = float((a - b).abs().max()), float(a.abs().max())
+    assert err <= 1e-5 * scale + 1e-9, (err, scale)
+
+
 def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir):
     samples = make_samples(8, seed=5)
     g = torch.Generator().manual_seed(1)
@@ -195,9 +201,9 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir):
     big_s, big_t = grads[0], grads[1]
     for k in (2, 4):
         for a, b in zip(big_s, grads[k]):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+            assert_same_grad(a, b)
         for a, b in zip(big_t, grads[k + 1]):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+            assert_same_grad(a, b)
         assert metrics[k]["loss"] == pytest.approx(metrics[0]["loss"], rel=1e-5)
         # metrics reduced with the global normalisers are summed over micro-batches
         assert metrics[k + 1]["pg_loss"] == pytest.approx(metrics[1]["pg_loss"], rel=1e-5)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-import random
+import math
 import time
 from pathlib import Path
 
@@ -13,24 +13,16 @@ from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.engine.factory import make_engines
 from slick.loop import debug
-from slick.loop.step import make_loss_fn, train_on_samples
+from slick.loop.step import NonFiniteTrainingError, make_loss_fn, train_on_samples
 from slick.observe.metrics import MetricsLogger
 from slick.observe.progress import Progress
 from slick.plugins import load_function
-from slick.reward import RewardHub
+from slick.reward import NonFiniteRewardError, RewardHub
 from slick.rollout.eval import evaluate
 from slick.rollout.manager import RolloutManager
+from slick.train.rng import seed_everything
 
 log = logging.getLogger("slick")
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class Run:
@@ -98,28 +90,55 @@ class Run:
             await self.sync_weights()
 
     async def rollout(self, step: int):
+        """Groups of scored samples for ``step`` (loaded, from --rollout-function-path, or generated) and
+        their metrics; every path writes --save-debug-rollout-data when set."""
         cfg = self.cfg
         if cfg.load_debug_rollout_data:
             groups = debug.load_rollout(cfg.load_debug_rollout_data, step)
-            return groups, {"rollout/raw_reward": _mean([self.rewards.scalar(s) for g in groups for s in g])}
-        if self.rollout_fn is not None:
-            return await self.rollout_fn(cfg, self.manager, step)
-        groups, metrics = await self.manager.generate_rollout(step)
+            metrics = {"rollout/raw_reward": _mean(self.train_rewards([s for g in groups for s in g])[0])}
+        elif self.rollout_fn is not None:
+            groups, metrics = await self.rollout_fn(cfg, self.manager, step)
+        else:
+            groups, metrics = await self.manager.generate_rollout(step)
         if cfg.save_debug_rollout_data:
             debug.save_rollout(cfg.save_debug_rollout_data, step, groups)
         return groups, metrics
 
+    def train_rewards(self, samples) -> tuple[list[float], list]:
+        """The scalar rewards training uses, and the indices of the samples whose scalar was NaN/inf: those
+        get --rm-failure-reward (the hub catches these at scoring; this guards rewards from any other source,
+        e.g. --load-debug-rollout-data)."""
+        rewards, bad = [], []
+        for s in samples:
+            try:
+                r = self.rewards.scalar(s)
+            except NonFiniteRewardError:
+                r = math.nan
+            if not math.isfinite(r):
+                bad.append(s.index)
+                r = float(self.cfg.rm_failure_reward)
+            rewards.append(r)
+        return rewards, bad
+
     def train(self, step: int, groups) -> dict:
         samples = [s for g in groups for s in g]
-        rewards = [self.rewards.scalar(s) for s in samples]
         if not samples:
             return {}
-        debug_logp = None
-        if self.cfg.save_debug_train_data:  # an extra pass, only when asked for
-            debug_logp = self.trainer.compute_logprobs(samples, "actor")
-        metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn)
-        if self.cfg.save_debug_train_data:
-            debug.save_train_data(self.cfg.save_debug_train_data, step, samples, rewards, tensors, debug_logp)
+        rewards, bad = self.train_rewards(samples)
+        if bad:
+            log.warning("step %d: %d non-finite reward(s) (sample indices %s) replaced by --rm-failure-reward %s",
+                        step, len(bad), bad[:10], self.cfg.rm_failure_reward)
+        dump = self.cfg.save_debug_train_data
+        debug_logp = self.trainer.compute_logprobs(samples, "actor") if dump else None  # an extra pass
+        try:
+            metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn, step)
+        except NonFiniteTrainingError as e:
+            if dump:
+                debug.save_train_data(dump, step, samples, rewards, e.tensors, debug_logp)
+            raise
+        if dump:
+            debug.save_train_data(dump, step, samples, rewards, tensors, debug_logp)
+        metrics["train/nonfinite_rewards"] = float(len(bad))
         return metrics
 
     async def sync_weights(self) -> dict:
@@ -137,14 +156,15 @@ class Run:
         return await evaluate(self.cfg, self.manager, self.eval_sets)
 
     def save(self, step: int) -> None:
+        """A checkpoint into --save (when set) and the HF export into --save-hf (when set)."""
         from slick.train.checkpoint import save_checkpoint, save_hf
 
-        state = {"step": step, "data": self.data.state_dict() if self.data else None,
-                 "buffer": self.buffer.state_dict()}
-        path = save_checkpoint(self.cfg.save, step, self.trainer, state)
+        if self.cfg.save:
+            state = {"step": step, "data": self.data.state_dict() if self.data else None,
+                     "buffer": self.buffer.state_dict()}
+            self.progress.write(f"saved checkpoint {save_checkpoint(self.cfg.save, step, self.trainer, state)}")
         if self.cfg.save_hf:
-            save_hf(self.cfg.save_hf, self.trainer)
-        self.progress.write(f"saved checkpoint {path}")
+            self.progress.write(f"wrote HF model {save_hf(self.cfg.save_hf, self.trainer)}")
 
     def log(self, metrics: dict, step: int) -> None:
         self.logger.log(metrics, step)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 
 import torch
@@ -9,6 +10,21 @@ import torch
 from slick.algo import get_estimator, normalize_advantages
 from slick.algo.objective import compute_policy_objective
 from slick.plugins import load_function
+
+log = logging.getLogger(__name__)
+COUNTS = ("skipped_steps", "nonfinite_losses")  # summed over a step's optimizer steps; other metrics averaged
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Every optimizer step of a rollout step was skipped for a non-finite loss or gradient norm.
+
+    Raised before anything is synced, saved or exported; ``tensors`` holds the step's advantages and
+    logprobs (as :func:`train_on_samples` returns them) for the debug dump.
+    """
+
+    def __init__(self, message: str, tensors: dict):
+        super().__init__(message)
+        self.tensors = tensors
 
 
 def pad(rows: list, width: int) -> torch.Tensor:
@@ -44,12 +60,15 @@ def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=No
     return [adv[i, :n] for i, n in enumerate(lengths)]
 
 
-def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn) -> tuple[dict, dict]:
-    """Compute advantages and run ``num_steps_per_rollout`` optimizer steps.
+def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step: int) -> tuple[dict, dict]:
+    """Compute advantages and run ``num_steps_per_rollout`` optimizer steps for rollout step ``step``.
 
     Returns (metrics, tensors) where tensors holds the per-sample advantages and logprobs for debugging.
     Old logprobs are recomputed only when the batch is not on-policy for every step (several optimizer
     steps per rollout); otherwise the training forward's own logprobs serve as the old ones.
+    Metrics are averaged over the optimizer steps that were applied; ``train/skipped_steps`` and
+    ``train/nonfinite_losses`` are summed. When every optimizer step was skipped (non-finite loss or
+    gradient norm), raises :class:`NonFiniteTrainingError` naming the step.
     """
     t0 = time.perf_counter()
     old = ref = None
@@ -62,7 +81,10 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn) -> tu
     t_logp = time.perf_counter() - t0
     t0 = time.perf_counter()
     advantages = compute_advantages(cfg, samples, rewards, old, ref)
-    metrics: dict = {}
+    tensors = {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}
+    applied: list[dict] = []
+    counts = dict.fromkeys(COUNTS, 0.0)
+    skipped_norms: list[float] = []
     gbs = cfg.global_batch_size
     for k in range(cfg.num_steps_per_rollout):
         sl = slice(k * gbs, (k + 1) * gbs)
@@ -71,9 +93,29 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn) -> tu
         m = trainer.train_step(samples[sl], advantages[sl], loss_fn,
                                old_logprobs=old[sl] if old is not None else None,
                                ref_logprobs=ref[sl] if ref is not None else None)
-        for key, v in m.items():  # average over optimizer steps
-            metrics[key] = metrics.get(key, 0.0) + float(v) / cfg.num_steps_per_rollout
+        skipped = m["skipped_steps"] > 0
+        for key in COUNTS:
+            counts[key] += float(m.pop(key))
+        if skipped:
+            skipped_norms.append(m["grad_norm"])
+        else:
+            applied.append(m)
+    if skipped_norms:
+        what = (f"non-finite loss in {counts['nonfinite_losses']:.0f} micro-batch(es), "
+                f"gradient norm(s) {skipped_norms}")
+        if not applied:
+            raise NonFiniteTrainingError(
+                f"step {step}: training is non-finite: all {len(skipped_norms)} optimizer step(s) skipped "
+                f"({what}); no weights changed and nothing was synced or saved. Check the rewards and "
+                f"advantages of this step (--save-debug-train-data DIR writes them).", tensors)
+        log.warning("step %d: %d of %d optimizer step(s) skipped (%s); their gradients were dropped",
+                    step, len(skipped_norms), len(skipped_norms) + len(applied), what)
+    metrics: dict = {}
+    for m in applied:  # average over the applied optimizer steps
+        for key, v in m.items():
+            metrics[key] = metrics.get(key, 0.0) + float(v) / len(applied)
+    metrics.update(counts)
     out = {f"train/{k}": v for k, v in metrics.items()}
     out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
-    return out, {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}
+    return out, tensors

@@ -1,7 +1,8 @@
 """`slick train`: synchronous RL. rollout -> buffer -> advantages + train -> weight sync -> eval/save/log.
 
 Synchronous training is the buffer with max_staleness 0: every sample taken for step n was generated
-by the weights of step n. An async driver reuses the same Run phases with a larger staleness.
+by the weights of step n (``--update-weights-interval k > 1`` lets the engines lag k - 1 rollout steps
+behind, and raises the buffer's staleness bound to match). This is slick's only driver.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import time
 
 from slick.config import ConfigError, build_parser, parse_config
 from slick.loop.run import Run
+from slick.loop.step import NonFiniteTrainingError
+
+log = logging.getLogger("slick")
 
 
 def due(step: int, interval, last: int) -> bool:
@@ -27,8 +31,14 @@ async def train(cfg) -> Run:
         for step in range(run.start_step, run.num_steps):
             t0 = time.perf_counter()
             groups, metrics = await run.rollout(step)
-            run.buffer.put(groups)
-            batch = run.buffer.take(len(groups), run.version)
+            if cfg.load_debug_rollout_data:  # a replay is trained on as saved, whatever policy generated it
+                batch = groups
+            else:
+                run.buffer.put(groups)
+                batch = run.buffer.take(len(groups), run.version)
+                if len(batch) < len(groups):
+                    log.warning("step %d: training on %d of %d groups (stale ones dropped, or kept back by "
+                                "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
             if not cfg.debug_rollout_only:
                 metrics.update(run.train(step, batch))
                 if (step + 1) % cfg.update_weights_interval == 0:
@@ -38,7 +48,9 @@ async def train(cfg) -> Run:
             done = step + 1
             if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
                 metrics.update(await run.evaluate())
-            if cfg.save and due(done, cfg.save_interval, run.num_steps):
+            # checkpoints every --save-interval and after the last step; --save-hf exports with each
+            # checkpoint, or after the last step only when there is no --save
+            if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):
                 run.save(done)
             run.log(metrics, done)
     finally:
@@ -53,6 +65,10 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"slick train: {e}", file=sys.stderr)
         return 2
-    run = asyncio.run(train(cfg))
+    try:
+        run = asyncio.run(train(cfg))
+    except NonFiniteTrainingError as e:
+        print(f"slick train: error: {e}", file=sys.stderr)
+        return 1
     print(f"run directory: {run.run_dir}")
     return 0

@@ -16,44 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
+import logging
+import math
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-import numpy as np
 import torch
 
 from slick.train.logprobs import chunked_logprobs
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
+from slick.train.rng import rng_state, set_rng_state
 
 LOSS_KEY = "loss"
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    """Python, numpy and torch (cpu + cuda) RNG states."""
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def set_rng_state(st: dict) -> None:
-    """Inverse of :func:`rng_state`."""
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
+log = logging.getLogger(__name__)
 
 
 def _loss_mask(sample) -> list[int]:
@@ -80,11 +58,10 @@ class Trainer:
             raise ValueError("Trainer needs a model: pass model_path or set --hf-checkpoint")
         if not Path(self.model_path).is_dir():
             raise FileNotFoundError(f"--hf-checkpoint: model directory not found: {self.model_path}")
-        seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if precision is None and self.dtype != torch.float32:
-            precision = getattr(cfg, "train_precision", None)  # --train-precision (ignored for fp32)
+            precision = cfg.train_precision  # --train-precision (ignored for fp32)
         self.scheme = resolve_scheme(self.dtype, precision)
         weight_dtype = torch.bfloat16 if self.scheme == "bf16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -109,6 +86,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
         self.version = 0
+        self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
+        self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
         self.ref_model = None
         if self.has_ref:
             ref_path = cfg.ref_load or self.model_path
@@ -151,7 +130,7 @@ class Trainer:
 
     def _pack(self, samples: Sequence, idx: list[int]) -> PackedBatch:
         """Pack a micro-batch; samples sharing a prompt share one copy of it unless disabled."""
-        if not getattr(self.cfg, "disable_prompt_sharing", False) and shares_prompts(samples, idx):
+        if not self.cfg.disable_prompt_sharing and shares_prompts(samples, idx):
             return pack_shared_prompts(samples, idx)
         return pack(samples, idx)
 
@@ -184,13 +163,16 @@ class Trainer:
 
         ``advantages[i]`` (and ``old_logprobs[i]``, ``ref_logprobs[i]`` when given) are 1-D per-token
         tensors of length ``len(samples[i].response_ids)``. Equals :meth:`forward_backward` followed by
-        :meth:`optimizer_step`.
+        :meth:`optimizer_step`; ``skipped_steps`` is 1.0 when that step was skipped (non-finite loss or
+        gradient norm: weights unchanged), else 0.0.
         """
         t0 = time.perf_counter()
         out = self.forward_backward(samples, advantages, loss_fn, old_logprobs, ref_logprobs)
         t1 = time.perf_counter()
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        skipped_before = self.skipped_steps
         out["grad_norm"] = self.optimizer_step()
+        out["skipped_steps"] = float(self.skipped_steps - skipped_before)
         t2 = time.perf_counter()
         out["optimizer_time"] = t2 - t1
         out["step_time"] = t2 - t0
@@ -202,7 +184,9 @@ class Trainer:
         """Zero the gradients, then forward + backward every packed micro-batch of ``samples``.
 
         Leaves the accumulated global-batch gradient in the optimizer's parameters' ``.grad`` (fp32 master
-        copies in the bf16 scheme). Returns the metrics of :meth:`train_step` minus the optimizer ones.
+        copies in the bf16 scheme). Returns the metrics of :meth:`train_step` minus the optimizer ones, plus
+        ``nonfinite_losses``: the micro-batches whose loss was NaN/inf. Those get no backward, and the next
+        :meth:`optimizer_step` is skipped.
         """
         if len(advantages) != len(samples):
             raise ValueError(f"train_step: {len(samples)} samples but {len(advantages)} advantage tensors")
@@ -213,11 +197,12 @@ class Trainer:
         masks = [_loss_mask(s) for s in samples]
         num_samples = len(samples)
         num_tokens = int(sum(sum(m) for m in masks))
-        entropy_grad = bool(getattr(self.cfg, "entropy_coef", 0.0))
+        entropy_grad = bool(self.cfg.entropy_coef)
         dev = self.device
         sums: dict[str, float] = {}
-        total_loss, diff_sum, diff_n, tokens = 0.0, 0.0, 0, 0
+        total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
         self.optimizer.zero_grad(set_to_none=True)
+        self._nonfinite_losses = 0
         for idx in self._micro_batches(samples):
             mb = self._pack(samples, idx)
             tokens += mb.num_tokens
@@ -240,16 +225,21 @@ class Trainer:
                 diff_n += int(mask.sum())
             loss, metrics = loss_fn(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
                                     rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
-            loss.backward()
-            if self.scheme == "bf16":
-                self._accumulate_master_grads()
-            total_loss += float(loss.detach())
+            loss_value = float(loss.detach())
+            if math.isfinite(loss_value):
+                loss.backward()
+                if self.scheme == "bf16":
+                    self._accumulate_master_grads()
+            else:  # no backward: this global batch's optimizer step will be skipped
+                nonfinite += 1
+            total_loss += loss_value
             for k, v in (metrics or {}).items():
                 if k != LOSS_KEY:
                     sums[k] = sums.get(k, 0.0) + float(v)
         out = dict(sums)
         out.update({"loss": total_loss, "tokens": float(tokens), "response_tokens": float(num_tokens),
-                    "fwd_bwd_time": time.perf_counter() - t0})
+                    "nonfinite_losses": float(nonfinite), "fwd_bwd_time": time.perf_counter() - t0})
+        self._nonfinite_losses = nonfinite
         if diff_n:
             out["train_rollout_logprob_abs_diff"] = diff_sum / diff_n
         return out
@@ -264,13 +254,29 @@ class Trainer:
 
     def optimizer_step(self) -> float:
         """Clip the accumulated gradients (``clip_grad``), AdamW step, scheduler step, zero grads;
-        ``version += 1``. Returns the pre-clip gradient norm."""
+        ``version += 1``. Returns the pre-clip gradient norm.
+
+        Skipped when the last :meth:`forward_backward` saw a non-finite loss (the norm returned is then NaN)
+        or the gradient norm is NaN/inf: the gradients are zeroed, and weights, optimizer and scheduler state
+        and ``version`` stay as they were; ``skipped_steps`` counts it and a warning is logged.
+        """
         clip = float(self.cfg.clip_grad or 0.0)
         grads = [m for m in self.master if m.grad is not None]
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(grads, clip)
+        bad_losses, self._nonfinite_losses = self._nonfinite_losses, 0
+        if bad_losses:
+            norm = float("nan")
+        elif clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(grads, clip))
         else:
-            norm = torch.nn.utils.get_total_norm([m.grad for m in grads])
+            norm = float(torch.nn.utils.get_total_norm([m.grad for m in grads]))
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            why = (f"non-finite loss in {bad_losses} micro-batch(es)" if bad_losses
+                   else f"non-finite gradient norm ({norm})")
+            log.warning("optimizer step skipped at weights version %d: %s; gradients zeroed, weights unchanged "
+                        "(%d skipped so far)", self.version, why, self.skipped_steps)
+            return norm
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -279,7 +285,7 @@ class Trainer:
                 for p, m in zip(self.params, self.master):
                     p.copy_(m)
         self.version += 1
-        return float(norm)
+        return norm
 
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
