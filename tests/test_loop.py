@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from slick.config import Config
 from slick.config.validate import validate_config
 from slick.data import PromptDataset
+from slick.data.source import epoch_order
 from slick.loop.sync import train
 from slick.models.tiny import make_tiny_model
 
@@ -61,7 +62,9 @@ def test_sync_steps_train_and_sync(tiny_model_dir, prompts, tmp_path):
     assert rows[-1]["train/train_rollout_logprob_abs_diff"] < 1e-3  # engine and trainer agree (fp32)
     dump = read_jsonl(tmp_path / "dbg" / "train_2.jsonl")
     assert len(dump) == 8 and all(len(d["advantages"]) == len(d["loss_mask"]) for d in dump)
-    assert {d["prompt_index"] for d in dump} <= set(range(12))
+    # no shuffle: step k trains on prompts 2k and 2k + 1, 4 samples each, in group order
+    assert [d["prompt_index"] for d in dump] == [4] * 4 + [5] * 4
+    assert [d["index"] for d in dump] == list(range(16, 24))
 
 
 def _weights(model_dir):
@@ -86,17 +89,26 @@ def test_resume_continues_with_same_prompts(tiny_model_dir, prompts, tmp_path):
                        save_debug_train_data=str(tmp_path / "d_b"), **common)
     run = asyncio.run(train(resumed))
     assert run.start_step == 2
-    for step in (2, 3):
-        assert _prompt_indices(tmp_path / "d_b", step) == _prompt_indices(tmp_path / "d_full", step)
+    order = epoch_order(12, 0, shuffle=True, seed=5)  # the DataSource's order for --rollout-seed 5
+    assert order != list(range(12))
+    for step in (0, 1, 2, 3):
+        want = [order[2 * step]] * 4 + [order[2 * step + 1]] * 4
+        assert _prompt_indices(tmp_path / "d_full", step) == want
+        assert _prompt_indices(tmp_path / ("d_a" if step < 2 else "d_b"), step) == want
     assert [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl")] == [3, 4]
 
 
-def test_hf_export_reloads_with_identical_logits(tiny_model_dir, prompts, tmp_path):
+@pytest.mark.parametrize("with_checkpoints", [True, False])
+def test_hf_export_reloads_with_identical_logits(tiny_model_dir, prompts, tmp_path, with_checkpoints):
+    """--save-hf writes the final model, with --save (at each save) or without it (at the end of the run)."""
     from transformers import AutoModelForCausalLM
 
-    cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=1, save=str(tmp_path / "ckpt"),
+    ckpt = str(tmp_path / "ckpt") if with_checkpoints else None
+    cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=2, save=ckpt, save_interval=1,
                    save_hf=str(tmp_path / "hf"))
     run = asyncio.run(train(cfg))
+    assert run.trainer.version == 2
+    assert (tmp_path / "ckpt").is_dir() == with_checkpoints
     reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
     ids = torch.tensor([[1, 5, 9, 42, 7]])
     with torch.no_grad():

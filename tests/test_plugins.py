@@ -69,13 +69,21 @@ def test_all_loop_plugins_are_called_with_their_contract(tiny_model_dir, plugin_
 
     assert myplugins.CALLS["rollout"] == 2 and myplugins.CALLS["advantage"] == 2
     assert myplugins.CALLS["generate"] == 2 * 2 * 4  # steps x prompts x samples
-    assert myplugins.CALLS["loss"] >= 2
+    # 8 samples per step, one optimizer step of 2 micro-batches (--micro-batch-size 4): 2 loss calls per step
+    assert myplugins.CALLS["loss"] == 2 * 2
     rows = read_jsonl(plugin_env / "run" / "metrics.jsonl")
     assert [r["custom/rollout_step"] for r in rows] == [0, 1]
-    assert all(r["train/custom_loss_calls"] >= 1 for r in rows)
-    dump = read_jsonl(plugin_env / "dbg" / "train_0.jsonl")
-    for d in dump:  # the custom advantage reached the trainer
-        assert all(a == pytest.approx(d["reward"] - 0.5, abs=1e-5) for a in d["advantages"])
+    assert [r["train/custom_loss_calls"] for r in rows] == [2.0, 2.0]  # summed over the micro-batches
+    for step in (0, 1):
+        # --save-debug-rollout-data also works with --rollout-function-path: exactly the samples trained on
+        rollout = read_jsonl(plugin_env / "rollouts" / f"rollout_{step}.jsonl")
+        trained = read_jsonl(plugin_env / "dbg" / f"train_{step}.jsonl")
+        assert [s["index"] for s in rollout] == [d["index"] for d in trained] == list(range(8 * step, 8 * step + 8))
+        assert [s["prompt_index"] for s in rollout] == [2 * step] * 4 + [2 * step + 1] * 4
+        assert [s["reward"] for s in rollout] == [d["reward"] for d in trained]
+        assert all(s["metadata"]["custom"] is True and s["response_ids"] for s in rollout)
+        for d in trained:  # the custom advantage reached the trainer
+            assert all(a == pytest.approx(d["reward"] - 0.5, abs=1e-5) for a in d["advantages"])
 
 
 def test_bad_plugin_paths_name_the_flag():
