@@ -99,7 +99,7 @@ class RewardConfig:
     rm_url: Optional[str] = F(None, "URL of a remote reward model (--rm-type remote_rm).")
     custom_rm_path: Optional[str] = F(None, "Dotted path to `[async] def rm(args, sample) -> float | dict` (or of (args, samples) with --group-rm).")
     group_rm: bool = F(False, "Call the reward function once per group.")
-    reward_key: Optional[str] = F(None, "Field of a dict reward used as the scalar reward.")
+    reward_key: Optional[str] = F(None, "Field of a dict reward used as the scalar reward (unset: its `reward` entry).")
     rm_timeout: float = F(30.0, "Seconds before one reward call counts as failed.")
     rm_max_retries: int = F(3, "Retries (with backoff) for remote reward calls.")
     rm_concurrency: int = F(16, "Maximum reward computations in flight.")
