@@ -228,10 +228,46 @@ def test_update_weights_named_and_from_dir(tmp_path, llama):
         assert v == 10
         back = run(eng.generate(prompt, sp))
         assert back.token_ids == before.token_ids and back.weight_version == 10
-        with pytest.raises(KeyError, match="unknown weight"):
+        with pytest.raises(ValueError, match="'model.nope.weight' is not a weight of this model"):
             run(eng.update_weights(named_tensors=[("model.nope.weight", torch.zeros(1))]))
         with pytest.raises(ValueError, match="shape"):
             run(eng.update_weights(named_tensors=[("model.norm.weight", torch.zeros(3))]))
+    finally:
+        eng.close_sync()
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "threaded"])
+def test_failed_update_changes_nothing(tmp_path, llama, threaded):
+    """A bad update (valid tensors first, then a defect) leaves weights and version exactly as they were."""
+    from slick.engine.weight_check import WeightUpdateError
+    from tests.bad_weights import BAD_DIRS
+
+    d, _, _ = llama
+    eng = LocalEngine(d, dtype="fp32", threaded=threaded)
+    try:
+        prompt = eng.tokenizer.encode(PROMPTS[0])
+        sp = SamplingParams(temperature=0, max_new_tokens=10)
+        before = run(eng.generate(prompt, sp))
+        other, m2 = make_spiky_model(tmp_path / "other", "llama", seed=7)
+        pairs = list(m2.state_dict().items())
+        bad_named = [
+            (pairs + [("model.norm.weight", torch.zeros(3))], "shape \\[3\\]"),
+            (pairs + [("model.layers.0.nope.weight", torch.zeros(2))], "'model.layers.0.nope.weight' is not"),
+            (pairs + [("model.norm.weight", torch.ones(64, dtype=torch.int64))], "torch.int64"),
+        ]
+        for named, msg in bad_named:
+            with pytest.raises(WeightUpdateError, match=msg):
+                run(eng.update_weights(named_tensors=named))
+        for name, build, words in BAD_DIRS:
+            with pytest.raises(WeightUpdateError) as e:
+                run(eng.update_weights(path=str(build(other, tmp_path / name.replace(" ", "_")))))
+            assert all(w in str(e.value) for w in words), (name, str(e.value))
+        assert run(eng.get_weight_version()) == 0
+        after = run(eng.generate(prompt, sp))
+        assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+        # the same tensors without the defect do load, and change the output
+        assert run(eng.update_weights(named_tensors=pairs)) == 1
+        assert run(eng.generate(prompt, sp)).token_ids != before.token_ids
     finally:
         eng.close_sync()
 

@@ -28,8 +28,9 @@ from typing import Iterable, Optional
 import torch
 
 from slick.engine.kvcache import KVCache
-from slick.engine.model import Transformer, iter_dir_weights, pick_dtype
+from slick.engine.model import Transformer, _iter_safetensors, pick_dtype
 from slick.engine.sampling import sample
+from slick.engine.weight_check import check_dir, check_named
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.engine")
@@ -120,7 +121,8 @@ class LocalEngine:
         rng = torch.Generator(device=self.device)
         rng.manual_seed(int(sp.seed) if sp.seed is not None else self._rng.getrandbits(63))
         max_new = max(0, min(int(sp.max_new_tokens), self.max_context - len(prompt)))
-        stop_ids = set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
+        # ignore_eos drops the stop tokens, as in SGLang (EOS and stop_token_ids); stop strings still apply
+        stop_ids = set() if sp.ignore_eos else set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
         stop_strs = [s for s in (sp.stop or ()) if s]
         req = _Request(prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
         if max_new == 0:
@@ -142,8 +144,11 @@ class LocalEngine:
                              version: Optional[int] = None) -> int:
         """Copy new weights in between two scheduler steps; return the new weight version.
 
-        ``named_tensors``: iterable of ``(hf_name, tensor)`` (any dtype/device; cast on copy).
+        ``named_tensors``: iterable of ``(hf_name, tensor)`` (any floating dtype/device; cast on copy).
         ``path``: a HF directory whose safetensors are read. ``version``: set instead of incrementing.
+        All or nothing: every file, name, shape and dtype is checked before any weight changes; a bad update
+        raises :class:`slick.engine.weight_check.WeightUpdateError` (a ValueError naming the file and tensor)
+        and leaves the weights and the version as they were.
         """
         if not self.threaded:  # between two steps already: we run in the scheduler's thread
             return self.update_weights_sync(named_tensors, path, version)
@@ -154,13 +159,12 @@ class LocalEngine:
         if (named_tensors is None) == (path is None):
             raise ValueError("update_weights: pass exactly one of named_tensors or path")
         t0 = time.perf_counter()
+        if path is not None:       # checked first (headers only, outside the step lock), then copied
+            named = _iter_safetensors(check_dir(self.model.targets, path))
+        else:
+            named = check_named(self.model.targets, named_tensors)
         with self._step_lock:
-            if path is not None:
-                seen = self.model.copy_named(iter_dir_weights(path), strict=False)
-                if not seen:
-                    raise ValueError(f"{path}: no weights of this model found in its safetensors")
-            else:
-                seen = self.model.copy_named(named_tensors, strict=True)
+            seen = self.model.copy_named(named, strict=True)
             self._version = int(version) if version is not None else self._version + 1
         log.info("weights updated (%d tensors) -> version %d in %.2fs", len(seen), self._version,
                  time.perf_counter() - t0)

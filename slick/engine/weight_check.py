@@ -1,0 +1,68 @@
+"""All-or-nothing weight updates: check a whole update before any live weight changes.
+
+An update of :class:`slick.engine.local.LocalEngine` either applies completely or changes nothing. Before
+the engine copies a single tensor, every safetensors file of the directory must open (only headers are
+read, no tensor data), every name must be a weight of the model, every shape must match and every dtype
+must be floating point. safetensors checks at open that a file's header covers the file exactly, so a
+truncated or corrupt shard fails here rather than half-way through the copy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from slick.engine.model import safetensor_files
+
+SKIPPED_SUFFIX = "rotary_emb.inv_freq"     # a buffer some HF checkpoints carry; the engine computes its own
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}   # safetensors dtype names
+
+
+class WeightUpdateError(ValueError):
+    """A weight update was refused; the engine's weights and weight version are unchanged."""
+
+
+def check_dir(targets: dict[str, torch.Tensor], path: str | Path) -> list[Path]:
+    """Check every ``*.safetensors`` file of ``path`` against ``targets`` (HF name -> live tensor);
+    return the files. Raises :class:`WeightUpdateError` naming the file and tensor, or FileNotFoundError."""
+    from safetensors import safe_open
+
+    files = safetensor_files(path)
+    found = 0
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                header = [(name, h.get_slice(name)) for name in h.keys()]
+                header = [(name, tuple(s.get_shape()), s.get_dtype()) for name, s in header]
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: all mean "cannot use this file"
+            raise WeightUpdateError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+        for name, shape, dtype in header:
+            if name.endswith(SKIPPED_SUFFIX):
+                continue
+            _check_one(targets, name, shape, dtype in FLOAT_DTYPES, dtype, str(f))
+            found += 1
+    if not found:
+        raise WeightUpdateError(f"{path}: no weights of this model found in its safetensors files")
+    return files
+
+
+def check_named(targets: dict[str, torch.Tensor], named: Iterable) -> list[tuple[str, torch.Tensor]]:
+    """Materialise ``(hf_name, tensor)`` pairs and check each against ``targets``; return the pairs."""
+    pairs = list(named)
+    for name, t in pairs:
+        if name.endswith(SKIPPED_SUFFIX):
+            continue
+        _check_one(targets, name, tuple(t.shape), t.is_floating_point(), str(t.dtype), "named_tensors")
+    return pairs
+
+
+def _check_one(targets: dict, name: str, shape: tuple, is_float: bool, dtype: str, where: str) -> None:
+    tgt = targets.get(name)
+    if tgt is None:
+        raise WeightUpdateError(f"{where}: tensor {name!r} is not a weight of this model")
+    if tuple(tgt.shape) != shape:
+        raise WeightUpdateError(f"{where}: tensor {name!r} has shape {list(shape)}; the model's is "
+                                f"{list(tgt.shape)}")
+    if not is_float:
+        raise WeightUpdateError(f"{where}: tensor {name!r} has dtype {dtype}; weights must be floating point")
