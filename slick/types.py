@@ -27,7 +27,9 @@ class SamplingParams:
     """Sampling settings, named as in SGLang's ``sampling_params``.
 
     ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` disable truncation.
-    ``seed`` makes one request's sampling reproducible.
+    ``seed`` makes one request's sampling reproducible. ``ignore_eos`` keeps generating past EOS and
+    ``stop_token_ids`` (as in SGLang, stop strings still stop) up to ``max_new_tokens``.
+    ``skip_special_tokens`` and ``no_stop_trim`` only shape the response text of ``slick serve``.
     """
 
     temperature: float = 1.0
@@ -37,6 +39,9 @@ class SamplingParams:
     stop: Optional[list[str]] = None
     stop_token_ids: Optional[list[int]] = None
     seed: Optional[int] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
 
     def to_sglang(self) -> dict:
         d = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -47,11 +52,17 @@ class SamplingParams:
             d["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             d["sampling_seed"] = self.seed
+        for name, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
+            if getattr(self, name) != default:
+                d[name] = getattr(self, name)
         return d
 
     @classmethod
     def from_sglang(cls, d: dict) -> "SamplingParams":
-        """Build from an SGLang ``sampling_params`` dict; unknown keys are ignored."""
+        """Build from an SGLang ``sampling_params`` dict; unknown keys are ignored, ``None`` means the default.
+
+        (``slick.engine.http_protocol.parse_sampling`` checks a request's dict before it gets here.)"""
+        d = {k: v for k, v in d.items() if v is not None}
         stop = d.get("stop")
         if isinstance(stop, str):
             stop = [stop]
@@ -64,6 +75,9 @@ class SamplingParams:
             stop=list(stop) if stop else None,
             stop_token_ids=list(d["stop_token_ids"]) if d.get("stop_token_ids") else None,
             seed=int(seed) if seed is not None else None,
+            ignore_eos=bool(d.get("ignore_eos", False)),
+            skip_special_tokens=bool(d.get("skip_special_tokens", True)),
+            no_stop_trim=bool(d.get("no_stop_trim", False)),
         )
 
 

@@ -4,7 +4,8 @@ Pure functions shared by the server (``slick serve``) and the client (``HttpEngi
 does I/O. Field names and shapes follow SGLang's ``/generate``:
 
 request  ``{"input_ids": [...] | [[...], ...], "text": str | [str], "sampling_params": {...} | [{...}],
-           "return_logprob": bool, "rid": str | [str], "stream": bool}``  (unknown keys are ignored)
+           "return_logprob": bool, "rid": str | [str], "stream": bool}``  (unknown top-level keys are ignored;
+           every ``sampling_params`` key is honoured or refused, see ``parse_sampling``)
 response ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type", ...}, "prompt_tokens",
            "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version"}}``
 """
@@ -63,14 +64,44 @@ def _check_ids(ids: Any, where: str, vocab_size: int) -> list[int]:
 
 _NUMBER_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int,
                   "sampling_seed": int, "seed": int}
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
+# SGLang sampling params slick honours (``seed`` is slick's alias of ``sampling_seed``)
+HONOURED_SAMPLING = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed",
+                     "seed", "ignore_eos", "skip_special_tokens", "no_stop_trim")
+# accepted with any value, no effect on the tokens: spacing is the fast tokenizer's (as in SGLang with a fast
+# tokenizer), the stream carries one final chunk, custom_params only feed a custom logit processor
+NO_EFFECT_SAMPLING = ("spaces_between_special_tokens", "stream_interval", "custom_params")
+# accepted only at SGLang's default (or null): any other value is refused, never silently dropped
+DEFAULT_ONLY_SAMPLING = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                         "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1, "json_schema": None,
+                         "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
+                         "logit_bias": None}
 
 
 def parse_sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
-    """Check the types and ranges of an SGLang ``sampling_params`` dict; unknown keys are ignored."""
+    """Check an SGLang ``sampling_params`` dict; raise ``RequestError`` naming any field slick cannot honour.
+
+    ``null`` means the default (as in SGLang). Fields of ``DEFAULT_ONLY_SAMPLING`` set to anything but their
+    default, and names SGLang does not know either, are refused rather than silently dropped.
+    """
     if d is None:
         d = {}
     if not isinstance(d, dict):
         raise RequestError(f"{where} must be an object, got {type(d).__name__}")
+    d = {k: v for k, v in d.items() if v is not None}
+    for key, v in d.items():
+        if key in HONOURED_SAMPLING or key in NO_EFFECT_SAMPLING:
+            continue
+        if key not in DEFAULT_ONLY_SAMPLING:
+            raise RequestError(f"{where}.{key} is not an SGLang sampling parameter "
+                               f"(the ones slick serve takes are listed in docs/serving.md)")
+        default = DEFAULT_ONLY_SAMPLING[key]
+        if not _is_default(v, default):
+            raise RequestError(f"{where}.{key} = {_short(v)} is not supported by slick serve "
+                               f"(only the default {default!r} is accepted)")
+    for key in _BOOL_FIELDS:
+        if key in d and not isinstance(d[key], bool):
+            raise RequestError(f"{where}.{key} must be a boolean, got {_short(d[key])}")
     for key, kind in _NUMBER_FIELDS.items():
         v = d.get(key)
         if v is None:
@@ -96,37 +127,67 @@ def parse_sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
     return sp
 
 
-def parse_generate(body: Any, *, vocab_size: int, max_context: int,
-                   tokenize: Optional[Callable[[str], list[int]]] = None,
-                   max_batch: int = 4096) -> GenerateRequest:
-    """Turn a decoded ``/generate`` JSON body into checked items; raises ``RequestError``.
+def text_prompts(body: Any, *, max_batch: int = 4096, max_chars: Optional[int] = None) -> Optional[list[str]]:
+    """The prompts of a ``/generate`` body that sends ``text`` (``None`` when it sends ``input_ids``).
 
-    ``max_context`` bounds prompt length + ``max_new_tokens`` for every item.
+    Checked before any tokenization, so an oversized request costs nothing: more than ``max_batch`` texts,
+    or a text longer than ``max_chars`` characters, raise ``RequestError`` with status 413.
     """
     if not isinstance(body, dict):
         raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
     ids, text = body.get("input_ids"), body.get("text")
-    if ids is None and text is None:
-        raise RequestError("request needs 'input_ids' or 'text'")
     if ids is not None:
+        return None
+    if text is None:
+        raise RequestError("request needs 'input_ids' or 'text'")
+    batched = isinstance(text, list)
+    texts = text if batched else [text]
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise RequestError("text must be a non-empty string or a list of strings")
+    if len(texts) > max_batch:
+        raise RequestError(f"batch of {len(texts)} prompts exceeds the limit of {max_batch} (--max-batch)",
+                           status=413)
+    if max_chars is not None:
+        for i, t in enumerate(texts):
+            if len(t) > max_chars:
+                w = f"text[{i}]" if batched else "text"
+                raise RequestError(f"{w} has {len(t)} characters; more than {max_chars} cannot fit the context "
+                                   f"(longest token x (context - 1)), rejected before tokenizing", status=413)
+    return texts
+
+
+def parse_generate(body: Any, *, vocab_size: int, max_context: int,
+                   tokenize: Optional[Callable[[str], list[int]]] = None,
+                   text_ids: Optional[list[list[int]]] = None, max_batch: int = 4096,
+                   max_text_chars: Optional[int] = None) -> GenerateRequest:
+    """Turn a decoded ``/generate`` JSON body into checked items; raises ``RequestError``.
+
+    ``max_context`` bounds prompt length + ``max_new_tokens`` for every item. A ``text`` body is checked by
+    :func:`text_prompts` and then tokenized with ``tokenize``, unless ``text_ids`` already holds its tokens.
+    """
+    texts = text_prompts(body, max_batch=max_batch, max_chars=max_text_chars)
+    if texts is None:
+        ids = body["input_ids"]
         if not isinstance(ids, list):
             raise RequestError(f"input_ids must be a list, got {type(ids).__name__}")
         batched = bool(ids) and isinstance(ids[0], list)
         prompts = ids if batched else [ids]
         where = "input_ids[{}]" if batched else "input_ids"
     else:
-        if tokenize is None:
-            raise RequestError("this server cannot tokenize 'text'; send 'input_ids'")
-        batched = isinstance(text, list)
-        texts = text if batched else [text]
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise RequestError("text must be a non-empty string or a list of strings")
-        prompts = [tokenize(t) for t in texts]
+        if text_ids is None:
+            if tokenize is None:
+                raise RequestError("this server cannot tokenize 'text'; send 'input_ids'")
+            text_ids = [tokenize(t) for t in texts]
+        if len(text_ids) != len(texts):
+            raise ValueError(f"text_ids has {len(text_ids)} entries for {len(texts)} texts")
+        batched = isinstance(body["text"], list)
+        prompts = text_ids
         where = "text[{}] (tokenized)" if batched else "text (tokenized)"
     if batched and not prompts:
         raise RequestError("input_ids batch is empty")
     if len(prompts) > max_batch:
-        raise RequestError(f"batch of {len(prompts)} prompts exceeds the limit of {max_batch}", status=413)
+        raise RequestError(f"batch of {len(prompts)} prompts exceeds the limit of {max_batch} (--max-batch)",
+                           status=413)
     n = len(prompts)
 
     sps = body.get("sampling_params")
@@ -169,6 +230,19 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
     if not isinstance(stream, bool):
         raise RequestError(f"stream must be a boolean, got {stream!r}")
     return GenerateRequest(items=items, batched=batched, return_logprob=rl, stream=stream)
+
+
+def _is_default(v: Any, default: Any) -> bool:
+    if isinstance(v, bool):          # no default here is a boolean (and True == 1 must not pass for n)
+        return False
+    if default is None:
+        return v in ("", [], {})
+    return isinstance(v, (int, float)) and v == default
+
+
+def _short(v: Any, n: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."
 
 
 def finish_reason_json(gen: Generation, sampling: SamplingParams, message: str = "") -> dict:

@@ -1,14 +1,15 @@
 """`slick serve`: an HTTP server speaking SGLang's native API in front of a LocalEngine.
 
     slick serve --hf-checkpoint DIR [--host 127.0.0.1] [--port 30000] [--dtype auto]
-                [--api-key KEY] [--max-running 64]
+                [--api-key KEY] [--max-running 64] [--sglang-KEY VALUE ...]
 
 Endpoints (SGLang names and shapes): POST /generate, GET /health, /health_generate, /get_model_info,
 /get_server_info, /get_weight_version, /metrics (Prometheus text); POST /flush_cache, /abort_request,
 /update_weights_from_disk, /pause_generation, /continue_generation. With ``--api-key``, the
 endpoints that change weights, abort, pause/continue or flush need ``Authorization: Bearer KEY``.
-Bad requests get a 4xx ``{"error": message}``. SIGTERM aborts in-flight requests (they answer with
-finish reason "abort") and exits with code 0.
+Bad requests get a 4xx ``{"error": message}``; oversized ``text`` requests are refused before tokenizing,
+and tokenizing runs off the event loop. A request whose client disconnects is aborted (its slot is freed).
+SIGTERM aborts in-flight requests (they answer with finish reason "abort") and exits with code 0.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from typing import Any, Optional
 from aiohttp import web
 
 from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
-                                        parse_weight_version)
+                                        parse_weight_version, text_prompts)
+from slick.engine.sglang_args import KNOWN, engine_options, flag, unknown_warning
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.serve")
@@ -39,16 +41,21 @@ class SlickServer:
     """Routes SGLang-native HTTP requests to an engine (LocalEngine or anything with its API).
 
     ``engine`` needs ``generate``, ``update_weights``, ``abort_all``, ``get_weight_version``, ``close``,
-    ``tokenizer``, ``vocab_size``, ``max_context`` and ``stats()``.
+    ``tokenizer``, ``vocab_size``, ``max_context`` and ``stats()`` (``eos_ids`` is used when present).
+    A ``text`` longer than ``max_text_chars`` characters is refused before tokenizing; by default that is the
+    longest vocabulary entry (in characters) times ``max_context - 1``, which no prompt that fits can exceed.
     """
 
     def __init__(self, engine: Any, *, model_path: str, api_key: Optional[str] = None,
-                 server_args: Optional[dict] = None, max_batch: int = 4096):
+                 server_args: Optional[dict] = None, max_batch: int = 4096,
+                 max_text_chars: Optional[int] = None):
         self.engine = engine
         self.model_path = model_path
         self.api_key = api_key
         self.server_args = dict(server_args or {})
         self.max_batch = max_batch
+        self.max_text_chars = max_text_chars if max_text_chars is not None else _max_text_chars(engine)
+        self.eos_ids = set(getattr(engine, "eos_ids", ()))
         self.started = time.time()
         self.shutting_down = False
         self._resume = asyncio.Event()
@@ -56,11 +63,15 @@ class SlickServer:
         self._tasks: dict[str, asyncio.Task] = {}      # rid -> task running engine.generate
         self._weights_lock = asyncio.Lock()
         self.counters = {"requests_total": 0, "request_errors_total": 0, "aborted_requests_total": 0,
-                         "prompt_tokens_total": 0, "http_generation_tokens_total": 0}
+                         "prompt_tokens_total": 0, "http_generation_tokens_total": 0,
+                         "disconnect_aborted_requests_total": 0}
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        """The aiohttp application with every route and the error/auth middleware."""
+        """The aiohttp application with every route and the error/auth middleware.
+
+        Run it with ``handler_cancellation=True`` (as :func:`serve` does) so that a client that disconnects
+        cancels its handler, which aborts its generation."""
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._middleware])
         r = app.router
         r.add_post("/generate", self.generate)
@@ -121,9 +132,13 @@ class SlickServer:
             return _error("server is shutting down", 503)
         body = await self._json(request)
         tok = self.engine.tokenizer
+        texts = text_prompts(body, max_batch=self.max_batch, max_chars=self.max_text_chars)   # sizes first
+        text_ids = None
+        if texts is not None:   # the tokenizer releases the GIL: /health keeps answering meanwhile
+            text_ids = await asyncio.to_thread(
+                lambda: tok(texts, add_special_tokens=False)["input_ids"])
         req = parse_generate(body, vocab_size=self.engine.vocab_size, max_context=self.engine.max_context,
-                             tokenize=lambda s: tok.encode(s, add_special_tokens=False),
-                             max_batch=self.max_batch)
+                             text_ids=text_ids, max_batch=self.max_batch, max_text_chars=self.max_text_chars)
         self.counters["requests_total"] += 1
         await self._resume.wait()
         t0 = time.perf_counter()
@@ -131,7 +146,7 @@ class SlickServer:
         dt = time.perf_counter() - t0
         out = []
         for gen, it in zip(gens, req.items):
-            text = gen.text if gen.text is not None else tok.decode(gen.token_ids, skip_special_tokens=True)
+            text = self._text(gen, it.sampling)
             out.append(generation_json(gen, it, text=text, return_logprob=req.return_logprob, e2e_latency=dt))
             self.counters["prompt_tokens_total"] += len(it.prompt_ids)
             self.counters["http_generation_tokens_total"] += len(gen.token_ids)
@@ -154,6 +169,11 @@ class SlickServer:
         self._tasks[item.rid] = task
         try:
             await asyncio.wait({task})
+        except asyncio.CancelledError:   # the handler was cancelled: the client went away
+            if not task.done():
+                task.cancel()            # the engine drops the request and frees its slot
+                self.counters["disconnect_aborted_requests_total"] += 1
+            raise
         finally:
             if self._tasks.get(item.rid) is task:
                 del self._tasks[item.rid]
@@ -164,6 +184,20 @@ class SlickServer:
         if gen.finish_reason == "abort":
             self.counters["aborted_requests_total"] += 1
         return gen
+
+    def _text(self, gen: Generation, sp: SamplingParams) -> str:
+        """The response text, as SGLang's detokenizer makes it: special tokens skipped unless
+        ``skip_special_tokens`` is false, and (unless ``no_stop_trim``) the matched stop token or stop string cut off."""
+        ids = gen.token_ids
+        trim = gen.finish_reason == "stop" and not sp.no_stop_trim
+        if trim and ids and (ids[-1] in self.eos_ids or ids[-1] in (sp.stop_token_ids or ())):
+            ids = ids[:-1]
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
+        if trim and sp.stop:
+            cut = [i for i in (text.find(s) for s in sp.stop if s) if i >= 0]
+            if cut:
+                text = text[:min(cut)]
+        return text
 
     # --------------------------------------------------------------- info
     async def health(self, request: web.Request) -> web.Response:
@@ -269,8 +303,8 @@ class SlickServer:
             version = v
         t0 = time.perf_counter()
         async with self._weights_lock:
-            try:
-                new = await self.engine.update_weights(path=body["model_path"], version=version)
+            try:   # shielded: a client that disconnects does not interrupt a copy half-way
+                new = await asyncio.shield(self.engine.update_weights(path=body["model_path"], version=version))
             except (FileNotFoundError, ValueError, KeyError, RuntimeError, OSError) as e:
                 return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
         return web.json_response({"success": True, "message": f"loaded weights from {body['model_path']}",
@@ -308,6 +342,13 @@ class SlickServer:
             t.cancel()
 
 
+def _max_text_chars(engine: Any) -> int:
+    """Characters no text that fits the context can exceed: each token covers at most as many characters as
+    its longest vocabulary entry has (byte-level BPE: bytes), and a prompt has at most ``max_context - 1``."""
+    longest = max((len(t) for t in engine.tokenizer.get_vocab()), default=1)
+    return max(1, longest) * max(1, engine.max_context - 1)
+
+
 def _error(message: str, status: int) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -321,7 +362,11 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slick serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="slick serve", description=__doc__.split("\n\n")[0],
+        epilog="--sglang-KEY VALUE: SGLang server options. " + ", ".join(
+            f"{flag(k)} sets --{name.replace('_', '-')}" for k, (name, _) in KNOWN.items())
+        + " (and wins over it); any other --sglang-* option is ignored with a warning.")
     p.add_argument("--hf-checkpoint", "--model-path", dest="hf_checkpoint", required=True,
                    help="Hugging Face model directory to serve.")
     p.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1, loopback only).")
@@ -345,8 +390,11 @@ async def serve(args: argparse.Namespace) -> int:
                          max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed)
     server = SlickServer(engine, model_path=args.hf_checkpoint, api_key=args.api_key, max_batch=args.max_batch,
                          server_args={"host": args.host, "port": args.port, "dtype": args.dtype,
-                                      "max_running_requests": args.max_running, "api_key_set": bool(args.api_key)})
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+                                      "device": args.device, "max_running_requests": args.max_running,
+                                      "max_seq_len": args.max_seq_len, "random_seed": args.seed,
+                                      "api_key_set": bool(args.api_key)})
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts its generation
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
@@ -364,9 +412,27 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Parse ``slick serve`` flags; ``--sglang-KEY VALUE`` options set the matching flag or get a warning."""
+    from slick.config.parse import split_sglang_args
+
+    parser = build_parser()
+    rest, sglang = split_sglang_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
+    try:
+        options, unknown = engine_options(sglang)
+    except ValueError as e:
+        parser.error(str(e))
+    for name, value in options.items():
+        setattr(args, name, value)
+    if unknown:
+        print(f"warning: {unknown_warning(unknown, 'slick serve')}", file=sys.stderr, flush=True)
+    return args
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of ``slick serve``."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return asyncio.run(serve(args))
     except KeyboardInterrupt:
