@@ -140,16 +140,19 @@ def test_train_step_changes_weights_and_loss_decreases(tiny_model_dir):
     before = {k: v.clone() for k, v in tr.named_weights()}
     losses = []
     for _ in range(4):
+        lps = tr.compute_logprobs(samples)  # the weights the step's forward sees
         m = tr.train_step(samples, adv, simple_loss)
         losses.append(m["loss"])
-    assert tr.version == 4
+    assert tr.version == 4 and m["skipped_steps"] == 0.0 and m["nonfinite_losses"] == 0.0
     assert all(losses[i + 1] < losses[i] for i in range(3)), losses
     after = dict(tr.named_weights())
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert m["grad_norm"] > 0 and m["lr"] == pytest.approx(3e-3)
     assert m["tokens"] == sum(len(s.prompt_ids) + len(s.response_ids) - 1 for s in samples)
     assert "pg_loss" in m and "fwd_bwd_time" in m
-    assert m["train_rollout_logprob_abs_diff"] > 0
+    # rollout logprobs are all -1.0: the metric is the token mean of |logprob + 1| before the last step
+    want = float(torch.cat([(lp + 1.0).abs() for lp in lps]).mean())
+    assert m["train_rollout_logprob_abs_diff"] == pytest.approx(want, rel=1e-5)
 
 
 def test_abs_diff_metric_and_loss_mask(tiny_model_dir):

@@ -74,7 +74,7 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     old = ref = None
     if cfg.use_rollout_logprobs:
         old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
-    elif cfg.num_steps_per_rollout > 1 or (cfg.kl_coef and cfg.advantage_estimator.startswith("reinforce")):
+    elif cfg.num_steps_per_rollout > 1 or cfg.kl_coef:  # --kl-coef shapes rewards with old - ref
         old = trainer.compute_logprobs(samples, "actor")
     if trainer.has_ref:
         ref = trainer.compute_logprobs(samples, "ref")
