@@ -117,6 +117,14 @@ def test_hf_export_reloads_with_identical_logits(tiny_model_dir, prompts, tmp_pa
     assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("flag", ["save", "save_hf"])
+def test_saving_without_a_trainer_is_refused_up_front(tiny_model_dir, prompts, tmp_path, flag):
+    cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", debug_rollout_only=True, **{flag: str(tmp_path / "out")})
+    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} needs a trainer, but --debug-rollout-only"):
+        asyncio.run(train(cfg))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 TARGET_RM = textwrap.dedent('''
     import os
     TARGET = int(os.environ["SLICK_TEST_TARGET"])
