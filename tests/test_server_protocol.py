@@ -73,3 +73,37 @@ def test_parses_sglang_style_response_without_output_ids():
     assert parse_weight_version("12") == 12 and parse_weight_version(None, default=-1) == -1
     with pytest.raises(ValueError, match="not a /generate response"):
         generation_from_json({"error": "boom"})
+
+
+def test_sampling_params_are_honoured_or_refused_by_name():
+    sp = parse_sampling({"ignore_eos": True, "skip_special_tokens": False, "no_stop_trim": True,
+                         "temperature": None, "min_p": 0.0, "n": 1, "logit_bias": {}, "stream_interval": 3})
+    assert (sp.ignore_eos, sp.skip_special_tokens, sp.no_stop_trim, sp.temperature) == (True, False, True, 1.0)
+    assert sp.to_sglang()["ignore_eos"] is True and "no_stop_trim" in sp.to_sglang()
+    with pytest.raises(RequestError, match=r"sampling_params\.min_p = 0\.05 is not supported"):
+        parse_sampling({"min_p": 0.05})
+    with pytest.raises(RequestError, match=r"sampling_params\.n = True is not supported"):
+        parse_sampling({"n": True})
+    with pytest.raises(RequestError, match=r"sampling_params\.best_of is not an SGLang sampling parameter"):
+        parse_sampling({"best_of": 2})
+
+
+def test_text_sizes_are_checked_before_tokenizing():
+    from slick.engine.http_protocol import text_prompts
+
+    calls = []
+
+    def tokenize(s):
+        calls.append(s)
+        return [1]
+
+    with pytest.raises(RequestError, match="batch of 5 prompts exceeds the limit of 4") as e:
+        parse({"text": ["a"] * 5}, tokenize=tokenize, max_batch=4)
+    assert e.value.status == 413
+    with pytest.raises(RequestError, match=r"text\[1\] has 11 characters; more than 10") as e:
+        parse({"text": ["a", "b" * 11]}, tokenize=tokenize, max_text_chars=10)
+    assert e.value.status == 413 and calls == []
+    assert text_prompts({"text": "hi"}, max_chars=2) == ["hi"]
+    assert text_prompts({"input_ids": [1], "text": "x" * 99}, max_chars=2) is None   # input_ids win
+    r = parse({"text": ["hi", "yo"]}, text_ids=[[4], [5, 6]])
+    assert [i.prompt_ids for i in r.items] == [[4], [5, 6]] and calls == []
