@@ -9,7 +9,7 @@ import torch
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slick.config import Config
+from slick.config import Config, ConfigError
 from slick.config.validate import validate_config
 from slick.data import PromptDataset
 from slick.data.source import epoch_order
@@ -119,9 +119,8 @@ def test_hf_export_reloads_with_identical_logits(tiny_model_dir, prompts, tmp_pa
 
 @pytest.mark.parametrize("flag", ["save", "save_hf"])
 def test_saving_without_a_trainer_is_refused_up_front(tiny_model_dir, prompts, tmp_path, flag):
-    cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", debug_rollout_only=True, **{flag: str(tmp_path / "out")})
-    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} needs a trainer, but --debug-rollout-only"):
-        asyncio.run(train(cfg))
+    with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} needs a trainer, but --debug-rollout-only"):
+        make_cfg(tiny_model_dir, prompts, tmp_path / "run", debug_rollout_only=True, **{flag: str(tmp_path / "out")})
     assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

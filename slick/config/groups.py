@@ -103,7 +103,7 @@ class RewardConfig:
     rm_timeout: float = F(30.0, "Seconds before one reward call counts as failed.")
     rm_max_retries: int = F(3, "Retries (with backoff) for remote reward calls.")
     rm_concurrency: int = F(16, "Maximum reward computations in flight.")
-    rm_failure_reward: float = F(0.0, "Reward given to a sample whose reward function raised or timed out.")
+    rm_failure_reward: float = F(0.0, "Reward given to a sample whose reward function raised, timed out, or whose scalar reward is NaN/inf.")
 
 
 @dataclass
@@ -123,7 +123,7 @@ class TrainConfig:
     num_steps_per_rollout: Optional[int] = F(None, "Optimizer steps per rollout (derived when unset).")
     micro_batch_size: int = F(8, "Samples per micro-batch before packing.")
     max_tokens_per_micro_batch: Optional[int] = F(None, "Pack micro-batches up to this many tokens instead of a sample count.")
-    seed: int = F(1234, "Global random seed (torch, python, numpy).")
+    seed: int = F(1234, "Global random seed (python, numpy, torch), set once when the run starts.")
     dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
     train_precision: str = F("autocast", "bf16 training scheme: fp32 weights under torch.autocast, fp32 weight "
                              "grads (autocast; learns faster per step here), or bf16 weights and grads with "
@@ -141,7 +141,7 @@ class CheckpointConfig:
     load: Optional[str] = F(None, "Resume from this checkpoint directory (the latest step inside it).")
     save: Optional[str] = F(None, "Save checkpoints into this directory.")
     save_interval: Optional[int] = F(None, "Save every N rollout steps (and at the end).")
-    save_hf: Optional[str] = F(None, "Also write a Hugging Face model directory here at each save.")
+    save_hf: Optional[str] = F(None, "Write a Hugging Face model directory here: with every checkpoint when --save is set, otherwise once after the last step.")
 
 
 @dataclass

@@ -133,6 +133,9 @@ def validate_config(cfg: Config, check_files: bool = True) -> Config:
         p.append("--over-sampling-batch-size must be positive")
     if cfg.rollout_engine == "http" and not cfg.rollout_urls and not cfg.hf_checkpoint:
         p.append("--rollout-engine http needs --rollout-urls or --hf-checkpoint (to launch workers)")
+    if cfg.debug_rollout_only and (cfg.save or cfg.save_hf):
+        flag = "--save" if cfg.save else "--save-hf"
+        p.append(f"{flag} needs a trainer, but --debug-rollout-only builds none (nothing to save)")
     cluster_problems(cfg, p)
     megatron_problems(cfg, p)
     if cfg.update_weights_interval < 1:

@@ -29,9 +29,6 @@ class Run:
     def __init__(self, cfg):
         from slick.train.trainer import Trainer
 
-        if cfg.debug_rollout_only and (cfg.save or cfg.save_hf):
-            flag = "--save" if cfg.save else "--save-hf"
-            raise ValueError(f"{flag} needs a trainer, but --debug-rollout-only builds none (nothing to save)")
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
