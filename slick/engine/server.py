@@ -190,7 +190,8 @@ class SlickServer:
         ``skip_special_tokens`` is false, and (unless ``no_stop_trim``) the matched stop token or stop string cut off."""
         ids = gen.token_ids
         trim = gen.finish_reason == "stop" and not sp.no_stop_trim
-        if trim and ids and (ids[-1] in self.eos_ids or ids[-1] in (sp.stop_token_ids or ())):
+        stop_ids = set() if sp.ignore_eos else self.eos_ids | set(sp.stop_token_ids or ())
+        if trim and ids and ids[-1] in stop_ids:
             ids = ids[:-1]
         text = self.engine.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
         if trim and sp.stop:
