@@ -1,6 +1,5 @@
 """Checkpoints: save/load round trip (weights, optimizer, RNG), interrupted saves, HF export, weight sync."""
 import asyncio
-import json
 import random
 
 import numpy as np

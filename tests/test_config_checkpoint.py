@@ -11,7 +11,7 @@ import pytest
 
 from slick.config import Config, ConfigError
 from slick.config.validate import validate_config
-from slick.models.check import model_dir_problems, read_model_config, require_model_dir
+from slick.models.check import model_dir_problems, read_model_config
 from tests.hf_dirs import write_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,13 +81,6 @@ def test_broken_config_json_names_file_and_line(tmp_path):
         read_model_config(d)
 
 
-def test_require_model_dir_raises_config_error(tmp_path):
-    with pytest.raises(ConfigError) as e:
-        require_model_dir(str(tmp_path / "nope"))
-    assert e.value.problems == [f"--hf-checkpoint {tmp_path / 'nope'}: directory does not exist"]
-    require_model_dir(str(write_model_dir(tmp_path / "ok")))
-
-
 def _cfg(tmp_path, **kw):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "x"}\n')
@@ -127,6 +120,19 @@ def test_slick_train_with_a_bad_model_exits_2_fast_without_traceback(tmp_path, w
     want = "lacks config.json" if which == "empty" else "directory does not exist"
     assert f"--hf-checkpoint {model}: {want}" in r.stderr, r.stderr
     assert r.stderr.startswith("slick train: invalid configuration:")
+
+
+@pytest.mark.parametrize("which", ["hub_name", "empty"])
+def test_slick_serve_with_a_bad_model_exits_2_fast_without_traceback(tmp_path, which):
+    (tmp_path / "empty").mkdir()
+    model = {"hub_name": "HuggingFaceTB/SmolLM2-135M-Instruct", "empty": str(tmp_path / "empty")}[which]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_HUB")}
+    r, wall = run_slick("serve", "--hf-checkpoint", model, "--port", "1", env=env)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert wall < 20, wall
+    want = "lacks config.json" if which == "empty" else "directory does not exist"
+    assert f"--hf-checkpoint {model}: {want}" in r.stderr, r.stderr
 
 
 def test_cli_sets_hf_hub_offline_unless_given(tmp_path):

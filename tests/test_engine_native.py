@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 import slick.engine.model as model_mod
 from slick.engine import native
-from slick.engine.kvcache import KVCache
 from slick.engine.local import LocalEngine
 from slick.types import SamplingParams
 

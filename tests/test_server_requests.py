@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from slick.engine.http_protocol import DEFAULT_ONLY_SAMPLING

@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 import torch
 
 from slick.engine.kvcache import KVCache
-from slick.engine.model import Transformer, _iter_safetensors, pick_dtype
+from slick.engine.model import Transformer, iter_safetensors, pick_dtype
 from slick.engine.sampling import sample
 from slick.engine.weight_check import check_dir, check_named
 from slick.types import Generation, SamplingParams
@@ -160,7 +160,7 @@ class LocalEngine:
             raise ValueError("update_weights: pass exactly one of named_tensors or path")
         t0 = time.perf_counter()
         if path is not None:       # checked first (headers only, outside the step lock), then copied
-            named = _iter_safetensors(check_dir(self.model.targets, path))
+            named = iter_safetensors(check_dir(self.model.targets, path))
         else:
             named = check_named(self.model.targets, named_tensors)
         with self._step_lock:

@@ -21,6 +21,7 @@ from slick.engine.kvcache import KVCache
 from slick.engine.linear import Dense, can_pack
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+SKIPPED_SUFFIX = "rotary_emb.inv_freq"  # a buffer some HF checkpoints carry; the engine computes its own
 
 
 @dataclass
@@ -187,7 +188,7 @@ class Transformer:
             with safe_open(str(f), framework="pt") as h:
                 keys.update(h.keys())
         model = cls(cfg, dtype, device, {k for k in keys if k.endswith(".bias")})
-        seen = model.copy_named(_iter_safetensors(files), strict=False)
+        seen = model.copy_named(iter_safetensors(files), strict=False)
         required = set(model.targets) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
         missing = sorted(required - seen)
         if missing:
@@ -202,7 +203,7 @@ class Transformer:
         """
         seen = set()
         for name, tensor in named:
-            if name.endswith("rotary_emb.inv_freq"):
+            if name.endswith(SKIPPED_SUFFIX):
                 continue
             tgt = self.targets.get(name)
             if tgt is None:
@@ -374,18 +375,14 @@ def safetensor_files(path: str | Path) -> list[Path]:
     return files
 
 
-def _iter_safetensors(files: list[Path]):
+def iter_safetensors(files: list[Path]):
+    """Yield ``(hf_name, tensor)`` from every file, in order."""
     from safetensors import safe_open
 
     for f in files:
         with safe_open(str(f), framework="pt") as h:
             for name in h.keys():
                 yield name, h.get_tensor(name)
-
-
-def iter_dir_weights(path: str | Path):
-    """Yield ``(hf_name, tensor)`` from every safetensors file in a HF directory."""
-    return _iter_safetensors(safetensor_files(path))
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -416,10 +416,14 @@ async def serve(args: argparse.Namespace) -> int:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Parse ``slick serve`` flags; ``--sglang-KEY VALUE`` options set the matching flag or get a warning."""
     from slick.config.parse import split_sglang_args
+    from slick.models.check import model_dir_problems
 
     parser = build_parser()
     rest, sglang = split_sglang_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(rest)
+    problems = model_dir_problems(args.hf_checkpoint, "--hf-checkpoint")
+    if problems:  # before any import of transformers, which would try the Hub for a name like org/model
+        parser.error("; ".join(problems))
     try:
         options, unknown = engine_options(sglang)
     except ValueError as e:

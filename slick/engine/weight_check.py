@@ -13,9 +13,8 @@ from typing import Iterable
 
 import torch
 
-from slick.engine.model import safetensor_files
+from slick.engine.model import SKIPPED_SUFFIX, safetensor_files
 
-SKIPPED_SUFFIX = "rotary_emb.inv_freq"     # a buffer some HF checkpoints carry; the engine computes its own
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}   # safetensors dtype names
 
 

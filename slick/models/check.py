@@ -72,14 +72,3 @@ def read_model_config(model_dir) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: top level must be a JSON object")
     return data
-
-
-def require_model_dir(path: Optional[str], flag: str = "--hf-checkpoint", tokenizer: bool = True) -> None:
-    """Raise ``slick.config.ConfigError`` listing every problem of :func:`model_dir_problems`.
-
-    For entry points that take a model directory outside ``slick train``'s config (``slick serve``)."""
-    problems = model_dir_problems(path, flag, tokenizer)
-    if problems:
-        from slick.config.config import ConfigError
-
-        raise ConfigError(problems)
