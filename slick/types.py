@@ -88,6 +88,9 @@ class Generation:
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under softmax(logits / temperature)
     (no top-p/top-k truncation; for greedy requests, under the untempered softmax).
     ``finish_reason`` is one of ``"stop"``, ``"length"``, ``"abort"``.
+    ``weight_version`` is the engine's weight version when the request finished; ``weight_versions``, when
+    the engine reports it, holds one version per token: the weights that sampled it (a request paused,
+    updated and continued carries the old version on its first tokens and the new one on the rest).
     """
 
     token_ids: list[int]
@@ -96,6 +99,7 @@ class Generation:
     weight_version: int = 0
     prompt_tokens: int = 0
     text: Optional[str] = None
+    weight_versions: Optional[list[int]] = None
 
 
 @dataclass
@@ -136,9 +140,19 @@ class Sample:
         return cls(**kw)
 
     def apply_generation(self, gen: Generation) -> None:
-        """Append an engine's output to this sample (supports partial/multi-turn continuation)."""
+        """Append an engine's output to this sample (supports partial/multi-turn continuation).
+
+        ``weight_versions`` grows by ``gen.weight_versions`` (one per token) when the engine reported them,
+        else by ``gen.weight_version`` repeated; a length mismatch raises ``ValueError`` before any change."""
+        if gen.weight_versions is not None:
+            if len(gen.weight_versions) != len(gen.token_ids):
+                raise ValueError(f"Generation has {len(gen.weight_versions)} weight_versions for "
+                                 f"{len(gen.token_ids)} tokens")
+            versions = [int(v) for v in gen.weight_versions]
+        else:
+            versions = [gen.weight_version] * len(gen.token_ids)
         self.response_ids = list(self.response_ids) + list(gen.token_ids)
         self.rollout_logprobs = list(self.rollout_logprobs) + list(gen.logprobs)
         self.loss_mask = list(self.loss_mask) + [1] * len(gen.token_ids)
-        self.weight_versions = list(self.weight_versions) + [gen.weight_version] * len(gen.token_ids)
+        self.weight_versions = list(self.weight_versions) + versions
         self.status = FINISH_TO_STATUS.get(gen.finish_reason, Status.FAILED)

@@ -63,6 +63,39 @@ def test_response_roundtrip():
     assert length["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
 
 
+def test_per_token_weight_versions_roundtrip_and_fallback():
+    from slick.engine.http_protocol import GenerateItem
+    from slick.types import SamplingParams
+
+    item = GenerateItem("r1", [1, 9], SamplingParams(max_new_tokens=4))
+    gen = Generation([5, 2, 7], [-0.5, -1.25, -2.0], "length", 4, 2, weight_versions=[3, 4, 4])
+    d = generation_json(gen, item, text="", return_logprob=True, e2e_latency=0)
+    assert d["meta_info"]["output_token_weight_versions"] == [3, 4, 4]
+    assert generation_from_json(d).weight_versions == [3, 4, 4]
+    # a real SGLang server sends only the request's version: one per token
+    del d["meta_info"]["output_token_weight_versions"]
+    d["meta_info"]["weight_version"] = "6"
+    assert generation_from_json(d).weight_versions == [6, 6, 6]
+    d["meta_info"]["output_token_weight_versions"] = [1, 2]
+    with pytest.raises(ValueError, match="2 entries for 3 tokens"):
+        generation_from_json(d)
+    # no versions known: the field is absent
+    assert "output_token_weight_versions" not in generation_json(
+        Generation([5], [-1.0], "length"), item, text="", return_logprob=False, e2e_latency=0)["meta_info"]
+
+
+def test_sample_takes_per_token_versions():
+    from slick.types import Sample
+
+    s = Sample()
+    s.apply_generation(Generation([1, 2], [-1.0, -1.0], "abort", 3, weight_versions=[2, 3]))
+    s.apply_generation(Generation([4, 5, 6], [-1.0] * 3, "length", 5))       # no per-token versions
+    assert s.weight_versions == [2, 3, 5, 5, 5] and s.response_ids == [1, 2, 4, 5, 6]
+    with pytest.raises(ValueError, match="1 weight_versions for 2 tokens"):
+        s.apply_generation(Generation([7, 8], [-1.0] * 2, "length", 5, weight_versions=[5]))
+    assert s.response_ids == [1, 2, 4, 5, 6] and len(s.weight_versions) == 5       # unchanged
+
+
 def test_parses_sglang_style_response_without_output_ids():
     d = {"text": "x", "meta_info": {"id": "q", "finish_reason": {"type": "length", "length": 2},
                                     "prompt_tokens": 4, "weight_version": "default",

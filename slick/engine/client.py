@@ -8,8 +8,8 @@ Drives ``slick serve`` workers, real SGLang servers, or an sglang-router in fron
 
 Requests go round-robin over ``urls``; a connection error or a 5xx moves the request to the next
 worker (at most ``max_retries`` retries). When no worker answers, ``EngineError`` is raised.
-Control calls (``update_weights``, ``abort_all``) go to every URL of ``control_urls`` (default:
-``urls``); behind a router, pass the workers' URLs there.
+Control calls (``update_weights``, ``abort``, ``abort_all``, ``pause_generation``, ``continue_generation``)
+go to every URL of ``control_urls`` (default: ``urls``); behind a router, pass the workers' URLs there.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import json
 import time
+import uuid
 from typing import Any, Iterable, Optional
 
 import aiohttp
@@ -147,10 +148,13 @@ class HttpEngine:
         return list(await asyncio.gather(*(one(u) for u in self.control_urls)))
 
     # ------------------------------------------------------------ Engine
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """POST /generate with ``return_logprob``; returns tokens, logprobs, finish reason, version."""
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       rid: Optional[str] = None) -> Generation:
+        """POST /generate with ``return_logprob`` and ``rid`` (a fresh uuid when None); returns tokens,
+        logprobs, finish reason, version, and per-token versions (``output_token_weight_versions`` from
+        ``slick serve``; from a server that does not send it, the request's ``weight_version`` per token)."""
         payload = {"input_ids": list(prompt_ids), "sampling_params": sampling.to_sglang(),
-                   "return_logprob": True, "stream": False}
+                   "return_logprob": True, "stream": False, "rid": uuid.uuid4().hex if rid is None else rid}
         out = await self._request("POST", "/generate", payload)
         if isinstance(out, list):
             out = out[0]
@@ -188,13 +192,33 @@ class HttpEngine:
 
     async def abort_all(self) -> None:
         """POST /abort_request (abort all) to every control URL; unreachable workers are skipped."""
+        await self._abort({"rid": "", "abort_all": True})
+
+    async def abort(self, rid: str) -> None:
+        """POST /abort_request ``{"rid": rid}`` to every control URL (the worker serving it aborts it: it answers
+        with its tokens so far and finish reason "abort"; the others do nothing). Unreachable workers are
+        skipped; an unknown or finished rid is a no-op."""
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"rid must be a non-empty string, got {rid!r}")
+        await self._abort({"rid": rid})
+
+    async def _abort(self, payload: dict) -> None:
         self._ensure()
-        payload = {"rid": "", "abort_all": True}
         results = await asyncio.gather(*(self._call("POST", u, "/abort_request", payload, timeout=30)
                                          for u in self.control_urls), return_exceptions=True)
         for r in results:
             if isinstance(r, EngineError):
                 raise r
+
+    async def pause_generation(self) -> None:
+        """POST /pause_generation ``{"mode": "in_place"}`` to every control URL: when it returns, no worker runs
+        a decode step until :meth:`continue_generation`; requests in flight keep their state, new ones wait.
+        Every worker must answer (``EngineError`` names the one that did not)."""
+        await self._broadcast("POST", "/pause_generation", {"mode": "in_place"})
+
+    async def continue_generation(self) -> None:
+        """POST /continue_generation to every control URL."""
+        await self._broadcast("POST", "/continue_generation", {})
 
     async def health(self) -> bool:
         """True when at least one generation URL answers GET /health with 200."""

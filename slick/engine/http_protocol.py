@@ -7,7 +7,9 @@ request  ``{"input_ids": [...] | [[...], ...], "text": str | [str], "sampling_pa
            "return_logprob": bool, "rid": str | [str], "stream": bool}``  (unknown top-level keys are ignored;
            every ``sampling_params`` key is honoured or refused, see ``parse_sampling``)
 response ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type", ...}, "prompt_tokens",
-           "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version"}}``
+           "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version",
+           "output_token_weight_versions": [int, ...]}}``  (the last one is a slick extension: the weight version
+           that sampled each output token; SGLang servers do not send it)
 """
 from __future__ import annotations
 
@@ -267,6 +269,8 @@ def generation_json(gen: Generation, item: GenerateItem, *, text: str, return_lo
         "weight_version": gen.weight_version,
         "e2e_latency": round(e2e_latency, 6),
     }
+    if gen.weight_versions is not None:     # slick extension
+        meta["output_token_weight_versions"] = [int(v) for v in gen.weight_versions]
     if return_logprob:
         meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(gen.logprobs, gen.token_ids)]
     return {"text": text, "output_ids": list(gen.token_ids), "meta_info": meta}
@@ -295,6 +299,12 @@ def generation_from_json(d: dict) -> Generation:
     kind = fr.get("type") if isinstance(fr, dict) else (fr or "stop")
     if kind not in ("stop", "length", "abort"):
         kind = "abort" if kind in ("cancelled", "error") else "stop"
+    version = parse_weight_version(meta.get("weight_version"))
+    versions = meta.get("output_token_weight_versions")     # slick serve; SGLang: one version for the request
+    if versions is None:
+        versions = [version] * len(ids)
+    elif len(versions) != len(ids):
+        raise ValueError(f"output_token_weight_versions has {len(versions)} entries for {len(ids)} tokens")
     return Generation(token_ids=[int(t) for t in ids], logprobs=logprobs, finish_reason=kind,
-                      weight_version=parse_weight_version(meta.get("weight_version")),
-                      prompt_tokens=int(meta.get("prompt_tokens", 0)), text=d.get("text"))
+                      weight_version=version, prompt_tokens=int(meta.get("prompt_tokens", 0)),
+                      text=d.get("text"), weight_versions=[int(v) for v in versions])

@@ -11,7 +11,10 @@ task of the caller's event loop that runs one step and yields (the default on CP
 CPU (bench/engine.py's batch: ~890 vs ~590 tok/s): torch's OpenMP team stays hot in the thread that also
 trains, while a second thread pays a wake-up on every one of the ~200 kernels of a decode step. A step
 (tens of ms) then blocks that loop briefly.
-Weight updates and ``abort_all`` take the step lock, i.e. they happen between two steps.
+Weight updates, aborts and ``pause_generation`` take the step lock, i.e. they happen between two steps.
+While paused no step runs: running requests keep their KV cache, queued ones wait, and every token records the
+weight version that sampled it (``Generation.weight_versions``), so pause -> update_weights -> continue
+switches a request's versions exactly at the pause point.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -41,13 +45,14 @@ MIN_SHARED_PREFIX = 8           # prompts admitted together that share at least 
 
 
 class _Request:
-    __slots__ = ("prompt", "sp", "loop", "future", "out", "lps", "rng", "max_new", "stop_ids", "stop_strs",
-                 "stop_tail", "cancelled", "cached")
+    __slots__ = ("rid", "prompt", "sp", "loop", "future", "out", "lps", "versions", "rng", "max_new", "stop_ids",
+                 "stop_strs", "stop_tail", "cancelled", "cached")
 
-    def __init__(self, prompt, sp, loop, future, rng, max_new, stop_ids, stop_strs):
-        self.prompt, self.sp, self.loop, self.future = prompt, sp, loop, future
+    def __init__(self, rid, prompt, sp, loop, future, rng, max_new, stop_ids, stop_strs):
+        self.rid, self.prompt, self.sp, self.loop, self.future = rid, prompt, sp, loop, future
         self.out: list[int] = []
         self.lps: list[float] = []
+        self.versions: list[int] = []   # weight version that sampled each token of ``out``
         self.rng, self.max_new, self.stop_ids, self.stop_strs = rng, max_new, stop_ids, stop_strs
         self.stop_tail = max((len(s) for s in stop_strs), default=0) + 8   # tokens to decode for stop check
         self.cancelled = False
@@ -94,9 +99,11 @@ class LocalEngine:
         self._version = 0
         self._queue: collections.deque[_Request] = collections.deque()
         self._running: list[_Request] = []          # index == KV slot
+        self._by_rid: dict[str, _Request] = {}       # requests in flight (queued or running) by rid
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
         self._closed = False
+        self._paused = False
         self._counters = collections.Counter()
         self._recent: collections.deque = collections.deque(maxlen=512)   # (time, tokens) per step
         self.threaded = self.device.type == "cuda" if threaded is None else bool(threaded)
@@ -110,12 +117,20 @@ class LocalEngine:
                  self.device, time.perf_counter() - t0, self.max_context, self.max_running)
 
     # ------------------------------------------------------------------ public API
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Generate a response for ``prompt_ids``; see :class:`slick.types.Generation` for the result."""
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       rid: Optional[str] = None) -> Generation:
+        """Generate a response for ``prompt_ids``; see :class:`slick.types.Generation` for the result.
+
+        ``rid`` names the request for :meth:`abort` (default: a fresh uuid); a rid already in flight is a
+        ``ValueError``. While the engine is paused the request is queued and starts at ``continue_generation``.
+        """
         prompt = self._check_prompt(prompt_ids)
         sp = sampling if sampling is not None else SamplingParams()
         if self._closed:
             raise RuntimeError("LocalEngine is closed")
+        rid = uuid.uuid4().hex if rid is None else rid
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"rid must be a non-empty string, got {rid!r}")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         rng = torch.Generator(device=self.device)
@@ -124,10 +139,13 @@ class LocalEngine:
         # ignore_eos drops the stop tokens, as in SGLang (EOS and stop_token_ids); stop strings still apply
         stop_ids = set() if sp.ignore_eos else set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
         stop_strs = [s for s in (sp.stop or ()) if s]
-        req = _Request(prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
+        req = _Request(rid, prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
         if max_new == 0:
-            return Generation([], [], "length", self._version, len(prompt), "")
+            return Generation([], [], "length", self._version, len(prompt), "", weight_versions=[])
         with self._cv:
+            if rid in self._by_rid:
+                raise ValueError(f"a request with rid {rid!r} is already in flight")
+            self._by_rid[rid] = req
             self._queue.append(req)
             self._cv.notify()
         if not self.threaded:
@@ -137,6 +155,10 @@ class LocalEngine:
         except asyncio.CancelledError:
             req.cancelled = True
             raise
+        finally:
+            with self._cv:
+                if self._by_rid.get(rid) is req:
+                    del self._by_rid[rid]
         gen.text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         return gen
 
@@ -175,6 +197,62 @@ class LocalEngine:
         if not self.threaded:
             return self._abort_all_sync()
         await asyncio.to_thread(self._abort_all_sync)
+
+    async def abort(self, rid: str) -> None:
+        """Finish request ``rid`` now with finish reason "abort", keeping its tokens so far; other requests
+        are untouched. An unknown or finished ``rid`` is a no-op. Works while paused."""
+        if not self.threaded:
+            return self._abort_sync(rid)
+        await asyncio.to_thread(self._abort_sync, rid)
+
+    def _abort_sync(self, rid: str) -> None:
+        with self._step_lock:
+            with self._cv:
+                r = self._by_rid.get(rid)
+                if r is None:
+                    return
+                if r in self._queue:
+                    self._queue.remove(r)
+                else:
+                    idx = [i for i, x in enumerate(self._running) if x is r]
+                    if not idx:
+                        return
+                    self._release(idx)
+            self._finish(r, "abort")
+            self._counters["aborted"] += 1
+
+    async def pause_generation(self) -> None:
+        """Stop decoding in place: when this returns no step is running and none starts until
+        :meth:`continue_generation`. Running requests keep their KV cache, queued and new ones wait;
+        ``update_weights``, ``abort`` and ``abort_all`` work meanwhile. Pausing twice is a no-op."""
+        if not self.threaded:
+            return self._pause_sync()
+        await asyncio.to_thread(self._pause_sync)
+
+    def _pause_sync(self) -> None:
+        with self._cv:
+            self._paused = True
+        with self._step_lock:    # a step already under way finishes first; later ones see the flag
+            pass
+
+    async def continue_generation(self) -> None:
+        """Resume after :meth:`pause_generation` under whatever weights are loaded now (no-op if not paused)."""
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+        if not self.threaded and (self._queue or self._running):
+            self._ensure_pump(asyncio.get_running_loop())
+
+    @property
+    def paused(self) -> bool:
+        """True between :meth:`pause_generation` and :meth:`continue_generation`."""
+        return self._paused
+
+    def progress(self) -> dict[str, int]:
+        """``{rid: tokens generated so far}`` for every request in flight (queued requests have 0).
+        Exact while paused: the counts a pause stopped at."""
+        with self._cv:
+            return {rid: len(r.out) for rid, r in self._by_rid.items()}
 
     def _abort_all_sync(self) -> None:
         with self._step_lock:
@@ -225,7 +303,7 @@ class LocalEngine:
                 "prefills": c["prefills"], "prefill_tokens": c["prefill_tokens"],
                 "prefix_reused_tokens": c["prefix_reused_tokens"],
                 "decode_steps": c["decode_steps"], "requests_finished": c["finished"],
-                "aborted": c["aborted"], "weight_version": self._version,
+                "aborted": c["aborted"], "weight_version": self._version, "paused": self._paused,
                 "kv_cache_bytes": self.cache.nbytes(), "max_running": self.max_running,
                 "max_context": self.max_context}
 
@@ -249,7 +327,7 @@ class LocalEngine:
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not self._closed and not self._queue and not self._running:
+                while not self._closed and (self._paused or (not self._queue and not self._running)):
                     self._cv.wait()
                 if self._closed:
                     return
@@ -263,13 +341,15 @@ class LocalEngine:
 
     async def _pump(self) -> None:
         """Inline mode: one step at a time until idle, yielding to the event loop in between."""
-        while not self._closed and (self._queue or self._running):
+        while not self._closed and not self._paused and (self._queue or self._running):
             with torch.no_grad():
                 self._guarded_step()
             await asyncio.sleep(0)
 
     def _guarded_step(self) -> None:
         with self._step_lock:
+            if self._paused:       # set while this thread waited for the lock
+                return
             try:
                 self._step()
             except Exception as e:  # never let the scheduler die: fail the requests in flight
@@ -378,6 +458,7 @@ class LocalEngine:
         for s, r, t, lp in zip(slots, reqs, tokens, lps):
             r.out.append(t)
             r.lps.append(lp)
+            r.versions.append(self._version)
             reason = self._finish_reason(r, t)
             if reason:
                 done.append(s)
@@ -400,7 +481,11 @@ class LocalEngine:
 
     def _finish(self, r: _Request, reason: str) -> None:
         self._counters["finished"] += 1
-        _deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt)))
+        with self._cv:
+            if self._by_rid.get(r.rid) is r:
+                del self._by_rid[r.rid]
+        _deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt),
+                               weight_versions=list(r.versions)))
 
 
 def _shared_prefix(prompts: list) -> int:

@@ -40,8 +40,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 class SlickServer:
     """Routes SGLang-native HTTP requests to an engine (LocalEngine or anything with its API).
 
-    ``engine`` needs ``generate``, ``update_weights``, ``abort_all``, ``get_weight_version``, ``close``,
-    ``tokenizer``, ``vocab_size``, ``max_context`` and ``stats()`` (``eos_ids`` is used when present).
+    ``engine`` needs ``generate(ids, sampling, rid=)``, ``update_weights``, ``abort``, ``abort_all``,
+    ``pause_generation``, ``continue_generation``, ``get_weight_version``, ``close``, ``tokenizer``,
+    ``vocab_size``, ``max_context``, ``stats()`` and ``progress()`` (``eos_ids`` is used when present).
     A ``text`` longer than ``max_text_chars`` characters is refused before tokenizing; by default that is the
     longest vocabulary entry (in characters) times ``max_context - 1``, which no prompt that fits can exceed.
     """
@@ -58,8 +59,7 @@ class SlickServer:
         self.eos_ids = set(getattr(engine, "eos_ids", ()))
         self.started = time.time()
         self.shutting_down = False
-        self._resume = asyncio.Event()
-        self._resume.set()
+        self.paused = False
         self._tasks: dict[str, asyncio.Task] = {}      # rid -> task running engine.generate
         self._weights_lock = asyncio.Lock()
         self.counters = {"requests_total": 0, "request_errors_total": 0, "aborted_requests_total": 0,
@@ -139,8 +139,11 @@ class SlickServer:
                 lambda: tok(texts, add_special_tokens=False)["input_ids"])
         req = parse_generate(body, vocab_size=self.engine.vocab_size, max_context=self.engine.max_context,
                              text_ids=text_ids, max_batch=self.max_batch, max_text_chars=self.max_text_chars)
+        rids = [it.rid for it in req.items]
+        dup = sorted({r for r in rids if rids.count(r) > 1 or r in self._tasks})
+        if dup:
+            raise RequestError(f"rid {dup[0]!r} is already in flight (rids must be unique)")
         self.counters["requests_total"] += 1
-        await self._resume.wait()
         t0 = time.perf_counter()
         gens = await asyncio.gather(*(self._run_one(it) for it in req.items))
         dt = time.perf_counter() - t0
@@ -164,8 +167,9 @@ class SlickServer:
 
     async def _run_one(self, item: GenerateItem) -> Generation:
         if item.sampling.max_new_tokens == 0:
-            return Generation([], [], "length", await self.engine.get_weight_version(), len(item.prompt_ids))
-        task = asyncio.ensure_future(self.engine.generate(item.prompt_ids, item.sampling))
+            return Generation([], [], "length", await self.engine.get_weight_version(), len(item.prompt_ids),
+                              weight_versions=[])
+        task = asyncio.ensure_future(self.engine.generate(item.prompt_ids, item.sampling, rid=item.rid))
         self._tasks[item.rid] = task
         try:
             await asyncio.wait({task})
@@ -177,9 +181,10 @@ class SlickServer:
         finally:
             if self._tasks.get(item.rid) is task:
                 del self._tasks[item.rid]
-        if task.cancelled():   # aborted by rid: no partial output survives a cancel
+        if task.cancelled():   # cancelled at shutdown: no partial output survives a cancel
             self.counters["aborted_requests_total"] += 1
-            return Generation([], [], "abort", await self.engine.get_weight_version(), len(item.prompt_ids))
+            return Generation([], [], "abort", await self.engine.get_weight_version(), len(item.prompt_ids),
+                              weight_versions=[])
         gen = task.result()
         if gen.finish_reason == "abort":
             self.counters["aborted_requests_total"] += 1
@@ -228,7 +233,7 @@ class SlickServer:
         info = dict(self.server_args)
         info.update({"model_path": self.model_path, "context_length": self.engine.max_context,
                      "weight_version": await self.engine.get_weight_version(),
-                     "paused": not self._resume.is_set(), "uptime_s": round(time.time() - self.started, 3),
+                     "paused": self.paused, "inflight_tokens": self.engine.progress(), "uptime_s": round(time.time() - self.started, 3),
                      "internal_states": [self.engine.stats()], "version": _version()})
         return web.json_response(info)
 
@@ -254,7 +259,7 @@ class SlickServer:
             ("slick_http_inflight_requests", "gauge", "Prompts currently in /generate.", len(self._tasks)),
             ("slick_weight_version", "gauge", "Version of the loaded weights.",
              await self.engine.get_weight_version()),
-            ("slick_paused", "gauge", "1 while generation is paused.", int(not self._resume.is_set())),
+            ("slick_paused", "gauge", "1 while generation is paused.", int(self.paused)),
         ]
         rows += [(f"slick_{k}", "counter", f"Server counter {k}.", v) for k, v in self.counters.items()]
         lines = []
@@ -269,7 +274,8 @@ class SlickServer:
         return web.json_response({"success": True, "message": "Cache flushed."})
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        """POST /abort_request: ``{}`` or ``{"abort_all": true}`` aborts all, ``{"rid": ID}`` one request."""
+        """POST /abort_request: ``{}`` or ``{"abort_all": true}`` aborts all, ``{"rid": ID}`` one request, which
+        answers with its tokens so far and finish reason "abort" (an unknown rid: ``success`` false)."""
         body = await self._json(request, default={})
         if not isinstance(body, dict):
             raise RequestError("abort_request body must be a JSON object")
@@ -277,10 +283,9 @@ class SlickServer:
         if not isinstance(rid, str):
             raise RequestError("rid must be a string")
         if rid and not body.get("abort_all"):
-            task = self._tasks.get(rid)
-            if task is None:
+            if rid not in self.engine.progress():
                 return web.json_response({"success": False, "message": f"no running request with rid {rid!r}"})
-            task.cancel()
+            await self.engine.abort(rid)
             return web.json_response({"success": True, "message": f"aborted {rid}", "aborted": 1})
         n = await self.abort_everything()
         return web.json_response({"success": True, "message": "aborted all requests", "aborted": n})
@@ -308,33 +313,42 @@ class SlickServer:
                 new = await asyncio.shield(self.engine.update_weights(path=body["model_path"], version=version))
             except (FileNotFoundError, ValueError, KeyError, RuntimeError, OSError) as e:
                 return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+        paused = len(self.engine.progress()) if self.paused else 0
         return web.json_response({"success": True, "message": f"loaded weights from {body['model_path']}",
-                                  "weight_version": new, "num_paused_requests": 0,
+                                  "weight_version": new, "num_paused_requests": paused,
                                   "load_time_s": round(time.perf_counter() - t0, 4)})
 
     async def pause(self, request: web.Request) -> web.Response:
-        """POST /pause_generation ``{"mode": "abort"|"in_place"}``: new requests wait until continue.
+        """POST /pause_generation ``{"mode": "abort"|"in_place"|"retract"}``: no decode step runs until
+        /continue_generation; new requests are accepted and wait.
 
-        mode "abort" (default, as in SGLang) also aborts running requests; "in_place" lets them finish.
+        mode "abort" (default, as in SGLang) also aborts every request in flight (partial output kept).
+        "in_place" keeps them, KV cache included; they go on after continue under the weights loaded then.
+        "retract" behaves as "in_place" here (nothing is evicted: the cache is preallocated).
+        The answer lists ``{rid: tokens so far}`` of the requests left paused (``paused_requests``).
         """
         body = await self._json(request, default={})
         mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
         if mode not in ("abort", "in_place", "retract"):
             raise RequestError(f"unknown pause mode {mode!r} (abort, in_place, retract)")
-        self._resume.clear()
-        n = await self.abort_everything() if mode in ("abort", "retract") else 0
-        return web.json_response({"success": True, "message": f"paused ({mode})", "aborted": n})
+        await self.engine.pause_generation()
+        self.paused = True
+        n = await self.abort_everything() if mode == "abort" else 0
+        return web.json_response({"success": True, "message": f"paused ({mode})", "aborted": n,
+                                  "paused_requests": self.engine.progress()})
 
     async def resume(self, request: web.Request) -> web.Response:
-        """POST /continue_generation."""
-        self._resume.set()
+        """POST /continue_generation: paused and waiting requests go on (a no-op when not paused)."""
+        self.paused = False
+        await self.engine.continue_generation()
         return web.json_response({"success": True, "message": "generation continues"})
 
     # ----------------------------------------------------------- shutdown
     async def shutdown(self, grace_s: float = 10.0) -> None:
         """Refuse new work, abort in-flight requests and wait (bounded) for their answers."""
         self.shutting_down = True
-        self._resume.set()
+        self.paused = False
+        await self.engine.continue_generation()
         await self.engine.abort_all()
         deadline = time.monotonic() + grace_s
         while self._tasks and time.monotonic() < deadline:
