@@ -13,6 +13,7 @@ import sys
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
     "train": ("slick.loop.sync", "Run RL training (synchronous: rollout, train, sync weights)."),
+    "train-async": ("slick.loop.train_async", "Run RL training with rollout and training overlapping (docs/async.md)."),
     "serve": ("slick.engine.server", "Serve a HF model over HTTP with SGLang's native API."),
     "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),
     "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
@@ -22,7 +23,7 @@ COMMANDS = {
 
 def usage() -> str:
     lines = ["usage: slick <command> [options]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run `slick <command> --help` for the options of one command."]
     return "\n".join(lines)
 

@@ -55,7 +55,22 @@ class RolloutConfig:
     rollout_concurrency: int = F(256, "Maximum in-flight generate requests.")
     rollout_timeout: float = F(600.0, "Per-request timeout in seconds for HTTP engines.")
     engine_max_running: int = F(64, "Maximum sequences in the local engine's running batch.")
-    max_staleness: int = F(0, "Maximum policy-version lag of samples taken from the buffer (0 = synchronous).")
+    max_staleness: int = F(0, "Maximum policy-version lag of trained samples (0 = synchronous). slick train: "
+                           "the buffer's bound; slick train-async: no token is more than N versions older than "
+                           "the trainer at the optimizer step that uses it (docs/async.md).")
+    mask_offpolicy_in_partial_rollout: bool = F(False, "Keep the tokens of a continued partial sample that older "
+                                                "weights sampled, with loss mask 0 (only its newest version's "
+                                                "tokens are trained).")
+    async_buffer_size: Optional[int] = F(None, "slick train-async: most rollout batches buffered or in flight "
+                                         "ahead of the trainer (default: what --max-staleness allows).")
+    async_weight_update: str = F("wait", "slick train-async: how a weight update meets the rollouts in flight: "
+                                 "wait for them to finish (one-step-off), continue them under the new weights "
+                                 "(pause -> load -> continue), or resubmit them as prompt + tokens so far.",
+                                 choices=["wait", "continue", "resubmit"])
+    async_timeout: float = F(600.0, "slick train-async: seconds the trainer waits for a batch, and a weight "
+                             "update or checkpoint for the rollouts in flight, before the run fails naming it.")
+    rollout_num_threads: Optional[int] = F(None, "CPU threads for the in-process engine (default: all cores; "
+                                           "with slick train-async on CPU, the cores --train-num-threads leaves).")
     custom_generate_function_path: Optional[str] = F(None, "Dotted path to `async def generate(args, sample, sampling_params, engine) -> Sample`.")
     rollout_function_path: Optional[str] = F(None, "Dotted path to a function replacing the whole rollout step.")
     dynamic_sampling_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, group) -> bool` (keep group); `slick.rollout.filters.check_reward_nonzero_std` is built in.")
@@ -134,6 +149,8 @@ class TrainConfig:
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
     logprob_chunk_size: int = F(512, "Tokens per chunk when computing logprobs/entropy from logits.")
     device: str = F("auto", "Torch device for trainer and local engine (auto: cuda when present).")
+    train_num_threads: Optional[int] = F(None, "CPU threads for training (default: all cores; with slick "
+                                         "train-async on CPU, half of them, rounded up).")
 
 
 @dataclass

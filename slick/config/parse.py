@@ -165,8 +165,9 @@ def _coerce_yaml(flat: dict, path: str) -> dict:
 
 
 def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse.ArgumentParser] = None,
-                 validate: bool = True) -> Config:
-    """Parse flags (and --config YAML) into a validated ``Config``. Raises ConfigError."""
+                 validate: bool = True, driver: str = "sync") -> Config:
+    """Parse flags (and --config YAML) into a validated ``Config`` for ``driver`` ("sync" for slick train,
+    "async" for slick train-async). Raises ConfigError."""
     import sys
 
     from slick.config.validate import validate_config
@@ -182,5 +183,5 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
         values["sglang"] = {**values.get("sglang", {}), **sglang}
     cfg = Config.from_flat(values)
     if validate:
-        validate_config(cfg)
+        validate_config(cfg, driver=driver)
     return cfg

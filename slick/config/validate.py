@@ -110,8 +110,52 @@ def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
         problems += model_dir_problems(cfg.ref_load, "--ref-load", tokenizer=False)
 
 
-def validate_config(cfg: Config, check_files: bool = True) -> Config:
-    """Fill derived values and raise ConfigError listing every problem."""
+ASYNC_ONLY = {"async_buffer_size": None, "async_weight_update": "wait", "async_timeout": 600.0}
+NOT_ASYNC = ("partial_rollout", "over_sampling_batch_size", "rollout_function_path", "debug_rollout_only",
+             "load_debug_rollout_data")
+
+
+def async_lead(cfg: Config) -> int:
+    """Rollout steps the async producer may run ahead of the trainer: the largest L with
+    L * k + (k - 1) <= N (k optimizer steps per rollout, N = --max-staleness)."""
+    return (cfg.max_staleness + 1) // cfg.num_steps_per_rollout - 1
+
+
+def driver_problems(cfg: Config, driver: str, p: list[str]) -> None:
+    """Flags that only one driver uses, and what slick train-async needs to keep its staleness bound."""
+    if driver == "sync":
+        for name, default in ASYNC_ONLY.items():
+            if getattr(cfg, name) != default:
+                p.append(f"{flag_name(name)} is for slick train-async only (slick train is synchronous)")
+        return
+    for name in NOT_ASYNC:
+        if getattr(cfg, name):
+            p.append(f"{flag_name(name)} is not supported by slick train-async (use slick train)")
+    if cfg.async_buffer_size is not None and cfg.async_buffer_size < 1:
+        p.append(f"--async-buffer-size must be >= 1 (got {cfg.async_buffer_size})")
+    if cfg.async_timeout <= 0:
+        p.append(f"--async-timeout must be > 0 (got {cfg.async_timeout})")
+    k, n, interval = cfg.num_steps_per_rollout, cfg.max_staleness, cfg.update_weights_interval
+    if not k or interval < 1:
+        return
+    lead = async_lead(cfg)
+    if lead < 0:
+        p.append(f"--max-staleness {n} cannot be met with {k} optimizer steps per rollout "
+                 f"(--num-steps-per-rollout / --global-batch-size): the last one trains on the batch {k - 1} "
+                 f"versions after the first; use --max-staleness >= {k - 1}")
+    elif lead < interval - 1:
+        p.append(f"--update-weights-interval {interval} leaves the engines up to {interval - 1} rollout steps "
+                 f"behind, which --max-staleness {n} does not allow with {k} optimizer step(s) per rollout; "
+                 f"use --max-staleness >= {interval * k - 1}")
+    elif (lead > 0 or k > 1) and not (cfg.use_tis or cfg.use_rollout_logprobs):
+        p.append(f"--max-staleness {n} trains on samples from older policies but no off-policy correction is "
+                 f"chosen: add --use-tis (decoupled PPO: clip against the current policy, weight by the truncated "
+                 f"behaviour ratio; docs/async.md) or --use-rollout-logprobs (clip against the behaviour policy)")
+
+
+def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
+    """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
+    (slick train) or "async" (slick train-async)."""
     p: list[str] = []
     if cfg.rollout_batch_size <= 0:
         p.append("--rollout-batch-size must be positive")
@@ -138,9 +182,10 @@ def validate_config(cfg: Config, check_files: bool = True) -> Config:
         p.append(f"{flag} needs a trainer, but --debug-rollout-only builds none (nothing to save)")
     cluster_problems(cfg, p)
     megatron_problems(cfg, p)
+    driver_problems(cfg, driver, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
-    elif cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
+    elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
         # engines lag the trainer by up to (interval - 1) rollouts of optimizer steps: allow that staleness
         lag = (cfg.update_weights_interval - 1) * cfg.num_steps_per_rollout
         cfg.max_staleness = max(cfg.max_staleness, lag)

@@ -74,6 +74,11 @@ class RolloutBuffer:
             except RuntimeError:  # that event loop is closed
                 pass
 
+    def put_front(self, groups: list[list[Sample]]) -> None:
+        """Return groups just taken to the front, in their order (a consumer that took fewer than it needs)."""
+        with self._cond:
+            self._groups.extendleft(reversed([list(g) for g in groups]))
+
     # -- taking ---------------------------------------------------------------------------------
     def _drop_stale(self, current_version: int) -> None:
         floor = current_version - self.max_staleness

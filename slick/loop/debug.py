@@ -38,14 +38,17 @@ def load_rollout(directory: str, step: int) -> list[list[Sample]]:
     return list(groups.values())
 
 
-def save_train_data(directory: str, step: int, samples, rewards, tensors: dict, logprobs) -> Path:
-    """DIR/train_{step}.jsonl: one line per sample with raw reward, advantages and logprobs per token."""
+def save_train_data(directory: str, step: int, samples, rewards, tensors: dict, logprobs,
+                    train_versions: list[int]) -> Path:
+    """DIR/train_{step}.jsonl: one line per sample with raw reward, advantages and logprobs per token, the
+    policy version of each response token, the trainer's version at the sample's optimizer step, its epoch."""
     def tolist(x, i):
         return None if x is None else [round(float(v), 6) for v in x[i]]
 
     rows = []
     for i, s in enumerate(samples):
-        row = {"index": s.index, "group_index": s.group_index, "prompt_index": s.prompt_index,
+        row = {"index": s.index, "group_index": s.group_index, "prompt_index": s.prompt_index, "epoch": s.epoch,
+               "weight_versions": list(s.weight_versions), "train_version": train_versions[i],
                "reward": rewards[i], "advantages": tolist(tensors["advantages"], i),
                "loss_mask": list(s.loss_mask), "rollout_logprobs": list(s.rollout_logprobs),
                "logprobs": tolist(logprobs, i)}

@@ -1,9 +1,11 @@
 """A Run: every component of one training run, built from a Config, and the phases the driver calls."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -25,8 +27,26 @@ from slick.train.rng import seed_everything
 log = logging.getLogger("slick")
 
 
+def thread_split(cfg, overlap: bool, device_is_cpu: bool) -> tuple[int, int]:
+    """(training threads, rollout threads). Phases that take turns (slick train) each get every core; phases that
+    overlap on a CPU (slick train-async) split them, training ceil(n/2), so OpenMP teams never oversubscribe.
+    --train-num-threads / --rollout-num-threads override either."""
+    import torch
+
+    cores = torch.get_num_threads()
+    train = cores if not (overlap and device_is_cpu) else max(1, (cores + 1) // 2)
+    train = cfg.train_num_threads or train
+    roll = cores if not (overlap and device_is_cpu) else max(1, cores - train)
+    return train, cfg.rollout_num_threads or roll
+
+
 class Run:
-    def __init__(self, cfg):
+    """Every component of one run and the phases the drivers call. ``overlap``: rollout and training run at
+    the same time (slick train-async), which changes how CPU threads are split (:func:`thread_split`)."""
+
+    def __init__(self, cfg, overlap: bool = False):
+        import torch
+
         from slick.train.trainer import Trainer
 
         self.cfg = cfg
@@ -47,6 +67,12 @@ class Run:
         self.loss_fn = make_loss_fn(cfg)
         self.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
         self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
+        cpu = self.trainer is None or self.trainer.device.type == "cpu"
+        self.train_threads, rollout_threads = thread_split(cfg, overlap, cpu)
+        torch.set_num_threads(rollout_threads)   # this thread runs the event loop and the in-process engine
+        # training runs on its own thread so that the event loop (engine, rewards, HTTP) never waits for it
+        self._train_pool = ThreadPoolExecutor(1, thread_name_prefix="slick-train",
+                                              initializer=torch.set_num_threads, initargs=(self.train_threads,))
         self.start_step = self._maybe_resume()
         if cfg.num_rollout is not None:
             self.num_steps = cfg.num_rollout
@@ -130,16 +156,23 @@ class Run:
                         step, len(bad), bad[:10], self.cfg.rm_failure_reward)
         dump = self.cfg.save_debug_train_data
         debug_logp = self.trainer.compute_logprobs(samples, "actor") if dump else None  # an extra pass
+        # the trainer's version at each sample's optimizer step (samples are split into global batches in order)
+        v0, gbs = self.trainer.version, self.cfg.global_batch_size
+        train_versions = [v0 + i // gbs for i in range(len(samples))]
         try:
             metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn, step)
         except NonFiniteTrainingError as e:
             if dump:
-                debug.save_train_data(dump, step, samples, rewards, e.tensors, debug_logp)
+                debug.save_train_data(dump, step, samples, rewards, e.tensors, debug_logp, train_versions)
             raise
         if dump:
-            debug.save_train_data(dump, step, samples, rewards, tensors, debug_logp)
+            debug.save_train_data(dump, step, samples, rewards, tensors, debug_logp, train_versions)
         metrics["train/nonfinite_rewards"] = float(len(bad))
         return metrics
+
+    async def train_off_loop(self, step: int, groups) -> dict:
+        """:meth:`train` on the training thread; the event loop keeps serving the engine meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._train_pool, self.train, step, groups)
 
     async def sync_weights(self) -> dict:
         from slick.train.weight_sync import sync_weights
@@ -171,6 +204,7 @@ class Run:
         self.progress.update(step, metrics)
 
     async def close(self) -> None:
+        self._train_pool.shutdown(wait=True)
         self.progress.close()
         self.logger.close()
         await self.rewards.close()

@@ -40,7 +40,7 @@ async def train(cfg) -> Run:
                     log.warning("step %d: training on %d of %d groups (stale ones dropped, or kept back by "
                                 "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
             if not cfg.debug_rollout_only:
-                metrics.update(run.train(step, batch))
+                metrics.update(await run.train_off_loop(step, batch))
                 if (step + 1) % cfg.update_weights_interval == 0:
                     metrics.update(await run.sync_weights())
             metrics["perf/step_time"] = time.perf_counter() - t0

@@ -8,7 +8,9 @@ the rest. The engine is anything implementing ``slick.engine.base.Engine``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
 from typing import Optional
 
@@ -29,6 +31,22 @@ def sampling_from_config(cfg, *, eval: bool = False, stop_token_ids=None) -> Sam
     return SamplingParams(temperature=temp, top_p=cfg.eval_top_p if eval else cfg.rollout_top_p,
                           top_k=-1 if eval else cfg.rollout_top_k, max_new_tokens=max_len,
                           stop=list(cfg.rollout_stop) or None, stop_token_ids=stops or None)
+
+
+def seeded(sampling: SamplingParams, seed: int, salt: str, sample: Sample) -> SamplingParams:
+    """``sampling`` with a seed derived from (seed, salt, sample index, tokens so far), unless it has one."""
+    if sampling.seed is not None:
+        return sampling
+    derived = random.Random(f"slick-sample:{seed}:{salt}:{sample.index}:{len(sample.response_ids)}").getrandbits(63)
+    return dataclasses.replace(sampling, seed=derived)
+
+
+def mask_offpolicy(sample: Sample) -> None:
+    """--mask-offpolicy-in-partial-rollout: keep the tokens of a continued sample that older weights sampled,
+    but give them loss mask 0 (only the tokens of the sample's newest weight version are trained)."""
+    if sample.weight_versions:
+        newest = max(sample.weight_versions)
+        sample.loss_mask = [m if v == newest else 0 for m, v in zip(sample.loss_mask, sample.weight_versions)]
 
 
 async def default_generate(args, sample: Sample, sampling: SamplingParams, engine, tokenizer) -> Sample:
@@ -60,16 +78,30 @@ class RolloutManager:
         return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
 
     async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
-        """Generate every sample of a group concurrently, then score the group."""
+        """Generate every unfinished sample of a group concurrently, then score the group.
+
+        Without ``sampling`` (a training rollout) each request is seeded from (--rollout-seed, sample index,
+        tokens so far), so what a sample draws does not depend on which other requests share the engine.
+        A group whose samples all carry rewards already (handed back by an async checkpoint) is not re-scored.
+        """
+        salt = "train" if sampling is None else "eval"
         sampling = sampling or self.sampling
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
-        await asyncio.gather(*(self._generate_sample(s, sampling) for s in todo))
-        if all(s.status != Status.ABORTED for s in group):
+        await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s))
+                               for s in todo))
+        if all(s.status != Status.ABORTED for s in group) and (todo or any(s.reward is None for s in group)):
+            if self.cfg.mask_offpolicy_in_partial_rollout:
+                for s in todo:
+                    mask_offpolicy(s)
             t0 = time.perf_counter()
             await self.rewards.score_group(group)
             for s in group:
                 s.timings["reward"] = time.perf_counter() - t0
         return group
+
+    def keep(self, group: list[Sample]) -> bool:
+        """The dynamic-sampling filter's verdict on a scored group (always True without a filter)."""
+        return self.filter_fn is None or bool(self.filter_fn(self.cfg, group))
 
     async def generate_rollout(self, step: int) -> tuple[list[list[Sample]], dict]:
         """Return ``rollout_batch_size`` finished, scored (and filtered) groups plus rollout metrics."""
@@ -89,7 +121,7 @@ class RolloutManager:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 group = task.result()
-                if self.filter_fn is None or self.filter_fn(cfg, group):
+                if self.keep(group):
                     kept.append(group)
                 else:
                     dropped += 1
@@ -108,9 +140,10 @@ class RolloutManager:
             log.warning("step %d: only %d of %d groups passed the dynamic-sampling filter after %d groups",
                         step, len(kept), want, submitted)
         kept = sorted(kept, key=lambda g: g[0].group_index)[:want]  # batch order independent of timing
-        return kept, self._metrics(kept, dropped, time.perf_counter() - t0)
+        return kept, self.rollout_metrics(kept, dropped, time.perf_counter() - t0)
 
-    def _metrics(self, groups: list[list[Sample]], dropped: int, seconds: float) -> dict:
+    def rollout_metrics(self, groups: list[list[Sample]], dropped: int, seconds: float) -> dict:
+        """rollout/* and perf/rollout_* metrics of a batch of groups produced in ``seconds``."""
         samples = [s for g in groups for s in g]
         n = max(len(samples), 1)
         rewards = [self.rewards.scalar(s) for s in samples]

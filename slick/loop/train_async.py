@@ -1,0 +1,103 @@
+"""`slick train-async`: rollout and training overlap through the buffer (docs/async.md).
+
+A producer (slick/rollout/producer.py) keeps generating groups into the buffer, paced so that no trained
+token is more than --max-staleness versions old; the trainer takes a batch, trains on its own thread, and
+pushes weights through the interruptible engine (--async-weight-update wait | continue | resubmit).
+The same Run phases as `slick train`; --max-staleness 0 gives the batches of `slick train`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections import Counter
+
+from slick.config import ConfigError, build_parser, parse_config
+from slick.config.validate import async_lead
+from slick.loop.run import Run
+from slick.loop.step import NonFiniteTrainingError
+from slick.loop.sync import due
+from slick.rollout.interrupt import InterruptibleEngine
+from slick.rollout.producer import Producer
+
+log = logging.getLogger("slick")
+
+
+def staleness_metrics(batch, train_version: int) -> dict:
+    """rollout/staleness/*: per sample, the trainer's version minus the version of its oldest token."""
+    samples = [s for g in batch for s in g if s.weight_versions]
+    lags = [train_version - min(s.weight_versions) for s in samples]
+    tokens = sum(len(s.weight_versions) for s in samples)
+    old = sum(1 for s in samples for v in s.weight_versions if v < train_version)
+    m = {"rollout/staleness/mean": sum(lags) / max(len(lags), 1), "rollout/staleness/max": max(lags, default=0),
+         "rollout/offpolicy_token_frac": old / max(tokens, 1)}
+    m.update({f"rollout/staleness/hist/{lag}": n for lag, n in sorted(Counter(lags).items())})
+    return m
+
+
+async def train_async(cfg) -> Run:
+    run = Run(cfg, overlap=True)
+    k = cfg.num_steps_per_rollout
+    lead = async_lead(cfg)
+    run.buffer.max_staleness = lead * k          # backstop, in versions at the start of a step's training
+    engine = InterruptibleEngine(run.engines.engine, cfg.async_weight_update, cfg.async_timeout)
+    run.manager.engine = engine
+    producer = Producer(cfg, run.manager, run.buffer, run.data, engine, lead=lead, synced_steps=run.start_step,
+                        consumed_steps=run.start_step, num_steps=run.num_steps)
+    try:
+        await run.start()
+        producer.start()
+        if run.start_step == 0 and run.eval_sets:
+            run.log(await run.evaluate(), 0)
+        last, filtered = time.perf_counter(), 0
+        for step in range(run.start_step, run.num_steps):
+            t0 = time.perf_counter()
+            batch = await producer.take(run.version, cfg.async_timeout)
+            metrics = {"perf/trainer_idle_time": time.perf_counter() - t0}
+            # perf/rollout_time: seconds between two batches becoming ready (the rollout side's period)
+            metrics.update(run.manager.rollout_metrics(batch, producer.filtered - filtered, time.perf_counter() - last))
+            last, filtered = time.perf_counter(), producer.filtered
+            metrics.update(staleness_metrics(batch, run.version))
+            metrics.update(await run.train_off_loop(step, batch))
+            done = step + 1
+            if done % cfg.update_weights_interval == 0:
+                paused0 = engine.paused_time
+                if cfg.async_weight_update == "wait":          # one-step-off: let the rollouts in flight finish
+                    await producer.drain(cfg.async_timeout)
+                metrics.update(await engine.update(run.sync_weights))
+                producer.weights_synced(done)
+                producer.resume()
+                metrics["perf/paused_time"] = engine.paused_time - paused0
+            if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
+                metrics.update(await run.evaluate())
+            if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):
+                await producer.quiesce(cfg.async_timeout)      # untrained groups go into the checkpoint
+                run.save(done)
+                producer.resume()
+            metrics.update(run.buffer.stats())
+            metrics.update({"perf/rollout_idle_time": producer.take_idle_time(),
+                            "rollout/resubmitted_requests": engine.resubmitted})
+            metrics["perf/step_time"] = time.perf_counter() - t0
+            metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
+            run.log(metrics, done)
+    finally:
+        await producer.stop()
+        await run.close()
+    return run
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = parse_config(argv, build_parser("slick train-async"), driver="async")
+    except ConfigError as e:
+        print(f"slick train-async: {e}", file=sys.stderr)
+        return 2
+    try:
+        run = asyncio.run(train_async(cfg))
+    except (NonFiniteTrainingError, TimeoutError) as e:
+        print(f"slick train-async: error: {e}", file=sys.stderr)
+        return 1
+    print(f"run directory: {run.run_dir}")
+    return 0
