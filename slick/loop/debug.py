@@ -48,7 +48,7 @@ def save_train_data(directory: str, step: int, samples, rewards, tensors: dict, 
     rows = []
     for i, s in enumerate(samples):
         row = {"index": s.index, "group_index": s.group_index, "prompt_index": s.prompt_index, "epoch": s.epoch,
-               "weight_versions": list(s.weight_versions), "train_version": train_versions[i],
+               "response_ids": list(s.response_ids), "weight_versions": list(s.weight_versions), "train_version": train_versions[i],
                "reward": rewards[i], "advantages": tolist(tensors["advantages"], i),
                "loss_mask": list(s.loss_mask), "rollout_logprobs": list(s.rollout_logprobs),
                "logprobs": tolist(logprobs, i)}
