@@ -11,7 +11,7 @@ from tests.test_engine_local import make_spiky_model
 
 pytestmark = pytest.mark.timeout(300)
 
-N = 400                                    # long enough that a pause lands in the middle
+N = 400                                    # long enough that a pause or an abort lands in the middle
 LONG = SamplingParams(temperature=0.0, max_new_tokens=N, ignore_eos=True)
 PROMPT = [1, 422, 2014, 314, 253, 1232, 30]
 
@@ -29,7 +29,7 @@ def reference(spiky):
     """The uninterrupted greedy generation of PROMPT (N tokens) under the first model."""
     eng = LocalEngine(spiky[0], dtype="fp32", max_running=4)
     try:
-        return asyncio.run(asyncio.wait_for(eng.generate(PROMPT, LONG), 120))
+        return asyncio.run(within(eng.generate(PROMPT, LONG), 240, "the reference generation"))
     finally:
         eng.close_sync()
 
@@ -41,8 +41,16 @@ def engine(request, spiky):
     eng.close_sync()
 
 
-def run(coro, limit=120):
-    return asyncio.run(asyncio.wait_for(coro, limit))
+async def within(aw, seconds, what):
+    """Await ``aw`` for at most ``seconds``; on timeout fail naming ``what``."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what} did not finish within {seconds}s") from None
+
+
+def run(coro, limit=240, what="the test's requests"):
+    return asyncio.run(within(coro, limit, what))
 
 
 async def wait_tokens(eng, rid, k, limit=60.0):
@@ -81,7 +89,7 @@ def test_pause_continue_without_update_changes_nothing(engine, reference):
         assert not task.done()
         await engine.continue_generation()
         await engine.continue_generation()                # idempotent
-        return k, await asyncio.wait_for(task, 60)
+        return k, await within(task, 180, "request r1 after continue_generation")
 
     k, gen = run(go())
     assert 10 <= k < N
@@ -96,14 +104,16 @@ def test_update_while_paused_switches_versions_at_the_pause_point(engine, refere
     async def go():
         task = asyncio.ensure_future(engine.generate(PROMPT, LONG, rid="r1"))
         k = await pause_after(engine, "r1", 10)
-        v = await asyncio.wait_for(engine.update_weights(named_tensors=new_weights.items()), 30)
+        v = await within(engine.update_weights(named_tensors=new_weights.items()), 30,
+                           "update_weights while paused")
         assert engine.progress()["r1"] == k               # the update ran no step either
         late = asyncio.ensure_future(engine.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=5,
                                                                             ignore_eos=True), rid="late"))
         await asyncio.sleep(0.1)
         assert engine.progress()["late"] == 0 and not late.done()   # accepted, waits for continue
         await engine.continue_generation()
-        return k, v, await asyncio.wait_for(task, 60), await asyncio.wait_for(late, 60)
+        return (k, v, await within(task, 180, "request r1 after continue_generation"),
+                await within(late, 180, "request late after continue_generation"))
 
     k, v, gen, late = run(go())
     assert v == 1 and 10 <= k < N
@@ -127,13 +137,14 @@ def test_pause_update_continue_does_not_deadlock(engine, spiky):
         tasks = [asyncio.ensure_future(engine.generate(PROMPT, LONG, rid=f"r{i}")) for i in range(3)]
         await wait_tokens(engine, "r2", 2)
         for version, path in ((7, other), (8, d)):         # twice, from a directory, with running requests
-            await engine.pause_generation()
-            assert await engine.update_weights(path=str(path), version=version) == version
-            await engine.continue_generation()
+            await within(engine.pause_generation(), 30, "pause_generation")
+            assert await within(engine.update_weights(path=str(path), version=version), 30,
+                                "update_weights while paused") == version
+            await within(engine.continue_generation(), 30, "continue_generation")
             await asyncio.sleep(0.01)
-        return await asyncio.gather(*tasks)
+        return await within(asyncio.gather(*tasks), 180, "the three requests after the updates")
 
-    gens = run(go(), limit=60)        # a deadlock fails here, naming the timeout
+    gens = run(go())
     for g in gens:
         assert g.finish_reason == "length" and len(g.token_ids) == N
         assert g.weight_versions == sorted(g.weight_versions) and g.weight_versions[-1] == 8
@@ -148,9 +159,9 @@ def test_abort_by_rid_only_stops_that_request(engine, reference):
         await engine.abort("train-7")
         await engine.abort("train-7")                     # finished: no-op
         await engine.abort("no-such-rid")                 # unknown: no-op
-        t = await asyncio.wait_for(train, 5)              # returns promptly
+        t = await within(train, 5, "the aborted request train-7")   # returns promptly
         assert not ev.done()
-        return t, await asyncio.wait_for(ev, 60)
+        return t, await within(ev, 180, "request eval-7 beside the aborted one")
 
     t, e = run(go())
     assert t.finish_reason == "abort" and 5 <= len(t.token_ids) < N
@@ -174,7 +185,7 @@ def test_abort_while_paused_and_of_a_queued_request(spiky):
             assert eng.stats()["queued"] == 1 and eng.progress()["b"] == 0
             await eng.abort("b")                          # queued
             await eng.abort("a")                          # running, while paused
-            ga, gb = await asyncio.wait_for(asyncio.gather(a, b), 5)
+            ga, gb = await within(asyncio.gather(a, b), 5, "requests a and b aborted while paused")
             await eng.continue_generation()
             again = await eng.generate(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=3), rid="a")
             return ka, ga, gb, again
@@ -189,11 +200,16 @@ def test_abort_while_paused_and_of_a_queued_request(spiky):
 
 def test_duplicate_rid_in_flight_is_refused(engine):
     async def go():
+        await engine.pause_generation()                   # the first request stays queued: in flight
         a = asyncio.ensure_future(engine.generate(PROMPT, LONG, rid="same"))
-        await wait_tokens(engine, "same", 1)
+        await asyncio.sleep(0.05)
+        assert engine.progress() == {"same": 0}
         with pytest.raises(ValueError, match="rid 'same' is already in flight"):
             await engine.generate(PROMPT, LONG, rid="same")
         await engine.abort("same")
-        return await a
+        gen = await within(a, 5, "the aborted queued request 'same'")
+        await engine.continue_generation()
+        return gen
 
-    assert run(go()).finish_reason == "abort"
+    gen = run(go())
+    assert gen.finish_reason == "abort" and gen.token_ids == []

@@ -13,7 +13,7 @@ from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)
 
-N = 800
+N = 600                  # long enough that a pause or an abort lands in the middle
 LONG = SamplingParams(temperature=0.0, max_new_tokens=N, ignore_eos=True)
 PROMPT = [1, 422, 2014, 314, 253, 1232, 30]
 
@@ -40,13 +40,21 @@ def reference(models):
 
     eng = LocalEngine(models[0], dtype="fp32", max_running=2)
     try:
-        return asyncio.run(asyncio.wait_for(eng.generate(PROMPT, LONG), 120))
+        return asyncio.run(within(eng.generate(PROMPT, LONG), 240, "the reference generation"))
     finally:
         eng.close_sync()
 
 
-def run(coro, limit=120):
-    return asyncio.run(asyncio.wait_for(coro, limit))
+async def within(aw, seconds, what):
+    """Await ``aw`` for at most ``seconds``; on timeout fail naming ``what``."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what} did not finish within {seconds}s") from None
+
+
+def run(coro, limit=240, what="the test's requests"):
+    return asyncio.run(within(coro, limit, what))
 
 
 async def inflight(url) -> dict:
@@ -92,7 +100,7 @@ def test_pause_continue_over_http_changes_nothing(workers, reference):
             await eng.pause_generation()                     # idempotent
             assert not task.done()
             await eng.continue_generation()
-            return k, await asyncio.wait_for(task, 60)
+            return k, await within(task, 180, "request h1 after continue_generation")
         finally:
             await eng.close()
 
@@ -113,10 +121,11 @@ def test_update_while_paused_over_http_switches_versions_at_the_pause_point(work
             v = await eng.get_weight_version()
             task = asyncio.ensure_future(eng.generate(PROMPT, LONG, rid="h2"))
             k = await pause_after(eng, url, "h2", 10)
-            new = await asyncio.wait_for(eng.update_weights(path=str(other), version=v + 1), 30)
+            new = await within(eng.update_weights(path=str(other), version=v + 1), 30,
+                               "update_weights_from_disk while paused")
             assert (await inflight(url))["h2"] == k
             await eng.continue_generation()
-            gen = await asyncio.wait_for(task, 60)
+            gen = await within(task, 180, "request h2 after continue_generation")
             assert await eng.update_weights(path=str(d), version=v + 2) == v + 2     # restore the weights
             return v, k, new, gen
         finally:
@@ -152,9 +161,9 @@ def test_abort_by_rid_over_http_only_stops_that_request(workers, reference):
             await wait_tokens(url, "eval-3", 5)
             await eng.abort("train-3")
             await eng.abort("no-such-rid")                  # unknown: no-op
-            t = await asyncio.wait_for(train, 10)
+            t = await within(train, 10, "the aborted request train-3")
             assert not ev.done()
-            return t, await asyncio.wait_for(ev, 60)
+            return t, await within(ev, 180, "request eval-3 beside the aborted one")
         finally:
             await eng.close()
 
@@ -167,18 +176,24 @@ def test_duplicate_rid_is_refused_with_400(workers):
     async def go():
         eng = HttpEngine([url])
         try:
+            await eng.pause_generation()                     # the first request waits in the engine: in flight
             a = asyncio.ensure_future(eng.generate(PROMPT, LONG, rid="dup"))
-            await wait_tokens(url, "dup", 1)
+            t0 = time.monotonic()
+            while "dup" not in await inflight(url):
+                assert time.monotonic() - t0 < 30, "request 'dup' never reached the engine"
+                await asyncio.sleep(0.01)
             st, out = await asyncio.to_thread(
                 call, url, "/generate", {"input_ids": PROMPT, "rid": "dup", "sampling_params": {"max_new_tokens": 2}})
             await eng.abort("dup")
-            return st, out, await asyncio.wait_for(a, 10)
+            gen = await within(a, 10, "the aborted request 'dup'")
+            await eng.continue_generation()
+            return st, out, gen
         finally:
             await eng.close()
 
     st, out, gen = run(go())
     assert st == 400 and "rid 'dup' is already in flight" in out["error"]
-    assert gen.finish_reason == "abort"
+    assert gen.finish_reason == "abort" and gen.token_ids == []
 
 
 def test_pause_mode_abort_aborts_and_new_requests_wait(workers):
@@ -191,14 +206,14 @@ def test_pause_mode_abort_aborts_and_new_requests_wait(workers):
             await wait_tokens(url, "m1", 3)
             st, out = await asyncio.to_thread(call, url, "/pause_generation", {"mode": "abort"})
             assert st == 200 and out["aborted"] == 1 and out["paused_requests"] == {}
-            aborted = await asyncio.wait_for(task, 10)
+            aborted = await within(task, 10, "request m1 aborted by pause mode abort")
             late = asyncio.ensure_future(eng.generate(PROMPT, SamplingParams(temperature=0, max_new_tokens=4,
                                                                              ignore_eos=True), rid="m2"))
             await asyncio.sleep(0.3)
             waiting = (await inflight(url)).get("m2")
             assert not late.done()
             await eng.continue_generation()
-            return aborted, waiting, await asyncio.wait_for(late, 30)
+            return aborted, waiting, await within(late, 120, "request m2 after continue_generation")
         finally:
             await eng.close()
 
@@ -228,9 +243,9 @@ def test_abort_by_rid_through_the_router(workers, reference):
                 await asyncio.sleep(0.005)
             await eng.pause_generation()
             await eng.abort("train-r")
-            t = await asyncio.wait_for(train, 10)
+            t = await within(train, 10, "the aborted request train-r")
             await eng.continue_generation()
-            return t, await asyncio.wait_for(ev, 60)
+            return t, await within(ev, 180, "request eval-r beside the aborted one")
         finally:
             await eng.close()
 

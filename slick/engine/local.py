@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import random
@@ -33,6 +34,7 @@ import torch
 
 from slick.engine.kvcache import KVCache
 from slick.engine.model import Transformer, iter_safetensors, pick_dtype
+from slick.engine.request import Request, deliver
 from slick.engine.sampling import sample
 from slick.engine.weight_check import check_dir, check_named
 from slick.types import Generation, SamplingParams
@@ -42,21 +44,6 @@ log = logging.getLogger("slick.engine")
 PREFILL_TOKEN_BUDGET = 8192     # padded prompt tokens per prefill forward
 MIN_SHARED_PREFIX = 8           # prompts admitted together that share at least this many leading tokens
                                 # (a system prompt, a chat template) compute that prefix once
-
-
-class _Request:
-    __slots__ = ("rid", "prompt", "sp", "loop", "future", "out", "lps", "versions", "rng", "max_new", "stop_ids",
-                 "stop_strs", "stop_tail", "cancelled", "cached")
-
-    def __init__(self, rid, prompt, sp, loop, future, rng, max_new, stop_ids, stop_strs):
-        self.rid, self.prompt, self.sp, self.loop, self.future = rid, prompt, sp, loop, future
-        self.out: list[int] = []
-        self.lps: list[float] = []
-        self.versions: list[int] = []   # weight version that sampled each token of ``out``
-        self.rng, self.max_new, self.stop_ids, self.stop_strs = rng, max_new, stop_ids, stop_strs
-        self.stop_tail = max((len(s) for s in stop_strs), default=0) + 8   # tokens to decode for stop check
-        self.cancelled = False
-        self.cached = 0          # positions of this sequence held in the KV cache
 
 
 class LocalEngine:
@@ -97,11 +84,12 @@ class LocalEngine:
                              self.max_running, self.max_context)
         self._rng = random.Random(seed)
         self._version = 0
-        self._queue: collections.deque[_Request] = collections.deque()
-        self._running: list[_Request] = []          # index == KV slot
-        self._by_rid: dict[str, _Request] = {}       # requests in flight (queued or running) by rid
+        self._queue: collections.deque[Request] = collections.deque()
+        self._running: list[Request] = []          # index == KV slot
+        self._by_rid: dict[str, Request] = {}       # requests in flight (queued or running) by rid
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
+        self._control = 0        # control calls waiting for the step lock; the scheduler thread yields to them
         self._closed = False
         self._paused = False
         self._counters = collections.Counter()
@@ -139,7 +127,7 @@ class LocalEngine:
         # ignore_eos drops the stop tokens, as in SGLang (EOS and stop_token_ids); stop strings still apply
         stop_ids = set() if sp.ignore_eos else set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
         stop_strs = [s for s in (sp.stop or ()) if s]
-        req = _Request(rid, prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
+        req = Request(rid, prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
         if max_new == 0:
             return Generation([], [], "length", self._version, len(prompt), "", weight_versions=[])
         with self._cv:
@@ -185,7 +173,7 @@ class LocalEngine:
             named = iter_safetensors(check_dir(self.model.targets, path))
         else:
             named = check_named(self.model.targets, named_tensors)
-        with self._step_lock:
+        with self._between_steps():
             seen = self.model.copy_named(named, strict=True)
             self._version = int(version) if version is not None else self._version + 1
         log.info("weights updated (%d tensors) -> version %d in %.2fs", len(seen), self._version,
@@ -206,7 +194,7 @@ class LocalEngine:
         await asyncio.to_thread(self._abort_sync, rid)
 
     def _abort_sync(self, rid: str) -> None:
-        with self._step_lock:
+        with self._between_steps():
             with self._cv:
                 r = self._by_rid.get(rid)
                 if r is None:
@@ -232,7 +220,7 @@ class LocalEngine:
     def _pause_sync(self) -> None:
         with self._cv:
             self._paused = True
-        with self._step_lock:    # a step already under way finishes first; later ones see the flag
+        with self._between_steps():    # a step already under way finishes first; later ones see the flag
             pass
 
     async def continue_generation(self) -> None:
@@ -255,7 +243,7 @@ class LocalEngine:
             return {rid: len(r.out) for rid, r in self._by_rid.items()}
 
     def _abort_all_sync(self) -> None:
-        with self._step_lock:
+        with self._between_steps():
             with self._cv:
                 reqs = list(self._running) + list(self._queue)
                 self._running.clear()
@@ -322,12 +310,27 @@ class LocalEngine:
             raise ValueError(f"prompt has {len(prompt)} tokens; the context limit is {self.max_context}")
         return prompt
 
+    @contextlib.contextmanager
+    def _between_steps(self):
+        """Hold the step lock for a control call (weights, aborts, pause). The threaded scheduler sees the
+        waiting call and stops taking the lock after its current step (a plain Lock is not fair: a thread that
+        releases and re-takes it at once could starve the caller until every request finished)."""
+        with self._cv:
+            self._control += 1
+        try:
+            with self._step_lock:
+                yield
+        finally:
+            with self._cv:
+                self._control -= 1
+                self._cv.notify_all()
+
     def _run(self) -> None:
         """The background scheduler thread (threaded mode)."""
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not self._closed and (self._paused or (not self._queue and not self._running)):
+                while not self._closed and (self._paused or self._control or (not self._queue and not self._running)):
                     self._cv.wait()
                 if self._closed:
                     return
@@ -358,7 +361,7 @@ class LocalEngine:
                     reqs = list(self._running)
                     self._running.clear()
                 for r in reqs:
-                    _deliver(r, exc=RuntimeError(f"LocalEngine step failed: {e!r}"))
+                    deliver(r, exc=RuntimeError(f"LocalEngine step failed: {e!r}"))
 
     def _step(self) -> None:
         self._drop_cancelled()
@@ -381,7 +384,7 @@ class LocalEngine:
             self._running.pop()
 
     def _admit(self) -> None:
-        new: list[_Request] = []
+        new: list[Request] = []
         with self._cv:
             while self._queue and len(self._running) + len(new) < self.max_running:
                 r = self._queue.popleft()
@@ -468,7 +471,7 @@ class LocalEngine:
         with self._cv:
             self._release(done)
 
-    def _finish_reason(self, r: _Request, tok: int) -> Optional[str]:
+    def _finish_reason(self, r: Request, tok: int) -> Optional[str]:
         if tok in r.stop_ids:
             return "stop"
         if r.stop_strs:
@@ -479,12 +482,12 @@ class LocalEngine:
             return "length"
         return None
 
-    def _finish(self, r: _Request, reason: str) -> None:
+    def _finish(self, r: Request, reason: str) -> None:
         self._counters["finished"] += 1
         with self._cv:
             if self._by_rid.get(r.rid) is r:
                 del self._by_rid[r.rid]
-        _deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt),
+        deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt),
                                weight_versions=list(r.versions)))
 
 
@@ -499,21 +502,6 @@ def _shared_prefix(prompts: list) -> int:
     while i < n and lo[i] == hi[i]:
         i += 1
     return i if i >= MIN_SHARED_PREFIX else 0
-
-
-def _deliver(r: _Request, gen: Optional[Generation] = None, exc: Optional[BaseException] = None) -> None:
-    def _set():
-        if r.future.done():
-            return
-        if exc is not None:
-            r.future.set_exception(exc)
-        else:
-            r.future.set_result(gen)
-
-    try:
-        r.loop.call_soon_threadsafe(_set)
-    except RuntimeError:  # the caller's event loop is closed; nobody is waiting any more
-        pass
 
 
 def _eos_ids(tokenizer, path: Path) -> list[int]:

@@ -233,7 +233,8 @@ class SlickServer:
         info = dict(self.server_args)
         info.update({"model_path": self.model_path, "context_length": self.engine.max_context,
                      "weight_version": await self.engine.get_weight_version(),
-                     "paused": self.paused, "inflight_tokens": self.engine.progress(), "uptime_s": round(time.time() - self.started, 3),
+                     "paused": self.paused, "inflight_tokens": self.engine.progress(),
+                     "uptime_s": round(time.time() - self.started, 3),
                      "internal_states": [self.engine.stats()], "version": _version()})
         return web.json_response(info)
 
