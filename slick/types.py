@@ -109,6 +109,7 @@ class Sample:
     index: int = 0                      # unique sample id within the run
     group_index: int = 0                # samples of one prompt share a group index
     prompt_index: int = 0               # row of the prompt in its dataset
+    epoch: int = 0                      # pass over the dataset the prompt was drawn in
     prompt: Union[str, list[dict]] = ""
     label: Any = None
     metadata: dict = field(default_factory=dict)

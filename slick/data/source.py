@@ -65,7 +65,7 @@ class DataSource:
         for _ in range(self.n_samples_per_prompt):
             group.append(Sample(
                 index=self.next_sample_index, group_index=self.next_group_index,
-                prompt_index=int(row.get("prompt_index", row_pos)),
+                prompt_index=int(row.get("prompt_index", row_pos)), epoch=self.epoch,
                 prompt=copy.deepcopy(row["prompt"]), label=copy.deepcopy(row.get("label")),
                 metadata=copy.deepcopy(row.get("metadata") or {}), tools=copy.deepcopy(row.get("tools")),
                 prompt_ids=list(row["prompt_ids"])))

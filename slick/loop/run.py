@@ -68,8 +68,9 @@ class Run:
         self.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
         self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
         cpu = self.trainer is None or self.trainer.device.type == "cpu"
-        self.train_threads, rollout_threads = thread_split(cfg, overlap, cpu)
-        torch.set_num_threads(rollout_threads)   # this thread runs the event loop and the in-process engine
+        self.cores = torch.get_num_threads()
+        self.train_threads, self.rollout_threads = thread_split(cfg, overlap, cpu)
+        torch.set_num_threads(self.rollout_threads)   # this thread runs the event loop and the in-process engine
         # training runs on its own thread so that the event loop (engine, rewards, HTTP) never waits for it
         self._train_pool = ThreadPoolExecutor(1, thread_name_prefix="slick-train",
                                               initializer=torch.set_num_threads, initargs=(self.train_threads,))

@@ -13,6 +13,8 @@ import sys
 import time
 from collections import Counter
 
+import torch
+
 from slick.config import ConfigError, build_parser, parse_config
 from slick.config.validate import async_lead
 from slick.loop.run import Run
@@ -43,6 +45,10 @@ async def train_async(cfg) -> Run:
     run.buffer.max_staleness = lead * k          # backstop, in versions at the start of a step's training
     engine = InterruptibleEngine(run.engines.engine, cfg.async_weight_update, cfg.async_timeout)
     run.manager.engine = engine
+    share_cores = run.trainer.device.type == "cpu" and not (cfg.train_num_threads or cfg.rollout_num_threads)
+    if share_cores:  # the trainer takes every core while no request is in flight, its share while one is
+        run.trainer.thread_budget = lambda: run.train_threads if engine.busy() else run.cores
+        torch.set_num_threads(run.cores)                     # the engine's, until the trainer starts
     producer = Producer(cfg, run.manager, run.buffer, run.data, engine, lead=lead, synced_steps=run.start_step,
                         consumed_steps=run.start_step, num_steps=run.num_steps)
     try:
@@ -59,7 +65,11 @@ async def train_async(cfg) -> Run:
             metrics.update(run.manager.rollout_metrics(batch, producer.filtered - filtered, time.perf_counter() - last))
             last, filtered = time.perf_counter(), producer.filtered
             metrics.update(staleness_metrics(batch, run.version))
+            if share_cores:
+                torch.set_num_threads(run.rollout_threads)     # the engine's share while the trainer runs
             metrics.update(await run.train_off_loop(step, batch))
+            if share_cores:
+                torch.set_num_threads(run.cores)               # every core while the trainer waits
             done = step + 1
             if done % cfg.update_weights_interval == 0:
                 paused0 = engine.paused_time

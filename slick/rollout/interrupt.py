@@ -86,6 +86,10 @@ class InterruptibleEngine:
             part += 1
 
     # ---------------------------------------------------------------- control
+    def busy(self) -> bool:
+        """Whether any request (of any kind) is in flight."""
+        return bool(self._inflight)
+
     def inflight(self, kind: str = "train") -> int:
         return sum(1 for k in self._inflight.values() if k == kind)
 

@@ -87,6 +87,8 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
+        # () -> CPU threads for the next micro-batch (set by a driver whose rollout overlaps training)
+        self.thread_budget: Optional[Callable[[], int]] = None
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
         self.ref_model = None
         if self.has_ref:
@@ -134,8 +136,12 @@ class Trainer:
             return pack_shared_prompts(samples, idx)
         return pack(samples, idx)
 
-    def _micro_batches(self, samples: Sequence) -> list[list[int]]:
-        return split_micro_batches(samples, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+    def _micro_batches(self, samples: Sequence) -> Iterator[list[int]]:
+        """Micro-batches in order; before each, the CPU thread count from ``thread_budget`` when one is set."""
+        for idx in split_micro_batches(samples, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch):
+            if self.thread_budget is not None:
+                torch.set_num_threads(self.thread_budget())
+            yield idx
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list[torch.Tensor]:
