@@ -101,3 +101,23 @@ def test_cli_dispatch(tmp_path):
     _write_run(tmp_path / "run")
     assert slick_main(["plot", str(tmp_path / "run")]) == 0
     assert png_size(tmp_path / "run" / "plots" / "reward.png") == (640, 400)
+
+
+def test_activity_plot_for_train_async_runs():
+    rows = [{"step": s, "perf/train_time": 2.0, "perf/trainer_idle_time": 0.5 * s, "perf/rollout_idle_time": 1.0,
+             "perf/paused_time": 0.1, "perf/step_time": 2.6 + 0.5 * s} for s in (1, 2, 3)]
+    specs = figure_specs(rows)
+    assert specs["activity.png"] == ["perf/train_time", "perf/trainer_idle_time", "perf/rollout_idle_time",
+                                     "perf/paused_time"]
+    assert "perf/rollout_idle_time" not in specs["step_time.png"]      # overlaps the step: not one of its parts
+    figs = build_figures(rows)
+    try:
+        lines = {l.get_label(): list(l.get_ydata()) for l in figs["activity.png"].axes[0].get_lines()}
+        assert lines["perf/trainer_idle_time"] == [0.5, 1.0, 1.5]
+    finally:
+        import matplotlib.pyplot as plt
+
+        for f in figs.values():
+            plt.close(f)
+    sync_rows = [{"step": 1, "perf/train_time": 2.0, "perf/step_time": 3.0}]
+    assert figure_specs(sync_rows)["activity.png"] == []

@@ -3,7 +3,9 @@
 Writes ``reward.png`` (rollout/raw_reward), ``eval.png`` (every eval/* curve), ``response_len.png``
 (rollout/response_len/mean), ``kl.png`` (train/ppo_kl, train/kl_loss) and ``step_time.png`` (a stacked
 split of perf/rollout_time, perf/train_time, perf/update_weights_time and any other perf/*_time, with
-perf/step_time drawn as a line when present). A plot whose metrics are absent is skipped with a note.
+perf/step_time drawn as a line when present) and, for slick train-async runs, ``activity.png`` (per step: the
+trainer's busy and idle seconds, the rollout side's idle seconds and the seconds paused for weight updates).
+A plot whose metrics are absent is skipped with a note.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from slick.observe.metrics import METRICS_FILE, read_metrics, series
 
 TIME_ORDER = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time")
 STEP_TIME = "perf/step_time"
+# slick train-async: what the trainer (consumer) and the rollout side (producer) did in each step
+ACTIVITY = ("perf/train_time", "perf/trainer_idle_time", "perf/rollout_idle_time", "perf/paused_time")
 
 
 def _keys(rows: list[dict]) -> set[str]:
@@ -28,7 +32,7 @@ def _keys(rows: list[dict]) -> set[str]:
 def _time_keys(keys: set[str]) -> list[str]:
     """perf/*_time parts of a step (not the total perf/step_time), in a stable order."""
     others = sorted(k for k in keys if k.startswith("perf/") and k.endswith("_time")
-                    and k != STEP_TIME and k not in TIME_ORDER)
+                    and k != STEP_TIME and k not in TIME_ORDER and k != "perf/rollout_idle_time")
     return [k for k in TIME_ORDER if k in keys] + others
 
 
@@ -41,6 +45,7 @@ def figure_specs(rows: list[dict]) -> dict[str, list[str]]:
         "response_len.png": [k for k in ("rollout/response_len/mean",) if k in keys],
         "kl.png": [k for k in ("train/ppo_kl", "train/kl_loss") if k in keys],
         "step_time.png": _time_keys(keys),
+        "activity.png": [k for k in ACTIVITY if k in keys] if "perf/trainer_idle_time" in keys else [],
     }
 
 
@@ -92,7 +97,8 @@ def build_figures(rows: list[dict]) -> dict[str, object]:
     specs = figure_specs(rows)
     figs: dict[str, object] = {}
     meta = {"reward.png": ("rollout reward", "raw reward"), "eval.png": ("eval", "score"),
-            "response_len.png": ("response length", "tokens"), "kl.png": ("KL", "value")}
+            "response_len.png": ("response length", "tokens"), "kl.png": ("KL", "value"),
+            "activity.png": ("producer / consumer activity (train-async)", "seconds per step")}
     for name, keys in specs.items():
         if not keys:
             continue
