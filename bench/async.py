@@ -78,7 +78,7 @@ def run_one(driver: str, setting: str, args, model_dir: Path, train: Path, test:
             "--rollout-max-response-len", "24", "--lr", "2e-5", "--num-rollout", str(args.steps),
             "--eval-interval", str(args.steps), "--n-samples-per-eval-prompt", "4", "--eval-temperature", "1.0",
             "--micro-batch-size", "16", "--rollout-shuffle", "--seed", "1", "--run-dir", str(run_dir),
-            "--no-progress", "--rm-concurrency", "64"]
+            "--no-progress"]
     argv += ["--rm-type", "gsm8k"] if setting == "a" else ["--rm-type", "remote_rm", "--rm-url", rm_url]
     if driver == "train-async":
         argv += ["--max-staleness", "1", "--use-tis"] + args.async_args.split()
