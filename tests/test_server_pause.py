@@ -8,6 +8,7 @@ import pytest
 from slick.engine.client import HttpEngine
 from slick.engine.router import launch_router, launch_workers, router_available
 from slick.types import SamplingParams
+from tests.test_engine_interrupt import run, within
 from tests.test_engine_local import make_spiky_model
 from tests.test_server import call
 
@@ -43,18 +44,6 @@ def reference(models):
         return asyncio.run(within(eng.generate(PROMPT, LONG), 240, "the reference generation"))
     finally:
         eng.close_sync()
-
-
-async def within(aw, seconds, what):
-    """Await ``aw`` for at most ``seconds``; on timeout fail naming ``what``."""
-    try:
-        return await asyncio.wait_for(aw, seconds)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"{what} did not finish within {seconds}s") from None
-
-
-def run(coro, limit=240, what="the test's requests"):
-    return asyncio.run(within(coro, limit, what))
 
 
 async def inflight(url) -> dict:

@@ -54,7 +54,7 @@ class Producer:
         self._loop_task: Optional[asyncio.Task] = None
         self.filtered = 0                            # groups dropped by the dynamic-sampling filter
         self._idle_since: Optional[float] = None
-        self.idle_time = 0.0                         # seconds with nothing in flight and admission closed
+        self.idle_time = 0.0                         # seconds with no group generating
         self._error: Optional[BaseException] = None
 
     # ---------------------------------------------------------------- admission
@@ -83,9 +83,9 @@ class Producer:
             await self._wake.wait()
 
     def _mark_idle(self) -> None:
-        if not self._slots and self._idle_since is None:
+        if not self._tasks and self._idle_since is None:
             self._idle_since = time.perf_counter()
-        elif self._slots and self._idle_since is not None:
+        elif self._tasks and self._idle_since is not None:
             self.idle_time += time.perf_counter() - self._idle_since
             self._idle_since = None
 
