@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/async.py [--steps 12] [--settings a,b] [--delay 0.5]
 
-Setting (a): the demo task as is (single-digit addition, SmolLM2-135M-Instruct bf16 on CPU, GRPO, 8 prompts x 8
-samples, gsm8k rule reward). Setting (b): the same, but every reward comes from a real HTTP reward server on
-loopback that answers after --delay seconds (a verifier or sandbox stand-in; --rm-type remote_rm). Both drivers
+Setting (a): the demo task as is (single-digit addition, SmolLM2-135M-Instruct on CPU, GRPO, 8 prompts x 8
+samples, gsm8k rule reward, --dtype auto). Setting (b): the same, but every reward comes from a real HTTP reward server on
+loopback that answers after --delay seconds (a verifier or sandbox stand-in; --rm-type remote_rm, the default
+--rm-concurrency of 16 calls in flight). Both drivers
 get the same flags and seeds; train-async runs one-step-off (--max-staleness 1 --use-tis). Each run is its own
 process (clean thread pools and RSS). Reports completions/s, the step-time split, idle times and held-out
 accuracy (30 questions x 4 samples, T=1.0) at the end; writes bench/results/async.{json,md}.
@@ -141,15 +142,25 @@ def main() -> int:
                 r = run_one(driver, setting, args, model_dir, train, test, server.url)
                 print(json.dumps(r), flush=True)
                 results.append(r)
+    write_results(args, results)
+    return 0
+
+
+def write_results(args, results: list[dict]) -> None:
     md = table(results)
-    header = (f"slick train vs train-async, SmolLM2-135M-Instruct bf16 on CPU, 8x8 per step, {args.steps} steps, "
+    import torch
+
+    from slick.engine.model import pick_dtype
+
+    dtype = str(pick_dtype("auto", torch.device("cpu"))).replace("torch.", "")
+    header = (f"slick train vs train-async, SmolLM2-135M-Instruct {dtype} on CPU (--dtype auto), 8x8 per step, "
+              f"{args.steps} steps, "
               f"24 new tokens, reward delay in (b) {args.delay}s, train-async --max-staleness 1 --use-tis "
               f"{args.async_args}".strip())
     print(f"\n{header}\n\n{md}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     (RESULTS / f"{args.tag}.md").write_text(f"{header}\n\n{md}\n")
-    return 0
 
 
 if __name__ == "__main__":
