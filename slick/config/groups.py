@@ -173,22 +173,44 @@ class EvalConfig:
 
 @dataclass
 class ClusterConfig:
-    colocate: bool = F(False, "Training and rollout share one process and device: the in-process engine "
-                              "(--rollout-engine local) always does, so the flag is honoured there and refused with "
-                              "--rollout-engine http (HTTP engines run in processes of their own).")
-    actor_num_nodes: int = F(1, "Training nodes. Only 1 for now: slick trains in one process today "
-                                "(data-parallel FSDP2 on Ray is planned); other values are refused.")
-    actor_num_gpus_per_node: int = F(0, "Training GPUs per node: 0 or 1 (one training process on the device --device "
-                                        "picks, cuda when present, else the CPU, which counts as one slot as in "
-                                        "slime's Ray layout); larger values are refused until FSDP2 on Ray lands.")
-    rollout_num_gpus: int = F(0, "GPUs for slick-managed rollout engines. Not supported yet (a value other than 0 is "
-                                 "refused): launch SGLang servers yourself and pass --rollout-engine http "
-                                 "--rollout-urls, or use --rollout-num-workers.")
-    rollout_num_gpus_per_engine: int = F(1, "GPUs per slick-managed rollout engine. Not supported yet (a value other "
-                                            "than 1 is refused): start SGLang servers with the tensor-parallel size "
-                                            "you want and pass --rollout-urls.")
+    ray_address: Optional[str] = F(None, "Ray cluster to run on: HOST:PORT of its GCS (what `ray start --head` "
+                                         "prints), ray://HOST:PORT, or `auto` (the cluster this machine has "
+                                         "joined). Unset: the RAY_ADDRESS environment variable when set (`ray job "
+                                         "submit` sets it); without either, slick starts a local Ray cluster itself "
+                                         "when the layout needs more than one process, and stops it at the end. "
+                                         "docs/cluster.md.")
+    colocate: bool = F(False, "Trainer ranks and rollout engines share devices: with --rollout-num-gpus 0 the "
+                              "in-process engine (always colocated); with engine actors, one engine on each "
+                              "trainer rank's bundle (--rollout-num-gpus must then equal the trainer ranks). "
+                              "Refused with --rollout-engine http (those engines run in processes of their own).")
+    actor_num_nodes: int = F(1, "Training nodes. Trainer ranks = --actor-num-nodes x --actor-num-gpus-per-node, "
+                                "data-parallel (FSDP2 over gloo on CPU, NCCL on GPU), one Ray actor each when more "
+                                "than one. Above 1 needs --actor-num-gpus-per-node >= 1.")
+    actor_num_gpus_per_node: int = F(0, "Trainer ranks per node. 0: one trainer in the driver process on the device "
+                                        "--device picks. On a machine without GPUs each GPU is one CPU slot "
+                                        "(`--actor-num-gpus-per-node 2` = two trainer ranks, with the cores split "
+                                        "between all processes: docs/cluster.md).")
+    rollout_num_gpus: int = F(0, "GPUs (CPU slots without GPUs) for slick-managed rollout engines, each engine a Ray "
+                                 "actor: engines = --rollout-num-gpus / --rollout-num-gpus-per-engine. 0: the engine "
+                                 "--rollout-engine picks (in-process, or HTTP servers).")
+    rollout_num_gpus_per_engine: int = F(1, "GPUs per slick-managed rollout engine. Only 1: slick's engine has no "
+                                            "tensor parallelism; for tensor-parallel engines start SGLang servers "
+                                            "with --tp N yourself and pass --rollout-engine http --rollout-urls.")
+    weight_transport: str = F("auto", "How new weights reach the engines: disk (a safetensors directory + version "
+                                      "marker; what HTTP engines load), broadcast (a gloo/NCCL group of trainer rank 0 "
+                                      "and the engines), colocated (tensors in the same process or shared memory, no "
+                                      "copy through disk). auto: colocated for the in-process engine and --colocate, "
+                                      "disk otherwise. docs/weights.md.",
+                              choices=["auto", "disk", "broadcast", "colocated"])
+    weight_bucket_mb: int = F(512, "Weight transports send tensors in buckets of at most this many MiB (one "
+                                   "collective per bucket for broadcast).")
+    dist_timeout: float = F(600.0, "Seconds any collective, Ray remote call or weight broadcast may take before the "
+                                   "run fails naming the rank or actor that did not answer.")
+    ray_start_timeout: float = F(120.0, "Seconds to wait for the Ray cluster, the placement group's bundles and the "
+                                        "actors to start; past it the run fails naming what was asked and what the "
+                                        "cluster has.")
     use_fault_tolerance: bool = F(False, "slime's engine health checks and restarts. Not supported yet: the flag is "
-                                         "refused (planned with the Ray launcher).")
+                                         "refused.")
     update_weights_interval: int = F(1, "Push weights to the engines every N steps (raises --max-staleness to the "
                                         "lag this creates).")
 

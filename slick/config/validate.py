@@ -6,7 +6,9 @@ Names of estimators and reward types come from their registries (``slick.algo.es
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
+from typing import Optional
 
 from slick.config.config import Config, ConfigError
 from slick.config.groups import GROUPS
@@ -75,25 +77,84 @@ def rm_type_problems(cfg: Config, problems: list[str]) -> None:
                         f"or boxed_<type> for a rule type)")
 
 
+def trainer_ranks(cfg: Config) -> int:
+    """Data-parallel trainer ranks: --actor-num-nodes x --actor-num-gpus-per-node (0 GPUs per node: one rank)."""
+    return cfg.actor_num_nodes * max(cfg.actor_num_gpus_per_node, 1)
+
+
+def num_engine_actors(cfg: Config) -> int:
+    """Slick-managed engine actors: --rollout-num-gpus / --rollout-num-gpus-per-engine (0: none)."""
+    return cfg.rollout_num_gpus // max(cfg.rollout_num_gpus_per_engine, 1)
+
+
+def _ray_address_problem(addr: str) -> Optional[str]:
+    if addr == "auto":
+        return None
+    rest = addr[len("ray://"):] if addr.startswith("ray://") else addr
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return (f"--ray-address '{addr}': expected HOST:PORT of the cluster's GCS (e.g. 127.0.0.1:6379, what "
+                f"`ray start --head` prints), ray://HOST:PORT, or auto")
+    return None
+
+
 def cluster_problems(cfg: Config, problems: list[str]) -> None:
-    """Every cluster flag is honoured or refused; none is silently ignored."""
-    if cfg.colocate and cfg.rollout_engine != "local":
-        problems.append(f"--colocate needs the in-process engine (--rollout-engine local): --rollout-engine "
-                        f"{cfg.rollout_engine} runs engines in processes of their own")
-    if cfg.actor_num_nodes != 1:
-        problems.append(f"--actor-num-nodes {cfg.actor_num_nodes}: not supported yet, only 1 (slick trains in one "
-                        f"process today; data-parallel FSDP2 on Ray is planned)")
-    if cfg.actor_num_gpus_per_node not in (0, 1):
-        problems.append(f"--actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}: not supported yet, only 0 or 1 "
-                        f"(slick trains in one process today; data-parallel FSDP2 on Ray is planned)")
-    if cfg.rollout_num_gpus != 0:
-        problems.append(f"--rollout-num-gpus {cfg.rollout_num_gpus}: not supported yet: {ROLLOUT_URLS_HINT} "
-                        f"(or --rollout-num-workers N for `slick serve` workers)")
+    """Every cluster flag is honoured or refused; none is silently ignored (docs/cluster.md lists the refusals).
+    Resolves --ray-address from RAY_ADDRESS when unset, and --weight-transport auto to the transport used."""
+    p = problems
+    if cfg.ray_address is None and os.environ.get("RAY_ADDRESS"):
+        cfg.ray_address = os.environ["RAY_ADDRESS"]
+    if cfg.ray_address is not None:
+        bad = _ray_address_problem(cfg.ray_address)
+        if bad:
+            p.append(bad + (" (from the RAY_ADDRESS environment variable)"
+                            if cfg.ray_address == os.environ.get("RAY_ADDRESS") else ""))
+    if cfg.actor_num_nodes < 1:
+        p.append(f"--actor-num-nodes {cfg.actor_num_nodes}: must be >= 1")
+    if cfg.actor_num_gpus_per_node < 0:
+        p.append(f"--actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}: must be >= 0")
+    elif cfg.actor_num_nodes > 1 and cfg.actor_num_gpus_per_node == 0:
+        p.append(f"--actor-num-nodes {cfg.actor_num_nodes} needs --actor-num-gpus-per-node >= 1 (trainer ranks = "
+                 f"nodes x GPUs per node; 0 means one trainer in the driver process)")
+    if cfg.rollout_num_gpus < 0:
+        p.append(f"--rollout-num-gpus {cfg.rollout_num_gpus}: must be >= 0")
     if cfg.rollout_num_gpus_per_engine != 1:
-        problems.append(f"--rollout-num-gpus-per-engine {cfg.rollout_num_gpus_per_engine}: not supported yet: "
-                        f"{ROLLOUT_URLS_HINT} (start each with the tensor-parallel size you want)")
+        p.append(f"--rollout-num-gpus-per-engine {cfg.rollout_num_gpus_per_engine}: only 1 (slick's engine has no "
+                 f"tensor parallelism): for tensor-parallel engines {ROLLOUT_URLS_HINT} (start each with --tp N)")
+    engines = num_engine_actors(cfg) if cfg.rollout_num_gpus > 0 else 0
+    if engines and cfg.rollout_engine != "local":
+        p.append(f"--rollout-num-gpus {cfg.rollout_num_gpus} starts slick's own engine actors, but --rollout-engine "
+                 f"{cfg.rollout_engine} uses HTTP servers: drop one of them")
+    if cfg.colocate and cfg.rollout_engine != "local":
+        p.append(f"--colocate needs slick's own engines (--rollout-engine local, in process or as actors): "
+                 f"--rollout-engine {cfg.rollout_engine} runs engines in processes of their own")
+    ranks = trainer_ranks(cfg) if cfg.actor_num_nodes >= 1 and cfg.actor_num_gpus_per_node >= 0 else 1
+    if cfg.colocate and engines and engines != ranks:
+        p.append(f"--colocate puts one engine on each trainer rank's bundle: --rollout-num-gpus {cfg.rollout_num_gpus} "
+                 f"must equal the trainer ranks ({ranks} = --actor-num-nodes {cfg.actor_num_nodes} x "
+                 f"--actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}), or 0 for the in-process engine")
+    _transport_problems(cfg, engines, p)
+    for name in ("weight_bucket_mb", "dist_timeout", "ray_start_timeout"):
+        if getattr(cfg, name) <= 0:
+            p.append(f"{flag_name(name)} must be > 0 (got {getattr(cfg, name)})")
     if cfg.use_fault_tolerance:
-        problems.append("--use-fault-tolerance: not supported yet (planned with the Ray launcher)")
+        p.append("--use-fault-tolerance: not supported yet (engine health checks and restarts are planned)")
+
+
+def _transport_problems(cfg: Config, engines: int, p: list[str]) -> None:
+    """--weight-transport: auto becomes what the layout uses; impossible choices are refused."""
+    in_process = cfg.rollout_engine == "local" and not engines      # the engine lives in the driver process
+    shares_devices = in_process or cfg.colocate
+    if cfg.weight_transport == "auto":
+        cfg.weight_transport = "colocated" if shares_devices else "disk"
+    elif cfg.weight_transport == "colocated" and not shares_devices:
+        where = (f"--rollout-engine {cfg.rollout_engine} engines" if cfg.rollout_engine != "local"
+                 else f"the {engines} engine actors of --rollout-num-gpus without --colocate")
+        p.append(f"--weight-transport colocated needs engines that share the trainer's process or devices "
+                 f"(the in-process engine, or --colocate): {where} run elsewhere; use disk or broadcast")
+    elif cfg.weight_transport == "broadcast" and in_process:
+        p.append("--weight-transport broadcast needs engines in other processes (--rollout-num-gpus N, or "
+                 "--rollout-engine http): the in-process engine shares the trainer's tensors (use colocated or disk)")
 
 
 def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
