@@ -179,10 +179,10 @@ class ClusterConfig:
                                          "submit` sets it); without either, slick starts a local Ray cluster itself "
                                          "when the layout needs more than one process, and stops it at the end. "
                                          "docs/cluster.md.")
-    colocate: bool = F(False, "Trainer ranks and rollout engines share devices: with --rollout-num-gpus 0 the "
-                              "in-process engine (always colocated); with engine actors, one engine on each "
-                              "trainer rank's bundle (--rollout-num-gpus must then equal the trainer ranks). "
-                              "Refused with --rollout-engine http (those engines run in processes of their own).")
+    colocate: bool = F(False, "Trainer ranks and rollout engines share slots: without Ray the in-process "
+                              "engine (always colocated); on Ray one engine inside each trainer rank's actor "
+                              "(--rollout-num-gpus 0 or equal to the trainer ranks), weights handed over in "
+                              "process. Refused with --rollout-urls (those engines run in processes of their own).")
     actor_num_nodes: int = F(1, "Training nodes. Trainer ranks = --actor-num-nodes x --actor-num-gpus-per-node, "
                                 "data-parallel (FSDP2 over gloo on CPU, NCCL on GPU), one Ray actor each when more "
                                 "than one. Above 1 needs --actor-num-gpus-per-node >= 1.")
@@ -190,9 +190,10 @@ class ClusterConfig:
                                         "--device picks. On a machine without GPUs each GPU is one CPU slot "
                                         "(`--actor-num-gpus-per-node 2` = two trainer ranks, with the cores split "
                                         "between all processes: docs/cluster.md).")
-    rollout_num_gpus: int = F(0, "GPUs (CPU slots without GPUs) for slick-managed rollout engines, each engine a Ray "
-                                 "actor: engines = --rollout-num-gpus / --rollout-num-gpus-per-engine. 0: the engine "
-                                 "--rollout-engine picks (in-process, or HTTP servers).")
+    rollout_num_gpus: int = F(0, "GPUs (CPU slots without GPUs) for slick-managed rollout engines: engines = "
+                                 "--rollout-num-gpus / --rollout-num-gpus-per-engine, each a `slick serve` server in "
+                                 "a Ray actor, on slots of their own after the trainer's (with --colocate: inside "
+                                 "the trainer ranks' actors). 0: the engine --rollout-engine picks.")
     rollout_num_gpus_per_engine: int = F(1, "GPUs per slick-managed rollout engine. Only 1: slick's engine has no "
                                             "tensor parallelism; for tensor-parallel engines start SGLang servers "
                                             "with --tp N yourself and pass --rollout-engine http --rollout-urls.")
@@ -295,8 +296,29 @@ class DebugConfig:
     save_debug_train_data: Optional[str] = F(None, "Write DIR/train_N.jsonl per step with advantages and logprobs per sample.")
 
 
+@dataclass
+class AgentConfig:
+    max_turns: int = F(1, "Most policy turns per sample. Above 1 the built-in multi-turn rollout runs: each turn's "
+                          "tool calls (--tool-path) or environment step (--environment-path) answer with tokens "
+                          "of loss mask 0 and the policy goes on (docs/agents.md).")
+    max_tokens_per_turn: Optional[int] = F(None, "Multi-turn: most new tokens the policy samples in one turn "
+                                                 "(default: what is left of --rollout-max-response-len, which "
+                                                 "counts tool and environment tokens too).")
+    tool_path: Optional[str] = F(None, "Multi-turn: tool implementations: a module whose public functions are the "
+                                       "tools, or `module:ATTR` holding a list or dict of functions (sync or async; "
+                                       "docs/agents.md).")
+    tool_parser: str = F("hermes", "Multi-turn: tool-call parser: `hermes` (<tool_call>{\"name\": ..., "
+                                   "\"arguments\": {...}}</tool_call>) or a dotted path to `fn(text) -> calls`.")
+    tool_timeout: float = F(10.0, "Multi-turn: seconds one tool call may run before it answers with an error.")
+    tool_max_output_chars: int = F(4000, "Multi-turn: a tool's output is cut to this many characters.")
+    environment_path: Optional[str] = F(None, "Multi-turn: dotted path to an environment factory "
+                                              "`make(args, sample)` whose result has `reset(sample)` and "
+                                              "`step(policy_message) -> (observation, reward, done)` (docs/agents.md).")
+
+
 GROUPS = {
     "data": DataConfig, "rollout": RolloutConfig, "algorithm": AlgorithmConfig,
     "reward": RewardConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
     "eval": EvalConfig, "cluster": ClusterConfig, "megatron": MegatronCompatConfig, "logging": LoggingConfig, "debug": DebugConfig,
+    "agent": AgentConfig,
 }

@@ -1,0 +1,310 @@
+"""Tool implementations for multi-turn rollouts: loading, schemas, safe execution.
+
+**Plugging tools in** (``--tool-path``, any spelling of :func:`slick.plugins.load_function`'s paths):
+
+- a module, ``--tool-path my_pkg.calc_tools``: every public function *defined in* that module is a tool
+  (imported helpers and names starting with ``_`` are not);
+- an attribute holding a list of functions, ``--tool-path my_pkg.calc_tools:TOOLS`` (names from ``__name__``),
+  or a dict ``{"name": function}``.
+
+Functions may be sync or ``async``. Arguments come from the call's JSON ``arguments`` as keyword arguments;
+the return value becomes the tool message's text (``str`` as is, anything else as JSON). The schema shown to
+the policy (OpenAI function format) is built from the signature (``int``/``float``/``str``/``bool``/``list``/
+``dict`` annotations) and the docstring's first paragraph, unless ``@tool(schema=...)`` gives one. A dataset's
+``--tool-key`` schemas, when present, are what the chat template shows instead.
+
+``@tool(unsafe=True)`` runs a function in a fresh Python subprocess per call (``python -m
+slick.rollout.tools``): it must be importable by module and name; whatever it prints is captured and put before
+its result; a crash, a hang or a kill of that process becomes an error message. ``@tool(timeout=S)`` overrides
+``--tool-timeout`` for one tool.
+
+**Failures never crash a rollout.** A tool that raises, times out (``--tool-timeout``), is unknown, gets bad
+arguments, or whose call could not be parsed, answers with a tool message starting ``Error:`` and counts in
+``rollout/tool_errors``. Output longer than ``--tool-max-output-chars`` is cut, ending with
+``...[truncated N characters]`` (not an error). A sync in-process tool that hangs cannot be killed: its daemon
+thread is abandoned after the timeout; mark such tools unsafe so they run (and die) in a subprocess.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import types
+from typing import Callable, Optional, Sequence
+
+from slick.plugins import _import
+from slick.rollout.toolcall import ToolCall
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+def tool(fn: Optional[Callable] = None, *, unsafe: bool = False, timeout: Optional[float] = None,
+         name: Optional[str] = None, schema: Optional[dict] = None):
+    """Mark a function as a tool with options (usable bare, ``@tool``, or with arguments)."""
+    def mark(f):
+        f.__slick_tool__ = {"unsafe": unsafe, "timeout": timeout, "name": name, "schema": schema}
+        return f
+    return mark(fn) if fn is not None else mark
+
+
+@dataclasses.dataclass
+class ToolResult:
+    call: ToolCall
+    content: str
+    error: bool
+    seconds: float
+    truncated: bool = False
+
+    def message(self) -> dict:
+        """The tool message for the chat template."""
+        return {"role": "tool", "name": self.call.name, "tool_call_id": self.call.id, "content": self.content}
+
+
+def function_schema(name: str, fn: Callable) -> dict:
+    """OpenAI function schema from a signature and docstring (or the one given to ``@tool(schema=)``)."""
+    opts = getattr(fn, "__slick_tool__", {})
+    if opts.get("schema"):
+        return opts["schema"]
+    props, required = {}, []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        ann = p.annotation
+        if isinstance(ann, str):
+            ann = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}.get(ann)
+        props[p.name] = {"type": _JSON_TYPES[ann]} if ann in _JSON_TYPES else {}
+        if p.default is p.empty:
+            required.append(p.name)
+    doc = inspect.getdoc(fn) or ""
+    return {"type": "function", "function": {"name": name, "description": doc.split("\n\n")[0].strip(),
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": required}}}
+
+
+def load_tools(path: str, flag: str = "--tool-path") -> dict[str, Callable]:
+    """``{name: function}`` from a module path or a ``module:ATTR`` list/dict (module doc)."""
+    if not path or not isinstance(path, str):
+        raise ValueError(f"{flag}: expected a module path or 'module:ATTR', got {path!r}")
+    path = path.strip()
+    obj = None
+    if ":" in path:
+        mod_name, _, attr = path.partition(":")
+        obj = _import(mod_name, path, flag)
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ValueError(f"{flag} {path!r}: {mod_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+    else:
+        try:
+            obj = _import(path, path, flag)
+        except ValueError:
+            mod_name, _, attr = path.rpartition(".")
+            if not mod_name:
+                raise
+            obj = getattr(_import(mod_name, path, flag), attr, None)
+            if obj is None:
+                raise ValueError(f"{flag} {path!r}: neither a module nor an attribute of {mod_name!r}") from None
+    if isinstance(obj, types.ModuleType):
+        found = {n: f for n, f in vars(obj).items() if not n.startswith("_") and inspect.isfunction(f)
+                 and f.__module__ == obj.__name__}
+    elif isinstance(obj, dict):
+        found = dict(obj)
+    elif isinstance(obj, (list, tuple)):
+        found = {getattr(f, "__name__", repr(f)): f for f in obj}
+    elif callable(obj):
+        found = {obj.__name__: obj}
+    else:
+        raise ValueError(f"{flag} {path!r}: expected a module, a list or dict of functions, or a function; "
+                         f"got {type(obj).__name__}")
+    out = {}
+    for n, f in found.items():
+        if not callable(f):
+            raise ValueError(f"{flag} {path!r}: tool {n!r} is a {type(f).__name__}, not a function")
+        out[getattr(f, "__slick_tool__", {}).get("name") or n] = f
+    if not out:
+        raise ValueError(f"{flag} {path!r}: no tools found (a module needs public functions defined in it)")
+    return out
+
+
+def _to_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _in_daemon_thread(fn, kwargs) -> asyncio.Future:
+    """Run ``fn(**kwargs)`` in a daemon thread (never joined at exit) and return a future of its result."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def done(ok, value):
+        if not fut.done():
+            (fut.set_result if ok else fut.set_exception)(value)
+
+    def run():
+        try:
+            r = fn(**kwargs)
+            loop.call_soon_threadsafe(done, True, r)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            try:
+                loop.call_soon_threadsafe(done, False, e)
+            except RuntimeError:
+                pass  # the loop closed while the tool ran
+
+    threading.Thread(target=run, daemon=True, name=f"slick-tool-{getattr(fn, '__name__', 'fn')}").start()
+    return fut
+
+
+class ToolSet:
+    """Named tools with their schemas; :meth:`run_all` executes a turn's calls concurrently."""
+
+    def __init__(self, tools: dict[str, Callable], timeout: float = 10.0, max_output_chars: int = 4000):
+        self.tools, self.timeout, self.max_output_chars = dict(tools), float(timeout), int(max_output_chars)
+
+    @classmethod
+    def from_config(cls, cfg) -> Optional["ToolSet"]:
+        if not cfg.tool_path:
+            return None
+        return cls(load_tools(cfg.tool_path), cfg.tool_timeout, cfg.tool_max_output_chars)
+
+    def schemas(self) -> list[dict]:
+        return [function_schema(n, f) for n, f in self.tools.items()]
+
+    def _truncate(self, text: str) -> tuple[str, bool]:
+        if len(text) <= self.max_output_chars:
+            return text, False
+        cut = len(text) - self.max_output_chars
+        return f"{text[:self.max_output_chars]}\n...[truncated {cut} characters]", True
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        t0 = time.perf_counter()
+        text, error = await self._run(call)
+        text, truncated = self._truncate(text)
+        return ToolResult(call, text, error, time.perf_counter() - t0, truncated)
+
+    async def run_all(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        return list(await asyncio.gather(*(self.run(c) for c in calls)))
+
+    async def _run(self, call: ToolCall) -> tuple[str, bool]:
+        if call.error:
+            return f"Error: {call.error}", True
+        fn = self.tools.get(call.name)
+        if fn is None:
+            return f"Error: unknown tool {call.name!r} (available: {', '.join(sorted(self.tools))})", True
+        try:
+            inspect.signature(fn).bind(**call.arguments)
+        except TypeError as e:
+            return f"Error: bad arguments for {call.name!r}: {e}", True
+        opts = getattr(fn, "__slick_tool__", {})
+        timeout = float(opts.get("timeout") or self.timeout)
+        try:
+            if opts.get("unsafe"):
+                return await run_in_subprocess(fn, call.arguments, timeout, self.max_output_chars)
+            if inspect.iscoroutinefunction(fn):
+                value = await asyncio.wait_for(fn(**call.arguments), timeout)
+            else:
+                value = await asyncio.wait_for(_in_daemon_thread(fn, call.arguments), timeout)
+                if inspect.isawaitable(value):
+                    value = await asyncio.wait_for(value, timeout)
+            return _to_text(value), False
+        except asyncio.TimeoutError:
+            return f"Error: tool {call.name!r} timed out after {timeout:g} s", True
+        except Exception as e:  # noqa: BLE001 - a tool's failure is the policy's observation
+            return f"Error: tool {call.name!r} raised {type(e).__name__}: {e}", True
+
+
+async def _read_capped(stream, cap: int) -> tuple[bytes, int]:
+    """Read a stream to its end, keeping the first ``cap`` bytes; returns (kept, bytes dropped)."""
+    kept, dropped = bytearray(), 0
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return bytes(kept), dropped
+        room = cap - len(kept)
+        kept += chunk[:max(room, 0)]
+        dropped += max(len(chunk) - max(room, 0), 0)
+
+
+async def run_in_subprocess(fn: Callable, arguments: dict, timeout: float, max_chars: int) -> tuple[str, bool]:
+    """Call ``fn(**arguments)`` in a fresh ``python -m slick.rollout.tools`` process; (text, error)."""
+    name = getattr(fn, "__name__", "tool")
+    module, qualname = fn.__module__, fn.__qualname__
+    if module == "__main__" or "<locals>" in qualname:
+        return f"Error: unsafe tool {name!r} must be importable (defined at module level, not in __main__)", True
+    fd, result_path = tempfile.mkstemp(prefix="slick-tool-", suffix=".json")
+    os.close(fd)
+    request = json.dumps({"module": module, "qualname": qualname, "arguments": arguments, "result": result_path})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "slick.rollout.tools",
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, env=env)
+    out_task = err_task = None
+    try:
+        proc.stdin.write(request.encode())
+        proc.stdin.close()
+        out_task = asyncio.ensure_future(_read_capped(proc.stdout, 4 * max_chars + 1024))
+        err_task = asyncio.ensure_future(_read_capped(proc.stderr, 4096))
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            return f"Error: tool {name!r} timed out after {timeout:g} s (its process was killed)", True
+        (out, dropped), (err, _) = await asyncio.gather(out_task, err_task)
+        printed = out.decode("utf-8", "replace")
+        if dropped:
+            printed += f"\n...[truncated {dropped} bytes of printed output]"
+        try:
+            with open(result_path, encoding="utf-8") as fh:
+                result = json.load(fh)
+        except (OSError, ValueError):
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+            return (f"Error: tool {name!r} crashed (its process exited with code {proc.returncode}"
+                    f"{': ' + ' | '.join(tail) if tail else ''})"), True
+        if not result.get("ok"):
+            return f"Error: tool {name!r} raised {result.get('error')}", True
+        return printed + result.get("text", ""), False
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for task in (out_task, err_task):
+            if task is not None and not task.done():
+                task.cancel()
+        try:
+            os.unlink(result_path)
+        except OSError:
+            pass
+
+
+def _worker() -> None:
+    """Child side of :func:`run_in_subprocess`: read the request on stdin, write the result file."""
+    import importlib
+
+    req = json.loads(sys.stdin.read())
+    try:
+        obj = importlib.import_module(req["module"])
+        for part in req["qualname"].split("."):
+            obj = getattr(obj, part)
+        value = obj(**req["arguments"])
+        if inspect.isawaitable(value):
+            value = asyncio.run(value)
+        result = {"ok": True, "text": _to_text(value)}
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    sys.stdout.flush()
+    with open(req["result"], "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    _worker()
