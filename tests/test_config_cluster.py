@@ -6,7 +6,7 @@ import pytest
 
 from slick.config import ConfigError, parse_config
 from slick.config.groups import ClusterConfig
-from slick.config.validate import num_engine_actors, trainer_ranks
+from slick.config.validate import num_engine_actors, trainer_ranks, uses_ray
 from tests.hf_dirs import write_model_dir
 
 HTTP = ["--rollout-engine", "http", "--rollout-urls", "http://127.0.0.1:1"]
@@ -36,26 +36,35 @@ def problems(argv):
                                              "parallelism): for tensor-parallel engines launch SGLang servers "
                                              "yourself and pass --rollout-engine http --rollout-urls URL ... (start "
                                              "each with --tp N)"),
-    (["--rollout-num-gpus", "2"] + HTTP, "--rollout-num-gpus 2 starts slick's own engine actors, but "
-                                         "--rollout-engine http uses HTTP servers: drop one of them"),
-    (["--colocate"] + HTTP, "--colocate needs slick's own engines (--rollout-engine local, in process or as "
-                            "actors): --rollout-engine http runs engines in processes of their own"),
+    (["--rollout-num-gpus", "2"] + HTTP, "--rollout-num-gpus 2 starts slick's own engine actors, but --rollout-urls "
+                                         "names servers to use: drop one of them"),
+    (["--rollout-num-gpus", "2", "--rollout-engine", "http", "--rollout-num-workers", "2"],
+     "--rollout-num-gpus 2 starts slick's own engine actors, but --rollout-num-workers 2 launches `slick serve` "
+     "workers: drop one of them"),
+    (["--colocate"] + HTTP, "--colocate needs slick's own engines (in process, or in the trainer ranks' actors): "
+                            "--rollout-urls engines run in processes of their own"),
+    (["--colocate", "--rollout-engine", "http"], "--colocate needs slick's own engines (in process, or in the "
+                                                 "trainer ranks' actors): --rollout-engine http launches `slick "
+                                                 "serve` workers in processes of their own"),
     (["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "1"],
-     "--colocate puts one engine on each trainer rank's bundle: --rollout-num-gpus 1 must equal the trainer ranks "
-     "(2 = --actor-num-nodes 1 x --actor-num-gpus-per-node 2), or 0 for the in-process engine"),
+     "--colocate runs one engine in each trainer rank's actor: --rollout-num-gpus 1 must be 0 or equal the 2 "
+     "trainer rank(s) (--actor-num-nodes 1 x --actor-num-gpus-per-node 2)"),
     (["--weight-transport", "colocated"] + HTTP,
-     "--weight-transport colocated needs engines that share the trainer's process or devices (the in-process "
-     "engine, or --colocate): --rollout-engine http engines run elsewhere; use disk or broadcast"),
+     "--weight-transport colocated needs engines that share the trainer's process (the in-process engine, or "
+     "--colocate): --rollout-engine http engines run in processes of their own; use disk or broadcast"),
     (["--weight-transport", "colocated", "--rollout-num-gpus", "2"],
-     "--weight-transport colocated needs engines that share the trainer's process or devices (the in-process "
-     "engine, or --colocate): the 2 engine actors of --rollout-num-gpus without --colocate run elsewhere"),
-    (["--weight-transport", "broadcast"], "--weight-transport broadcast needs engines in other processes "
-                                          "(--rollout-num-gpus N, or --rollout-engine http)"),
+     "--weight-transport colocated needs engines that share the trainer's process (the in-process engine, or "
+     "--colocate): the 2 engine actor(s) of --rollout-num-gpus without --colocate run in processes of their own"),
+    (["--weight-transport", "broadcast"], "--weight-transport broadcast needs engines in processes of their own "
+                                          "(--rollout-num-gpus N, --colocate on Ray, or --rollout-engine http)"),
     (["--weight-bucket-mb", "0"], "--weight-bucket-mb must be > 0 (got 0)"),
     (["--dist-timeout", "0"], "--dist-timeout must be > 0 (got 0.0)"),
     (["--ray-start-timeout", "-1"], "--ray-start-timeout must be > 0 (got -1.0)"),
     (["--ray-address", "localhost"], "--ray-address 'localhost': expected HOST:PORT of the cluster's GCS"),
     (["--ray-address", "127.0.0.1:99999"], "--ray-address '127.0.0.1:99999': expected HOST:PORT"),
+    (["--ray-address", "http://127.0.0.1:8265"], "--ray-address 'http://127.0.0.1:8265': that is the dashboard's "
+                                                 "address, which `ray job submit --address` takes; slick joins the "
+                                                 "cluster's GCS"),
     (["--use-fault-tolerance"], "--use-fault-tolerance: not supported yet"),
 ])
 def test_each_impossible_cluster_setting_is_refused_by_name(base, extra, message):
@@ -69,24 +78,31 @@ def test_unknown_weight_transport_is_refused_by_argparse(base, capsys):
     assert "--weight-transport: invalid choice: 'nccl'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra,ranks,engines,transport", [
-    ([], 1, 0, "colocated"),
-    (["--colocate"], 1, 0, "colocated"),
-    (["--actor-num-gpus-per-node", "1"], 1, 0, "colocated"),
-    (["--actor-num-gpus-per-node", "2"], 2, 0, "colocated"),
-    (["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4"], 8, 0, "colocated"),
-    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"], 2, 2, "disk"),
-    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--colocate"], 2, 2, "colocated"),
-    (["--rollout-num-gpus", "3", "--weight-transport", "broadcast"], 1, 3, "broadcast"),
-    (HTTP, 1, 0, "disk"),
-    (HTTP + ["--weight-transport", "broadcast"], 1, 0, "broadcast"),
-    (["--weight-transport", "disk"], 1, 0, "disk"),
-    (["--weight-bucket-mb", "64", "--dist-timeout", "30", "--ray-start-timeout", "5"], 1, 0, "colocated"),
-    (["--update-weights-interval", "2"], 1, 0, "colocated"),
+@pytest.mark.parametrize("extra,ranks,engines,ray,transport", [
+    ([], 1, 0, False, "colocated"),
+    (["--colocate"], 1, 0, False, "colocated"),
+    (["--actor-num-gpus-per-node", "1"], 1, 0, False, "colocated"),
+    (["--weight-transport", "disk"], 1, 0, False, "disk"),
+    (["--ray-address", "auto"], 1, 0, True, "colocated"),
+    (["--ray-address", "auto", "--colocate"], 1, 1, True, "colocated"),
+    (["--actor-num-gpus-per-node", "2"], 2, 0, True, "colocated"),
+    (["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4"], 8, 0, True, "colocated"),
+    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"], 2, 2, True, "disk"),
+    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--rollout-engine", "http"], 2, 3, True, "disk"),
+    (["--actor-num-gpus-per-node", "2", "--colocate"], 2, 2, True, "colocated"),
+    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--colocate"], 2, 2, True, "colocated"),
+    (["--actor-num-gpus-per-node", "2", "--colocate", "--rollout-engine", "http"], 2, 2, True, "colocated"),
+    (["--actor-num-gpus-per-node", "2", "--colocate", "--weight-transport", "disk"], 2, 2, True, "disk"),
+    (["--rollout-num-gpus", "3", "--weight-transport", "broadcast"], 1, 3, True, "broadcast"),
+    (HTTP, 1, 0, False, "disk"),
+    (HTTP + ["--weight-transport", "broadcast"], 1, 0, False, "broadcast"),
+    (["--weight-bucket-mb", "64", "--dist-timeout", "30", "--ray-start-timeout", "5"], 1, 0, False, "colocated"),
+    (["--update-weights-interval", "2"], 1, 0, False, "colocated"),
 ])
-def test_possible_layouts_pass_and_auto_transport_resolves(base, extra, ranks, engines, transport):
+def test_possible_layouts_pass_and_auto_transport_resolves(base, extra, ranks, engines, ray, transport):
     cfg = parse_config(base + extra)
-    assert (trainer_ranks(cfg), num_engine_actors(cfg), cfg.weight_transport) == (ranks, engines, transport)
+    assert (trainer_ranks(cfg), num_engine_actors(cfg), uses_ray(cfg), cfg.weight_transport) == (
+        ranks, engines, ray, transport)
 
 
 @pytest.mark.parametrize("addr", ["auto", "127.0.0.1:6379", "ray://10.0.0.2:10001", "head-node:6379"])
@@ -94,19 +110,13 @@ def test_ray_address_forms(base, addr):
     assert parse_config(base + ["--ray-address", addr]).ray_address == addr
 
 
-def test_ray_address_comes_from_the_environment_when_unset(base, monkeypatch):
-    """`ray job submit` sets RAY_ADDRESS for the job's process; the flag wins over it."""
+def test_ray_address_environment_alone_does_not_send_a_one_process_run_to_ray(base, monkeypatch):
+    """`ray job submit` sets RAY_ADDRESS for the job's process: it says which cluster a multi-process layout joins;
+    a one-process run stays in the job's process (slick.cluster reads RAY_ADDRESS when it connects)."""
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6380")
-    assert parse_config(base).ray_address == "127.0.0.1:6380"
-    assert parse_config(base + ["--ray-address", "auto"]).ray_address == "auto"
-    monkeypatch.setenv("RAY_ADDRESS", "nonsense")
-    (p,) = problems(base)
-    assert p == ("--ray-address 'nonsense': expected HOST:PORT of the cluster's GCS (e.g. 127.0.0.1:6379, what `ray "
-                 "start --head` prints), ray://HOST:PORT, or auto (from the RAY_ADDRESS environment variable)")
-
-
-def test_without_address_or_environment_there_is_none(base):
-    assert parse_config(base + ["--actor-num-gpus-per-node", "2"]).ray_address is None
+    cfg = parse_config(base)
+    assert (cfg.ray_address, uses_ray(cfg)) == (None, False)
+    assert uses_ray(parse_config(base + ["--actor-num-gpus-per-node", "2"]))
 
 
 def test_every_cluster_field_is_covered():

@@ -6,7 +6,6 @@ Names of estimators and reward types come from their registries (``slick.algo.es
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -79,17 +78,29 @@ def rm_type_problems(cfg: Config, problems: list[str]) -> None:
 
 def trainer_ranks(cfg: Config) -> int:
     """Data-parallel trainer ranks: --actor-num-nodes x --actor-num-gpus-per-node (0 GPUs per node: one rank)."""
-    return cfg.actor_num_nodes * max(cfg.actor_num_gpus_per_node, 1)
+    return max(cfg.actor_num_nodes, 1) * max(cfg.actor_num_gpus_per_node, 1)
+
+
+def uses_ray(cfg: Config) -> bool:
+    """The run goes to Ray: --ray-address given, or more than one process asked for (RAY_ADDRESS alone only says
+    which cluster to join then; slick.cluster.layout.uses_ray is the same rule)."""
+    return bool(cfg.ray_address) or trainer_ranks(cfg) > 1 or cfg.rollout_num_gpus > 0
 
 
 def num_engine_actors(cfg: Config) -> int:
-    """Slick-managed engine actors: --rollout-num-gpus / --rollout-num-gpus-per-engine (0: none)."""
-    return cfg.rollout_num_gpus // max(cfg.rollout_num_gpus_per_engine, 1)
+    """Slick-managed engine actors: --rollout-num-gpus / --rollout-num-gpus-per-engine; with --colocate on Ray,
+    one per trainer rank when --rollout-num-gpus is 0. 0: the engine --rollout-engine picks."""
+    if cfg.colocate and uses_ray(cfg):
+        return cfg.rollout_num_gpus or trainer_ranks(cfg)
+    return max(cfg.rollout_num_gpus, 0) // max(cfg.rollout_num_gpus_per_engine, 1)
 
 
 def _ray_address_problem(addr: str) -> Optional[str]:
     if addr == "auto":
         return None
+    if addr.startswith(("http://", "https://")):
+        return (f"--ray-address '{addr}': that is the dashboard's address, which `ray job submit --address` "
+                f"takes; slick joins the cluster's GCS: HOST:PORT (e.g. 127.0.0.1:6379), ray://HOST:PORT, or auto")
     rest = addr[len("ray://"):] if addr.startswith("ray://") else addr
     host, sep, port = rest.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -100,15 +111,10 @@ def _ray_address_problem(addr: str) -> Optional[str]:
 
 def cluster_problems(cfg: Config, problems: list[str]) -> None:
     """Every cluster flag is honoured or refused; none is silently ignored (docs/cluster.md lists the refusals).
-    Resolves --ray-address from RAY_ADDRESS when unset, and --weight-transport auto to the transport used."""
+    Resolves --weight-transport auto to the transport the layout uses."""
     p = problems
-    if cfg.ray_address is None and os.environ.get("RAY_ADDRESS"):
-        cfg.ray_address = os.environ["RAY_ADDRESS"]
     if cfg.ray_address is not None:
-        bad = _ray_address_problem(cfg.ray_address)
-        if bad:
-            p.append(bad + (" (from the RAY_ADDRESS environment variable)"
-                            if cfg.ray_address == os.environ.get("RAY_ADDRESS") else ""))
+        p += filter(None, [_ray_address_problem(cfg.ray_address)])
     if cfg.actor_num_nodes < 1:
         p.append(f"--actor-num-nodes {cfg.actor_num_nodes}: must be >= 1")
     if cfg.actor_num_gpus_per_node < 0:
@@ -121,19 +127,24 @@ def cluster_problems(cfg: Config, problems: list[str]) -> None:
     if cfg.rollout_num_gpus_per_engine != 1:
         p.append(f"--rollout-num-gpus-per-engine {cfg.rollout_num_gpus_per_engine}: only 1 (slick's engine has no "
                  f"tensor parallelism): for tensor-parallel engines {ROLLOUT_URLS_HINT} (start each with --tp N)")
-    engines = num_engine_actors(cfg) if cfg.rollout_num_gpus > 0 else 0
-    if engines and cfg.rollout_engine != "local":
-        p.append(f"--rollout-num-gpus {cfg.rollout_num_gpus} starts slick's own engine actors, but --rollout-engine "
-                 f"{cfg.rollout_engine} uses HTTP servers: drop one of them")
-    if cfg.colocate and cfg.rollout_engine != "local":
-        p.append(f"--colocate needs slick's own engines (--rollout-engine local, in process or as actors): "
-                 f"--rollout-engine {cfg.rollout_engine} runs engines in processes of their own")
-    ranks = trainer_ranks(cfg) if cfg.actor_num_nodes >= 1 and cfg.actor_num_gpus_per_node >= 0 else 1
-    if cfg.colocate and engines and engines != ranks:
-        p.append(f"--colocate puts one engine on each trainer rank's bundle: --rollout-num-gpus {cfg.rollout_num_gpus} "
-                 f"must equal the trainer ranks ({ranks} = --actor-num-nodes {cfg.actor_num_nodes} x "
-                 f"--actor-num-gpus-per-node {cfg.actor_num_gpus_per_node}), or 0 for the in-process engine")
-    _transport_problems(cfg, engines, p)
+    if cfg.rollout_num_gpus > 0 and cfg.rollout_urls:
+        p.append(f"--rollout-num-gpus {cfg.rollout_num_gpus} starts slick's own engine actors, but --rollout-urls "
+                 f"names servers to use: drop one of them")
+    elif cfg.rollout_num_gpus > 0 and cfg.rollout_num_workers != 1:
+        p.append(f"--rollout-num-gpus {cfg.rollout_num_gpus} starts slick's own engine actors, but "
+                 f"--rollout-num-workers {cfg.rollout_num_workers} launches `slick serve` workers: drop one of them")
+    if cfg.colocate and cfg.rollout_urls:
+        p.append("--colocate needs slick's own engines (in process, or in the trainer ranks' actors): "
+                 "--rollout-urls engines run in processes of their own")
+    elif cfg.colocate and cfg.rollout_engine != "local" and not uses_ray(cfg):
+        p.append(f"--colocate needs slick's own engines (in process, or in the trainer ranks' actors): "
+                 f"--rollout-engine {cfg.rollout_engine} launches `slick serve` workers in processes of their own")
+    ranks = trainer_ranks(cfg)
+    if cfg.colocate and cfg.rollout_num_gpus > 0 and cfg.rollout_num_gpus != ranks:
+        p.append(f"--colocate runs one engine in each trainer rank's actor: --rollout-num-gpus {cfg.rollout_num_gpus} "
+                 f"must be 0 or equal the {ranks} trainer rank(s) (--actor-num-nodes {cfg.actor_num_nodes} x "
+                 f"--actor-num-gpus-per-node {cfg.actor_num_gpus_per_node})")
+    _transport_problems(cfg, p)
     for name in ("weight_bucket_mb", "dist_timeout", "ray_start_timeout"):
         if getattr(cfg, name) <= 0:
             p.append(f"{flag_name(name)} must be > 0 (got {getattr(cfg, name)})")
@@ -141,20 +152,22 @@ def cluster_problems(cfg: Config, problems: list[str]) -> None:
         p.append("--use-fault-tolerance: not supported yet (engine health checks and restarts are planned)")
 
 
-def _transport_problems(cfg: Config, engines: int, p: list[str]) -> None:
+def _transport_problems(cfg: Config, p: list[str]) -> None:
     """--weight-transport: auto becomes what the layout uses; impossible choices are refused."""
-    in_process = cfg.rollout_engine == "local" and not engines      # the engine lives in the driver process
-    shares_devices = in_process or cfg.colocate
+    engines = num_engine_actors(cfg)
+    in_driver = cfg.rollout_engine == "local" and not engines       # the in-process engine, in the driver
+    shares = in_driver or (cfg.colocate and engines > 0)             # or one engine inside each rank's actor
     if cfg.weight_transport == "auto":
-        cfg.weight_transport = "colocated" if shares_devices else "disk"
-    elif cfg.weight_transport == "colocated" and not shares_devices:
-        where = (f"--rollout-engine {cfg.rollout_engine} engines" if cfg.rollout_engine != "local"
-                 else f"the {engines} engine actors of --rollout-num-gpus without --colocate")
-        p.append(f"--weight-transport colocated needs engines that share the trainer's process or devices "
-                 f"(the in-process engine, or --colocate): {where} run elsewhere; use disk or broadcast")
-    elif cfg.weight_transport == "broadcast" and in_process:
-        p.append("--weight-transport broadcast needs engines in other processes (--rollout-num-gpus N, or "
-                 "--rollout-engine http): the in-process engine shares the trainer's tensors (use colocated or disk)")
+        cfg.weight_transport = "colocated" if shares else "disk"
+    elif cfg.weight_transport == "colocated" and not shares:
+        where = (f"the {engines} engine actor(s) of --rollout-num-gpus without --colocate" if engines
+                 else f"--rollout-engine {cfg.rollout_engine} engines")
+        p.append(f"--weight-transport colocated needs engines that share the trainer's process (the in-process "
+                 f"engine, or --colocate): {where} run in processes of their own; use disk or broadcast")
+    elif cfg.weight_transport == "broadcast" and in_driver:
+        p.append("--weight-transport broadcast needs engines in processes of their own (--rollout-num-gpus N, "
+                 "--colocate on Ray, or --rollout-engine http): the in-process engine takes the trainer's tensors "
+                 "directly (use colocated or disk)")
 
 
 def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
