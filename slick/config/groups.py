@@ -314,6 +314,14 @@ class AgentConfig:
     environment_path: Optional[str] = F(None, "Multi-turn: dotted path to an environment factory "
                                               "`make(args, sample)` whose result has `reset(sample)` and "
                                               "`step(policy_message) -> (observation, reward, done)` (docs/agents.md).")
+    agent_function_path: Optional[str] = F(None, "Black-box agent: dotted path to `async def run(args, sample, "
+                                                 "base_url) -> None | float | dict`, which calls the OpenAI-compatible "
+                                                 "endpoint at base_url; every completion is recorded and trained "
+                                                 "(docs/agents.md).")
+    agent_timeout: float = F(600.0, "Black-box agent: seconds one agent session may run; past it the session is "
+                                    "cancelled and its sample fails with --rm-failure-reward.")
+    agent_max_calls: int = F(64, "Black-box agent: most completion requests in one session; further ones answer "
+                                 "HTTP 429.")
 
 
 GROUPS = {

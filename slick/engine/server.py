@@ -88,6 +88,11 @@ class SlickServer:
                         ("/pause_generation", self.pause), ("/continue_generation", self.resume)]:
             r.add_post(path, h)
         r.add_get("/flush_cache", self.flush_cache)
+        from slick.engine.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
+
+        OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
+                       max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
+                       eos_ids=self.eos_ids).add_routes(app)
         return app
 
     @web.middleware
