@@ -45,9 +45,19 @@ class Run:
     the same time (slick train-async), which changes how CPU threads are split (:func:`thread_split`)."""
 
     def __init__(self, cfg, overlap: bool = False):
+        self.cluster = self.trainer = self.engines = None
+        self._engines_closed = False
+        try:
+            self._build(cfg, overlap)
+        except BaseException:
+            self._stop_processes()   # no orphan: actors, engine processes and a local Ray cluster end here
+            raise
+
+    def _build(self, cfg, overlap: bool) -> None:
         import torch
 
-        from slick.train.trainer import Trainer
+        from slick.cluster import start_cluster
+        from slick.train.factory import make_trainer
 
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
@@ -66,7 +76,8 @@ class Run:
         self.rewards = RewardHub(cfg)
         self.loss_fn = make_loss_fn(cfg)
         self.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
-        self.trainer = None if cfg.debug_rollout_only else Trainer(cfg)
+        self.cluster = start_cluster(cfg)   # None unless the run asks for Ray (slick.cluster.uses_ray)
+        self.trainer = None if cfg.debug_rollout_only else make_trainer(cfg, self.cluster)
         cpu = self.trainer is None or self.trainer.device.type == "cpu"
         self.cores = torch.get_num_threads()
         self.train_threads, self.rollout_threads = thread_split(cfg, overlap, cpu)
@@ -86,13 +97,25 @@ class Run:
                                     wandb_project=cfg.wandb_project, wandb_group=cfg.wandb_group,
                                     config=cfg.to_dict())
         self.progress = Progress(self.num_steps, enabled=not cfg.no_progress, initial=self.start_step)
-        self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg)  # last: may start processes
+        # last: may start processes
+        self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg, self.cluster, self.trainer)
+        self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
+            if self.engines else None
+
+    def _stop_processes(self) -> None:
+        """Stop the engines' processes, the trainer ranks and the Ray cluster slick started (idempotent)."""
         try:
-            self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
-                if self.engines else None
-        except Exception:
-            self.engines.close_sync()
-            raise
+            if self.engines and not self._engines_closed:
+                self._engines_closed = True
+                self.engines.close_sync()
+        finally:
+            try:
+                if hasattr(self.trainer, "close"):
+                    self.trainer.close()
+            finally:
+                if self.cluster is not None:
+                    self.cluster.stop()
+                    self.cluster = None
 
     @property
     def version(self) -> int:
@@ -180,6 +203,10 @@ class Run:
 
         if not self.engines or self.cfg.debug_train_only:
             return {}
+        if self.engines.sync_mode == "colocated":   # Ray --colocate: each rank updates the engine in its process
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self.trainer.push_colocated)
+            return {"perf/update_weights_time": time.perf_counter() - t0}
         seconds = await sync_weights(self.trainer, [self.engines.engine], mode=self.engines.sync_mode,
                                      disk_dir=str(self.run_dir / "weights"))
         return {"perf/update_weights_time": seconds}
@@ -205,12 +232,16 @@ class Run:
         self.progress.update(step, metrics)
 
     async def close(self) -> None:
-        self._train_pool.shutdown(wait=True)
-        self.progress.close()
-        self.logger.close()
-        await self.rewards.close()
-        if self.engines:
-            await self.engines.close()
+        try:
+            self._train_pool.shutdown(wait=True)
+            self.progress.close()
+            self.logger.close()
+            await self.rewards.close()
+            if self.engines and not self._engines_closed:
+                self._engines_closed = True
+                await self.engines.close()
+        finally:
+            self._stop_processes()
 
 
 def _mean(xs):

@@ -1,0 +1,34 @@
+"""slick on a Ray cluster: the layout (pure planning), the cluster and its placement group, trainer ranks as
+actors (:class:`RayTrainerGroup`), and engine actors serving `slick serve`'s API. See docs/cluster.md."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from slick.cluster.layout import Layout, LayoutError, opt, plan_from_config, trainer_ranks, uses_ray
+
+if TYPE_CHECKING:
+    from slick.cluster.ray_cluster import RayCluster
+
+__all__ = ["Layout", "LayoutError", "plan_from_config", "start_cluster", "trainer_ranks", "uses_ray"]
+
+
+def _wants_gpu(cfg, cluster_has_gpus: bool) -> bool:
+    return cluster_has_gpus and cfg.device in ("auto", "cuda")
+
+
+def start_cluster(cfg) -> Optional["RayCluster"]:
+    """None when the run needs no Ray (:func:`uses_ray`); else a joined or local cluster with the run's
+    placement group ready (within --ray-start-timeout). Stops what it started when placing fails."""
+    if not uses_ray(cfg):
+        return None
+    from slick.cluster.ray_cluster import RayCluster, _cores
+
+    cpu_plan = plan_from_config(cfg, use_gpu=False)       # refuses impossible flags before Ray starts
+    cluster = RayCluster.connect(cfg, num_cpus=max(_cores(), cpu_plan.slots))
+    try:
+        layout = plan_from_config(cfg, use_gpu=_wants_gpu(cfg, cluster.has_gpus()))
+        cluster.place(layout, float(opt(cfg, "ray_start_timeout", 120.0)))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

@@ -1,0 +1,177 @@
+"""Rollout engines on Ray: a `slick serve` server (SlickServer + LocalEngine) in an actor's process, on a free
+127.0.0.1 port; the driver talks to it over HTTP like any SGLang server.
+
+:class:`EngineHost` runs the server on an event loop of its own thread, so it can live in a dedicated engine
+actor (disaggregated) or inside a trainer rank's actor (``--colocate``: weights are then handed over in the
+same process). The ``--sglang-*`` options reach the LocalEngine as they do for `slick serve`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Optional
+
+log = logging.getLogger("slick.cluster")
+
+
+def engine_kwargs(cfg) -> dict:
+    """LocalEngine keyword arguments of a run (the same as the in-process engine's, --sglang-* included)."""
+    from slick.engine.sglang_args import engine_options
+
+    options, _ = engine_options(dict(getattr(cfg, "sglang", None) or {}))
+    kwargs = dict(dtype=cfg.dtype, device=cfg.device, max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
+    kwargs.update(options)
+    return kwargs
+
+
+class EngineHost:
+    """A LocalEngine behind a SlickServer on ``host``:free port, served from a daemon thread's event loop."""
+
+    def __init__(self, model_path: str, engine_kwargs: dict, host: str = "127.0.0.1"):
+        self.model_path, self.kwargs, self.host = str(model_path), dict(engine_kwargs), host
+        self.engine = None
+        self.url: Optional[str] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop: Optional[asyncio.Event] = None
+        self._ready = threading.Event()
+        self._error: Optional[BaseException] = None
+
+    def start(self, timeout_s: float = 300.0) -> str:
+        """Load the engine, listen, and return the server's URL."""
+        from slick.engine.local import LocalEngine
+
+        self.engine = LocalEngine(self.model_path, threaded=True, **self.kwargs)
+        self._thread = threading.Thread(target=self._serve, name="slick-engine-host", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"engine server in pid {os.getpid()} did not listen within {timeout_s:g}s")
+        if self._error is not None:
+            raise RuntimeError(f"engine server in pid {os.getpid()} failed to start: {self._error}") from self._error
+        return self.url
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._main())
+        except BaseException as e:  # noqa: BLE001 - reported to start()
+            self._error = e
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        from aiohttp import web
+
+        from slick.engine.server import SlickServer
+
+        server = SlickServer(self.engine, model_path=self.model_path,
+                             server_args={"host": self.host, "pid": os.getpid(), **self.kwargs})
+        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0)
+        await site.start()
+        self.url = f"http://{self.host}:{runner.addresses[0][1]}"
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await server.shutdown(grace_s=2.0)
+        await runner.cleanup()
+
+    def update_weights(self, named_tensors, version: int) -> int:
+        """In-process weight update (pause-free: the engine copies between two scheduler steps)."""
+        return self.engine.update_weights_sync(named_tensors=named_tensors, version=version)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self.engine is not None:
+            self.engine.close_sync()
+            self.engine = None
+
+
+class EngineActor:
+    """The body of a Ray actor hosting one engine (wrapped with ``ray.remote`` by :func:`start_engine_actors`)."""
+
+    def __init__(self, model_path: str, engine_kwargs: dict, slots_on_node: int):
+        set_actor_threads(slots_on_node)
+        self.host = EngineHost(model_path, engine_kwargs)
+
+    def start(self, timeout_s: float) -> str:
+        return self.host.start(timeout_s)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self) -> None:
+        self.host.stop()
+
+
+class EngineActors:
+    """The engine actors of a run: their URLs and pids; :meth:`stop` ends them (the EngineSet calls it)."""
+
+    def __init__(self, actors: list, urls: list, pids: list):
+        self.actors, self.urls, self.pids = actors, urls, pids
+
+    def stop(self, timeout: float = 10.0) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for i, a in enumerate(self.actors):
+            try:
+                ray.get(a.stop.remote(), timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - killed below anyway
+                log.debug("engine actor %d stop: %s", i, e)
+            ray.kill(a, no_restart=True)
+        self.actors = []
+
+
+def start_engine_actors(cluster, cfg, timeout_s: float) -> EngineActors:
+    """One engine actor per disaggregated engine bundle of ``cluster.layout``; wait until each serves."""
+    import ray
+
+    from slick.cluster.trainer_group import wait_all
+
+    layout = cluster.layout
+    remote = ray.remote(EngineActor)
+    kwargs = engine_kwargs(cfg)
+    actors, names = [], []
+    res = layout.actor_resources()
+    for e, bundle in enumerate(layout.engine_bundles):
+        actors.append(remote.options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
+                                     scheduling_strategy=cluster.strategy(bundle), name=None,
+                                     max_restarts=0).remote(cfg.hf_checkpoint, kwargs,
+                                                                     cluster.slots_on_node_of(bundle)))
+        names.append(f"engine actor {e}")
+    group = EngineActors(actors, [], [])
+    try:
+        t0 = time.perf_counter()
+        group.urls = wait_all([a.start.remote(timeout_s) for a in actors], names, timeout_s, "start its server")
+        group.pids = wait_all([a.pid.remote() for a in actors], names, timeout_s, "report its pid")
+        log.info("%d engine actor(s) serving at %s (%.1fs)", len(actors), group.urls, time.perf_counter() - t0)
+    except BaseException:
+        group.stop(timeout=2.0)
+        raise
+    return group
+
+
+def set_actor_threads(slots_on_node: int) -> int:
+    """torch/OpenMP threads of this actor: ``threads_per_actor(cores of this node, slots_on_node)``."""
+    import torch
+
+    from slick.cluster.layout import threads_per_actor
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    threads = threads_per_actor(cores, slots_on_node)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,250 @@
+"""Trainer ranks as Ray actors, and :class:`RayTrainerGroup`: the interface of an in-process Trainer over them.
+
+Each :class:`TrainerRank` actor sits on its bundle of the run's placement group, sets its torch threads
+(``slick.cluster.layout.threads_per_actor``), joins torch.distributed (gloo on CPU, NCCL on GPU) through
+``slick.train.dist.init_process_group`` when there is more than one rank, and builds ``Trainer(cfg)``, which
+is then one data-parallel rank. Every Trainer method is collective: the group sends the same full arguments
+to every rank (one object in Ray's store) and returns rank 0's answer. Every fan-out waits at most
+``timeout_s``; a rank that dies or does not answer ends the call with an error naming the rank and its pid.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Iterator, Optional, Sequence
+
+log = logging.getLogger("slick.cluster")
+
+
+class RankError(RuntimeError):
+    """A trainer rank (or engine actor) died, failed, or did not answer in time; the message names it."""
+
+
+def wait_all(refs: list, names: Sequence[str], timeout_s: float, what: str) -> list:
+    """Results of ``refs`` in order. Raises :class:`RankError` naming the first actor that failed or died
+    (as soon as it does, without waiting for the others) or every actor still silent after ``timeout_s``."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    index = {r: i for i, r in enumerate(refs)}
+    out: list = [None] * len(refs)
+    pending, deadline = list(refs), time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0.0))
+        if not ready:
+            silent = ", ".join(names[index[r]] for r in pending)
+            raise RankError(f"{silent}: did not {what} within {timeout_s:g}s (timeout; a peer may have died)")
+        for r in ready:
+            i = index[r]
+            try:
+                out[i] = ray.get(r, timeout=max(deadline - time.monotonic(), 1.0))
+            except RayActorError as e:
+                raise RankError(f"{names[i]} died while asked to {what}: {_short(e)}") from e
+            except RayTaskError as e:
+                raise RankError(f"{names[i]} failed to {what}: {_short(e)}") from e
+            except GetTimeoutError as e:
+                raise RankError(f"{names[i]}: did not {what} within {timeout_s:g}s") from e
+    return out
+
+
+def _short(e: BaseException, n: int = 1500) -> str:
+    text = str(e).strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+class TrainerRank:
+    """The body of one trainer rank's actor (wrapped with ``ray.remote`` by :class:`RayTrainerGroup`)."""
+
+    def __init__(self, cfg, rank: int, world_size: int, slots_on_node: int):
+        from slick.cluster.engine_actor import set_actor_threads
+
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.threads = set_actor_threads(slots_on_node)
+        self.trainer = None
+        self.host = None      # the colocated engine (EngineHost) of this rank
+
+    def address(self) -> tuple[str, int]:
+        """(IP, free port) for torch.distributed's rendezvous, on this rank's node (asked of rank 0)."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return ip, s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int, timeout_s: float) -> dict:
+        """Join the process group (more than one rank), seed, build the Trainer; returns :meth:`state`."""
+        import torch
+
+        from slick.train.rng import seed_everything
+        from slick.train.trainer import Trainer
+
+        if self.world_size > 1:
+            from slick.train.dist import init_process_group
+
+            backend = "nccl" if torch.cuda.is_available() and self.cfg.device in ("auto", "cuda") else "gloo"
+            init_process_group(backend, self.rank, self.world_size, master_addr, master_port, timeout_s)
+        seed_everything(self.cfg.seed)
+        self.trainer = Trainer(self.cfg)
+        return self.state()
+
+    def state(self) -> dict:
+        t = self.trainer
+        return {"pid": os.getpid(), "version": t.version, "skipped_steps": t.skipped_steps, "has_ref": t.has_ref,
+                "device": str(t.device), "threads": self.threads}
+
+    def call(self, method: str, *args, **kwargs):
+        """``trainer.method(*args, **kwargs)`` (collective on every rank); returns (result, state)."""
+        result = getattr(self.trainer, method)(*args, **kwargs)
+        if method == "named_weights":
+            result = [(n, t.cpu()) for n, t in result] if self.rank == 0 else None
+        elif self.rank != 0:
+            result = None     # every rank computed the same answer; only rank 0's travels back
+        return result, self.state()
+
+    def call_packed(self, method: str, packed: tuple):
+        """:meth:`call` with ``(args, kwargs)`` in one object (Ray resolves it before the call)."""
+        args, kwargs = packed
+        return self.call(method, *args, **kwargs)
+
+    def start_engine(self, model_path: str, engine_kwargs: dict, timeout_s: float) -> str:
+        """Host this rank's colocated engine server in this process; returns its URL."""
+        from slick.cluster.engine_actor import EngineHost
+
+        self.host = EngineHost(model_path, engine_kwargs)
+        return self.host.start(timeout_s)
+
+    def push_colocated(self) -> int:
+        """Hand the trainer's full weights to this process's engine (collective gather, then in-process copy)."""
+        named = list(self.trainer.named_weights())
+        return self.host.update_weights(named, self.trainer.version)
+
+    def stop(self) -> None:
+        if self.host is not None:
+            self.host.stop()
+            self.host = None
+        try:
+            from slick.train.dist import destroy
+
+            destroy()
+        except ImportError:
+            pass
+
+
+class RayTrainerGroup:
+    """Trainer ranks on the run's placement group, seen by the loop as one Trainer."""
+
+    remote = True
+
+    def __init__(self, cfg, cluster, timeout_s: float = 1800.0, start_timeout_s: float = 600.0):
+        import ray
+
+        self.cfg, self.cluster, self.timeout_s = cfg, cluster, float(timeout_s)
+        layout = cluster.layout
+        self.world_size = layout.trainer_ranks
+        self.names = [f"trainer rank {r}" for r in range(self.world_size)]
+        self.thread_budget = None   # accepted for the loop's sake; each rank's threads are set by the layout
+        res = layout.actor_resources()
+        remote = ray.remote(TrainerRank)
+        self.actors = [remote.options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"], max_restarts=0,
+                                      scheduling_strategy=cluster.strategy(b)).remote(
+                           cfg, r, self.world_size, cluster.slots_on_node_of(b))
+                       for r, b in enumerate(layout.trainer_bundles)]
+        self.pids: list = []
+        self.engine_urls: list = []
+        self._state: dict = {}
+        try:
+            t0 = time.perf_counter()
+            addr, port = wait_all([self.actors[0].address.remote()], self.names[:1], start_timeout_s,
+                                  "start")[0]
+            states = wait_all([a.setup.remote(addr, port, self.timeout_s) for a in self.actors], self.names,
+                              start_timeout_s, "build its Trainer")
+            self.pids = [s["pid"] for s in states]
+            self._state = states[0]
+            log.info("%d trainer rank(s) ready in %.1fs (pids %s, %d thread(s) each)", self.world_size,
+                     time.perf_counter() - t0, self.pids, states[0]["threads"])
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ the Trainer interface
+    @property
+    def version(self) -> int:
+        return int(self._state["version"])
+
+    @property
+    def skipped_steps(self) -> int:
+        return int(self._state["skipped_steps"])
+
+    @property
+    def has_ref(self) -> bool:
+        return bool(self._state["has_ref"])
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(self._state["device"])
+
+    def _fanout(self, method: str, *args, what: Optional[str] = None, **kwargs):
+        import ray
+
+        packed = ray.put((args, kwargs))   # one copy in the object store, read by every rank
+        refs = [a.call_packed.remote(method, packed) for a in self.actors]
+        results = wait_all(refs, self._named(), self.timeout_s, what or method)
+        result, self._state = results[0]
+        return result
+
+    def _named(self) -> list:
+        return [f"{n} (pid {p})" for n, p in zip(self.names, self.pids)] if self.pids else self.names
+
+    def compute_logprobs(self, samples: Sequence, which: str = "actor"):
+        return self._fanout("compute_logprobs", list(samples), which)
+
+    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn, old_logprobs=None, ref_logprobs=None):
+        return self._fanout("train_step", list(samples), list(advantages), loss_fn, old_logprobs=old_logprobs,
+                            ref_logprobs=ref_logprobs)
+
+    def named_weights(self) -> Iterator:
+        return iter(self._fanout("named_weights", what="gather its weights"))
+
+    def save(self, out_dir) -> None:
+        self._fanout("save", str(out_dir), what=f"save a checkpoint into {out_dir}")
+
+    def load(self, in_dir) -> None:
+        self._fanout("load", str(in_dir), what=f"load the checkpoint {in_dir}")
+
+    def save_hf_files(self, out_dir) -> None:
+        self._fanout("save_hf_files", str(out_dir), what=f"write HF files into {out_dir}")
+
+    # ------------------------------------------------------------------ colocated engines
+    def start_colocated_engines(self, engine_kwargs: dict, timeout_s: float) -> list:
+        """One engine server inside each rank's process; returns their URLs (rank order)."""
+        self.engine_urls = wait_all([a.start_engine.remote(self.cfg.hf_checkpoint, engine_kwargs, timeout_s)
+                                     for a in self.actors], self._named(), timeout_s, "start its engine server")
+        return self.engine_urls
+
+    def push_colocated(self) -> None:
+        """Every rank hands the full weights to its own engine, in-process (version = the trainer's)."""
+        wait_all([a.push_colocated.remote() for a in self.actors], self._named(), self.timeout_s,
+                 "update its colocated engine's weights")
+
+    # ------------------------------------------------------------------ end
+    def close(self) -> None:
+        """Stop every rank's engine and process group, then kill the actors (idempotent)."""
+        import ray
+
+        if not self.actors or not ray.is_initialized():
+            self.actors = []
+            return
+        try:
+            ray.wait([a.stop.remote() for a in self.actors], num_returns=len(self.actors), timeout=10.0)
+        except Exception as e:  # noqa: BLE001 - the actors are killed below anyway
+            log.debug("stopping trainer ranks: %s", e)
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+
