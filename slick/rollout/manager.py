@@ -15,6 +15,8 @@ import time
 from typing import Optional
 
 from slick.plugins import load_function
+from slick.rollout.agent import AgentRollout
+from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.types import SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.rollout")
@@ -71,10 +73,16 @@ class RolloutManager:
         self.filter_fn = load_function(cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.sampling = sampling_from_config(cfg, stop_token_ids=eos)
+        # --agent-function-path: black-box agents over an OpenAI-compatible endpoint (slick/rollout/agent.py)
+        self.agent = AgentRollout.from_config(cfg, lambda: self.engine, tokenizer, reward_hub)
+        register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
+        self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer)  # --max-turns > 1 / --tool-path / env
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
         if self.generate_fn is not None:
             return await self.generate_fn(self.cfg, sample, sampling, self.engine)
+        if self.multiturn is not None:
+            return await self.multiturn.generate(self.cfg, sample, sampling, self.engine)
         return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
 
     async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
@@ -86,6 +94,8 @@ class RolloutManager:
         """
         salt = "train" if sampling is None else "eval"
         sampling = sampling or self.sampling
+        if self.agent is not None:
+            return await self.agent.run_group(group, sampling, lambda s: seeded(sampling, self.cfg.rollout_seed, salt, s))
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
         await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s))
                                for s in todo))
@@ -161,5 +171,13 @@ class RolloutManager:
             "perf/reward_time": sum(g[0].timings.get("reward", 0.0) for g in groups if g),
             "perf/rollout_tokens_per_sec": tokens / max(seconds, 1e-9),
         }
+        m.update(multiturn_metrics(samples))
         m.update(self.rewards.stats())
+        if self.agent is not None:
+            m.update(self.agent.metrics(samples))
         return m
+
+    async def close(self) -> None:
+        """Stop what the manager started (the agent endpoint)."""
+        if self.agent is not None:
+            await self.agent.close()
