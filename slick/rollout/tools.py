@@ -103,13 +103,13 @@ def load_tools(path: str, flag: str = "--tool-path") -> dict[str, Callable]:
     else:
         try:
             obj = _import(path, path, flag)
-        except ValueError:
+        except ValueError as first:
             mod_name, _, attr = path.rpartition(".")
             if not mod_name:
                 raise
             obj = getattr(_import(mod_name, path, flag), attr, None)
-            if obj is None:
-                raise ValueError(f"{flag} {path!r}: neither a module nor an attribute of {mod_name!r}") from None
+            if obj is None:  # neither a module nor an attribute of its parent: the import error says why
+                raise first from None
     if isinstance(obj, types.ModuleType):
         found = {n: f for n, f in vars(obj).items() if not n.startswith("_") and inspect.isfunction(f)
                  and f.__module__ == obj.__name__}
