@@ -5,7 +5,9 @@
 
 Endpoints (SGLang names and shapes): POST /generate, GET /health, /health_generate, /get_model_info,
 /get_server_info, /get_weight_version, /metrics (Prometheus text); POST /flush_cache, /abort_request,
-/update_weights_from_disk, /pause_generation, /continue_generation. With ``--api-key``, the
+/update_weights_from_disk, /pause_generation, /continue_generation, and the broadcast group calls
+/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group
+(``slick/engine/weight_group.py``). With ``--api-key``, the
 endpoints that change weights, abort, pause/continue or flush need ``Authorization: Bearer KEY``.
 Bad requests get a 4xx ``{"error": message}``; oversized ``text`` requests are refused before tokenizing,
 and tokenizing runs off the event loop. A request whose client disconnects is aborted (its slot is freed).
@@ -28,12 +30,13 @@ from aiohttp import web
 from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
                                         parse_weight_version, text_prompts)
 from slick.engine.sglang_args import KNOWN, engine_options, flag, unknown_warning
+from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS, WeightGroupRoutes
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.serve")
 
 PROTECTED = {"/update_weights_from_disk", "/abort_request", "/pause_generation", "/continue_generation",
-             "/flush_cache"}
+             "/flush_cache", *WEIGHT_GROUP_PATHS}
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
@@ -93,6 +96,8 @@ class SlickServer:
         OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
                        max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
                        eos_ids=self.eos_ids).add_routes(app)
+        self.weight_groups = WeightGroupRoutes(self)    # broadcast updates: slick/engine/weight_group.py
+        self.weight_groups.register(r)
         return app
 
     @web.middleware

@@ -1,34 +1,52 @@
-"""Push the trainer's weights to rollout engines (the Engine protocol of slick/engine/base.py).
+"""Push the trainer's weights to rollout engines through a weight transport (``slick.train.transport``).
 
-* ``mode="tensors"``: in-process engines get ``named_tensors=trainer.named_weights()`` (a fresh iterator
-  per engine; HF names, tied weights once; the engine casts to its own dtype).
-* ``mode="disk"``: one HF directory is written atomically to ``disk_dir`` and every engine is told
-  ``update_weights(path=disk_dir)`` (HTTP engines load it via ``/update_weights_from_disk``).
+``await sync_weights(trainer, engines, transport)`` sends ``trainer.named_weights()`` as version
+``trainer.version`` and returns the elapsed seconds (the driver logs them as ``perf/update_weights_time``).
 
-Engines are updated concurrently; every engine is told ``version=trainer.version``.
+* ``transport`` is a :class:`slick.train.transport.WeightTransport` kept by the caller (connected to ``engines``
+  on first use, reused afterwards: the broadcast group is formed once), or a transport name ("disk",
+  "broadcast", "colocated") for a one-shot transfer (connect, send, disconnect).
+* The older ``mode=`` keyword still works: ``"tensors"`` is the colocated transport, ``"disk"`` the disk
+  transport writing ``disk_dir``.
+* Instead of a trainer, ``source`` may be an iterable of ``(hf_name, tensor)``; then ``version`` is required.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Optional, Sequence
 
-from slick.train.checkpoint import save_hf
+from slick.train.transport import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, make_transport
+
+LEGACY_MODES = {"tensors": "colocated", "disk": "disk"}
 
 
-async def sync_weights(trainer, engines: Sequence, *, mode: str = "tensors",
-                       disk_dir: Optional[str] = None) -> float:
-    """Update every engine to the trainer's current weights; returns the elapsed seconds."""
+async def sync_weights(source, engines: Sequence, transport=None, *, mode: Optional[str] = None,
+                       disk_dir: Optional[str] = None, version: Optional[int] = None,
+                       bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
+    """Update every engine to ``source``'s weights; returns the elapsed seconds (module doc)."""
     t0 = time.perf_counter()
-    if mode == "tensors":
-        await asyncio.gather(*(e.update_weights(named_tensors=trainer.named_weights(), version=trainer.version)
-                               for e in engines))
-    elif mode == "disk":
-        if not disk_dir:
-            raise ValueError("sync_weights(mode='disk') needs disk_dir")
-        await asyncio.to_thread(save_hf, disk_dir, trainer)
-        await asyncio.gather(*(e.update_weights(path=str(disk_dir), version=trainer.version)
-                               for e in engines))
+    if hasattr(source, "named_weights"):
+        named = source.named_weights()
+        version = source.version if version is None else version
     else:
-        raise ValueError(f"unknown weight sync mode '{mode}' (choose tensors, disk)")
+        named = source
+        if version is None:
+            raise ValueError("sync_weights(named_tensors, ...) needs version=")
+    if transport is None:
+        if mode is None:
+            mode = "tensors"
+        if mode not in LEGACY_MODES:
+            raise ValueError(f"unknown weight sync mode '{mode}' (choose tensors, disk)")
+        transport = LEGACY_MODES[mode]
+    one_shot = isinstance(transport, str)
+    if one_shot:
+        transport = make_transport(transport, disk_dir=disk_dir, bucket_bytes=bucket_bytes, timeout_s=timeout_s,
+                                   model_dir=getattr(source, "model_path", None))
+    if one_shot or not getattr(transport, "engines", None):
+        await transport.connect(list(engines))
+    try:
+        await transport.send(int(version), named)
+    finally:
+        if one_shot:
+            await transport.disconnect()
     return time.perf_counter() - t0

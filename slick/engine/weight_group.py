@@ -1,0 +1,319 @@
+"""The engine (receiver) side of broadcast weight updates, with SGLang's API.
+
+A trainer (rank 0) and k engines (ranks 1..k) form a **standalone** process group: its own ``TCPStore`` served
+by the trainer at ``master_address:master_port`` and a ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU)
+built on it directly, so no default ``torch.distributed`` group is needed or touched (a trainer's FSDP group
+lives on beside it). The three calls, with SGLang's request fields:
+
+* ``init_weights_update_group``: ``master_address``, ``master_port``, ``rank_offset`` (this engine's rank),
+  ``world_size``, ``group_name`` (default "weight_update_group"), ``backend`` ("gloo" or "nccl"); slick adds
+  ``timeout_s`` (default 600), the bound on joining and on every later broadcast of this group.
+* ``update_weights_from_distributed``: ``names``, ``dtypes``, ``shapes`` (one broadcast from rank 0 per tensor,
+  in that order), ``group_name``, ``flush_cache``, ``weight_version``; slick adds ``last_bucket`` (default
+  true). A call with ``last_bucket: false`` only receives and keeps the tensors (staged, in the engine's
+  memory); the call with ``last_bucket: true`` applies everything staged plus its own tensors in one
+  all-or-nothing ``engine.update_weights(named_tensors=..., version=weight_version)``: the engine checks
+  every name, shape and dtype first, then copies between two decode steps (pause -> load -> set version ->
+  continue). Generation goes on while buckets arrive; only the final copy holds the step lock. Every tensor
+  announced is received even when the update will be refused, so the sender never blocks on this engine.
+  A failed receive (sender gone, timeout) drops what was staged: the weights and version stay as they were.
+* ``destroy_weights_update_group``: ``group_name``; drops the group and anything staged for it.
+
+:class:`WeightGroups` holds the groups of one engine; :class:`slick.engine.server.SlickServer` serves it over
+HTTP (``slick serve``) and ``slick.train.transport.broadcast`` drives it directly for in-process engines
+(the receiver then runs in a thread of the trainer's process).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+DEFAULT_GROUP = "weight_update_group"
+DEFAULT_TIMEOUT_S = 600.0
+PATHS = ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group")
+JOINED_KEY = "slick_joined/{rank}"       # set by every receiver before it builds the group (names the missing)
+
+
+class WeightGroupError(ValueError):
+    """A broadcast group call was refused or failed; the engine's weights and weight version are unchanged."""
+
+
+# ----------------------------------------------------------------------------------- helpers (both sides)
+def dtype_name(dtype: torch.dtype) -> str:
+    """SGLang's spelling of a dtype: ``torch.bfloat16`` -> "bfloat16"."""
+    return str(dtype).replace("torch.", "")
+
+
+def parse_dtype(name: Any) -> torch.dtype:
+    """``"bfloat16"`` / ``"torch.float32"`` -> the torch dtype (floating point only)."""
+    if not isinstance(name, str):
+        raise WeightGroupError(f"dtype must be a string like 'bfloat16', got {name!r}")
+    d = getattr(torch, name.replace("torch.", ""), None)
+    if not isinstance(d, torch.dtype) or not d.is_floating_point:
+        raise WeightGroupError(f"dtype {name!r} is not a floating point torch dtype")
+    return d
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def make_group(backend: str, store, rank: int, world_size: int, timeout_s: float, master_address: str):
+    """A process group of ``world_size`` on ``store`` without any default group. Gloo pairs bind to loopback
+    when the master address is a loopback one (single machine), else to the address of this host's name."""
+    timeout = datetime.timedelta(seconds=float(timeout_s))
+    if backend == "gloo":
+        from torch.distributed import ProcessGroupGloo
+
+        opts = ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1") if is_loopback(master_address)
+                         else ProcessGroupGloo.create_default_device()]
+        return ProcessGroupGloo(store, rank, world_size, opts)
+    if backend == "nccl":
+        try:
+            from torch.distributed import ProcessGroupNCCL
+        except ImportError:
+            raise WeightGroupError("backend 'nccl' needs a CUDA build of torch; use 'gloo'") from None
+        opts = ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return ProcessGroupNCCL(store, rank, world_size, opts)
+    raise WeightGroupError(f"backend {backend!r}: choose gloo or nccl")
+
+
+def tensor_device(backend: str, engine_device: Optional[torch.device] = None) -> torch.device:
+    """Where the broadcast buffers live: CPU for gloo, the CUDA device for NCCL."""
+    if backend == "nccl":
+        if engine_device is not None and engine_device.type == "cuda":
+            return engine_device
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _field(body: dict, name: str, kind, default=Any):
+    v = body.get(name, default)
+    if v is Any:
+        raise WeightGroupError(f"missing field {name!r}")
+    if kind is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        v = int(v)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise WeightGroupError(f"field {name!r} must be {kind.__name__}, got {v!r}")
+    return v
+
+
+# ----------------------------------------------------------------------------------- receiver
+@dataclass
+class _Group:
+    name: str
+    backend: str
+    rank: int
+    world_size: int
+    timeout_s: float
+    store: Any
+    pg: Any
+    staged: list = field(default_factory=list)       # (name, tensor) of buckets received, not applied yet
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class WeightGroups:
+    """The broadcast groups of one engine (``engine``: a LocalEngine or anything with ``update_weights`` and
+    ``get_weight_version``). Blocking calls (``init``, ``receive``) run in a worker thread when called through
+    the async methods, so an event loop serving the engine keeps answering meanwhile."""
+
+    def __init__(self, engine, device: Optional[torch.device] = None):
+        self.engine = engine
+        self.device = device if device is not None else getattr(engine, "device", None)
+        self.groups: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- init / destroy
+    def init_sync(self, body: dict) -> str:
+        """Join the group described by ``body`` (SGLang's init_weights_update_group fields); blocks until every
+        member joined or ``timeout_s`` passed. Returns the group name."""
+        from torch.distributed import PrefixStore, TCPStore
+
+        if not isinstance(body, dict):
+            raise WeightGroupError("init_weights_update_group body must be a JSON object")
+        addr = _field(body, "master_address", str)
+        port = _field(body, "master_port", int)
+        rank = _field(body, "rank_offset", int)
+        world = _field(body, "world_size", int)
+        name = _field(body, "group_name", str, DEFAULT_GROUP) or DEFAULT_GROUP
+        backend = _field(body, "backend", str, "gloo")
+        timeout_s = _field(body, "timeout_s", float, DEFAULT_TIMEOUT_S)
+        if not 0 < port < 65536:
+            raise WeightGroupError(f"master_port {port} is not a TCP port")
+        if world < 2 or not 1 <= rank < world:
+            raise WeightGroupError(f"rank_offset {rank} must be in [1, world_size={world}) (rank 0 is the sender)")
+        if timeout_s <= 0:
+            raise WeightGroupError(f"timeout_s must be > 0, got {timeout_s}")
+        if backend not in ("gloo", "nccl"):
+            raise WeightGroupError(f"backend {backend!r}: choose gloo or nccl")
+        self.destroy(name)
+        td = datetime.timedelta(seconds=timeout_s)
+        try:
+            store = TCPStore(addr, port, None, False, td)
+            store.set(JOINED_KEY.format(rank=rank), "1")
+            pg = make_group(backend, PrefixStore(name, store), rank, world, timeout_s, addr)
+        except WeightGroupError:
+            raise
+        except Exception as e:  # noqa: BLE001 - DistStoreError, RuntimeError (gloo), ...
+            raise WeightGroupError(f"could not join weight group {name!r} at {addr}:{port} as rank {rank} of "
+                                   f"{world} within {timeout_s:g}s: {type(e).__name__}: {e}") from None
+        with self._lock:
+            self.groups[name] = _Group(name, backend, rank, world, timeout_s, store, pg)
+        return name
+
+    def destroy(self, name: str = DEFAULT_GROUP) -> bool:
+        """Drop group ``name`` and what was staged for it; False when there was none."""
+        with self._lock:
+            g = self.groups.pop(name, None)
+        if g is None:
+            return False
+        g.staged.clear()
+        g.pg = None          # the last reference: gloo closes its connections, peers blocked on it fail at once
+        return True
+
+    def _group(self, name: str) -> _Group:
+        g = self.groups.get(name)
+        if g is None:
+            raise WeightGroupError(f"no weight update group named {name!r} on this engine "
+                                   f"(call init_weights_update_group first; groups: {sorted(self.groups)})")
+        return g
+
+    # ---------------------------------------------------------------- receive
+    def receive_sync(self, name: str, names: list, dtypes: list, shapes: list) -> list:
+        """Receive one broadcast from rank 0 per announced tensor, in order; returns ``(name, tensor)``."""
+        g = self._group(name)
+        metas = _metas(names, dtypes, shapes)
+        dev = tensor_device(g.backend, self.device)
+        td = datetime.timedelta(seconds=g.timeout_s)
+        out = []
+        with g.lock:
+            for n, dt, shape in metas:
+                t = torch.empty(shape, dtype=dt, device=dev)
+                try:
+                    if g.pg is None:
+                        raise RuntimeError("the group was destroyed")
+                    g.pg.broadcast(t, 0, td).wait(td)
+                except Exception as e:  # noqa: BLE001 - the sender died or timed out
+                    g.staged.clear()
+                    raise WeightGroupError(f"weight group {name!r}: receiving {n!r} from rank 0 failed: "
+                                           f"{type(e).__name__}: {str(e)[:300]}") from None
+                out.append((n, t))
+        return out
+
+    async def update_from_distributed(self, body: dict) -> dict:
+        """SGLang's update_weights_from_distributed (see the module doc); returns the JSON answer."""
+        if not isinstance(body, dict):
+            raise WeightGroupError("update_weights_from_distributed body must be a JSON object")
+        name = _field(body, "group_name", str, DEFAULT_GROUP) or DEFAULT_GROUP
+        names = _field(body, "names", list)
+        dtypes = _field(body, "dtypes", list)
+        shapes = _field(body, "shapes", list)
+        last = _field(body, "last_bucket", bool, True)
+        version = body.get("weight_version")
+        if version is not None:
+            try:
+                version = int(version)
+            except (TypeError, ValueError):
+                raise WeightGroupError(f"weight_version must be an integer, got {version!r}") from None
+        g = self._group(name)
+        got = await asyncio.to_thread(self.receive_sync, name, names, dtypes, shapes)
+        if not last:
+            g.staged.extend(got)
+            return {"success": True, "message": f"received {len(got)} tensors (staged)", "staged": len(g.staged)}
+        pairs, g.staged = g.staged + got, []
+        new = await self.engine.update_weights(named_tensors=pairs, version=version)
+        return {"success": True, "message": f"loaded {len(pairs)} tensors from group {name!r}",
+                "weight_version": new}
+
+    async def init(self, body: dict) -> str:
+        return await asyncio.to_thread(self.init_sync, body)
+
+    def close(self) -> None:
+        for name in list(self.groups):
+            self.destroy(name)
+
+
+def _metas(names, dtypes, shapes) -> list:
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise WeightGroupError(f"names, dtypes and shapes must have the same length "
+                               f"({len(names)}, {len(dtypes)}, {len(shapes)})")
+    out = []
+    for n, d, s in zip(names, dtypes, shapes):
+        if not isinstance(n, str) or not n:
+            raise WeightGroupError(f"tensor name must be a non-empty string, got {n!r}")
+        if not isinstance(s, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s):
+            raise WeightGroupError(f"shape of {n!r} must be a list of non-negative integers, got {s!r}")
+        out.append((n, parse_dtype(d), tuple(s)))
+    return out
+
+
+# ----------------------------------------------------------------------------------- HTTP routes
+class WeightGroupRoutes:
+    """aiohttp handlers for the three endpoints, for a :class:`slick.engine.server.SlickServer`."""
+
+    def __init__(self, server):
+        self.server = server
+        self.groups = WeightGroups(server.engine)
+
+    def register(self, router) -> None:
+        for path, h in zip(PATHS, (self.init, self.update, self.destroy)):
+            router.add_post(path, h)
+
+    async def _body(self, request) -> dict:
+        body = await self.server._json(request)
+        if not isinstance(body, dict):
+            raise WeightGroupError("body must be a JSON object")
+        return body
+
+    async def init(self, request):
+        """POST /init_weights_update_group: join the sender's group (answers once every member joined)."""
+        from aiohttp import web
+
+        try:
+            name = await asyncio.shield(self.groups.init(await self._body(request)))
+        except WeightGroupError as e:
+            return web.json_response({"success": False, "message": str(e)}, status=400)
+        return web.json_response({"success": True, "message": f"joined weight update group {name!r}"})
+
+    async def update(self, request):
+        """POST /update_weights_from_distributed: receive a bucket; the last one is applied all or nothing."""
+        from aiohttp import web
+
+        body = await self._body(request)
+        try:
+            async with self.server._weights_lock:   # shielded: a client that goes away cannot cut a copy short
+                out = await asyncio.shield(self.groups.update_from_distributed(body))
+        except (WeightGroupError, ValueError, KeyError, RuntimeError) as e:
+            g = self.groups.groups.get(body.get("group_name") or DEFAULT_GROUP)
+            if g is not None:
+                g.staged.clear()
+            return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+        if "weight_version" in out:
+            paused = len(self.server.engine.progress()) if self.server.paused else 0
+            out["num_paused_requests"] = paused
+        return web.json_response(out)
+
+    async def destroy(self, request):
+        """POST /destroy_weights_update_group ``{"group_name"?}``."""
+        from aiohttp import web
+
+        body = await self.server._json(request, default={"group_name": DEFAULT_GROUP})
+        name = (body.get("group_name") if isinstance(body, dict) else None) or DEFAULT_GROUP
+        found = self.groups.destroy(name)
+        return web.json_response({"success": True, "message": f"group {name!r} "
+                                  + ("destroyed" if found else "was not open")})

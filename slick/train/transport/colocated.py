@@ -1,0 +1,37 @@
+"""The colocated transport: in-process engines get the tensors themselves.
+
+The sender and the engine live in one process (``--rollout-engine local``, or a trainer rank actor that hosts
+its engine, as ``--colocate`` does on CPU). ``send`` hands every engine the same ``(name, tensor)`` list; the
+engine checks all of it, then copies (casting to its dtype/device) between two decode steps. Nothing is
+serialised, nothing touches disk. Engines in another process are refused at ``connect``: use ``broadcast``
+(gloo over loopback on one node) or ``disk``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from slick.train.transport import TransportError, engine_name, is_http
+from slick.train.transport.common import on_every_engine
+
+
+class ColocatedTransport:
+    name = "colocated"
+
+    def __init__(self, *, timeout_s: float):
+        self.timeout_s = float(timeout_s)
+        self.engines: list = []
+
+    async def connect(self, engines: Sequence) -> None:
+        remote = [engine_name(e) for e in engines if is_http(e)]
+        if remote:
+            raise TransportError(f"the colocated weight transport hands tensors to engines in this process; "
+                                 f"engine(s) {', '.join(remote)} are behind HTTP (use broadcast or disk)")
+        self.engines = list(engines)
+
+    async def send(self, version: int, named_tensors) -> None:
+        pairs = [(n, t.detach()) for n, t in named_tensors]
+        await on_every_engine(self.engines, lambda e: e.update_weights(named_tensors=pairs, version=version),
+                              self.timeout_s, f"update to version {version}")
+
+    async def disconnect(self) -> None:
+        self.engines = []

@@ -1,0 +1,90 @@
+"""The disk transport: a safetensors directory written atomically, then loaded by every engine.
+
+Layout of ``disk_dir`` after ``send(version, ...)``: ``model-0000i-of-0000n.safetensors`` shards of at most
+``bucket_bytes`` each (a larger tensor gets a shard of its own), ``model.safetensors.index.json`` (HF's
+weight map), ``slick_weights.json`` (the version marker: ``{"version", "tensors", "bytes"}``) and, when
+``model_dir`` is given, its config/tokenizer files, so that the directory is a loadable HF model (what
+SGLang's ``/update_weights_from_disk`` expects). The directory is written to a sibling temp directory and
+renamed into place: an engine never sees half a version. Each engine is then told
+``update_weights(path=disk_dir, version=version)`` (HTTP engines: ``/update_weights_from_disk``).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from slick.train.transport.buckets import iter_buckets, tensor_bytes
+from slick.train.transport.common import bounded, on_every_engine
+
+MARKER = "slick_weights.json"
+_SKIP = {".safetensors", ".bin", ".pt", ".pth", ".gguf"}
+
+
+def write_weights_dir(out_dir, version: int, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                      model_dir: Optional[str] = None) -> Path:
+    """Write the directory described in the module doc atomically; return its path."""
+    from safetensors.torch import save_file
+
+    from slick.train.checkpoint import write_dir_atomic
+
+    def writer(tmp: Path) -> None:
+        if model_dir:
+            for f in Path(model_dir).iterdir():
+                if f.is_file() and f.suffix not in _SKIP and f.name != "model.safetensors.index.json":
+                    shutil.copy2(f, tmp / f.name)
+        shards, total, count = [], 0, 0
+        for i, bucket in enumerate(iter_buckets(named, bucket_bytes)):
+            part = tmp / f"part-{i:05d}.safetensors"
+            save_file({n: t.detach().to("cpu").contiguous() for n, t in bucket}, str(part))
+            shards.append((part, [n for n, _ in bucket]))
+            total += sum(tensor_bytes(t) for _, t in bucket)
+            count += len(bucket)
+        if not count:
+            raise ValueError("no tensors to send")
+        weight_map = {}
+        for i, (part, names) in enumerate(shards):
+            final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            part.rename(tmp / final)
+            weight_map.update({n: final for n in names})
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        (tmp / MARKER).write_text(json.dumps({"version": int(version), "tensors": count, "bytes": total}))
+
+    return write_dir_atomic(out_dir, writer)
+
+
+def read_marker(path) -> dict:
+    """The version marker of a directory written by :func:`write_weights_dir`."""
+    return json.loads((Path(path) / MARKER).read_text())
+
+
+class DiskTransport:
+    """``send`` writes ``disk_dir`` (module doc) and has every engine load it, all bounded by ``timeout_s``."""
+
+    name = "disk"
+
+    def __init__(self, disk_dir, *, bucket_bytes: int, timeout_s: float, model_dir: Optional[str] = None):
+        self.disk_dir = Path(disk_dir)
+        self.bucket_bytes = int(bucket_bytes)
+        self.timeout_s = float(timeout_s)
+        self.model_dir = model_dir
+        self.engines: list = []
+
+    async def connect(self, engines: Sequence) -> None:
+        self.engines = list(engines)
+
+    async def send(self, version: int, named_tensors) -> None:
+        import asyncio
+
+        await bounded(asyncio.to_thread(write_weights_dir, self.disk_dir, version, named_tensors,
+                                        self.bucket_bytes, self.model_dir),
+                      self.timeout_s, f"writing weights version {version} to {self.disk_dir}")
+        await on_every_engine(self.engines, lambda e: e.update_weights(path=str(self.disk_dir), version=version),
+                              self.timeout_s, f"loading {self.disk_dir} (version {version})")
+
+    async def disconnect(self) -> None:
+        self.engines = []
