@@ -95,7 +95,8 @@ class RolloutManager:
         salt = "train" if sampling is None else "eval"
         sampling = sampling or self.sampling
         if self.agent is not None:
-            return await self.agent.run_group(group, sampling, lambda s: seeded(sampling, self.cfg.rollout_seed, salt, s))
+            return await self.agent.run_group(group, sampling, lambda s: seeded(sampling, self.cfg.rollout_seed, salt, s),
+                                              final_only=salt == "eval")
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
         await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s))
                                for s in todo))

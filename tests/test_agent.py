@@ -1,0 +1,245 @@
+"""--agent-function-path: black-box agents drive a real OpenAI client against slick's per-session endpoint; every
+call is recorded with the engine's exact tokens and becomes the documented training samples."""
+import asyncio
+import json
+import sys
+import textwrap
+
+import pytest
+
+from slick.config import Config
+from slick.config.validate import validate_config
+from slick.engine.local import LocalEngine
+from slick.engine.openai_api import Call, Choice
+from slick.reward import RewardHub
+from slick.rollout.agent import AgentRollout, call_tree, trajectory_samples
+from slick.rollout.manager import sampling_from_config, seeded
+from slick.types import Sample, Status
+
+pytestmark = pytest.mark.timeout(300)
+
+AGENTS = textwrap.dedent('''
+    import openai
+
+    FINAL = {}      # sample index -> content of the last answer the agent received
+
+    def _client(base_url):
+        return openai.AsyncOpenAI(base_url=base_url, api_key="slick", max_retries=0, timeout=120)
+
+    def _assistant(msg):
+        d = {"role": "assistant", "content": msg.content}
+        if msg.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in msg.tool_calls]
+        return d
+
+    async def three_calls(args, sample, base_url):
+        """user -> answer -> tool result -> answer -> two tool results -> answer; returns None (reward scores)."""
+        async with _client(base_url) as c:
+            msgs = [{"role": "user", "content": sample.prompt}]
+            for turn in range(3):
+                r = await c.chat.completions.create(model="policy", messages=msgs, max_tokens=5 + turn,
+                                                    temperature=0.3, logprobs=True)
+                msgs.append(_assistant(r.choices[0].message))
+                for k in range(turn + 1 if turn < 2 else 0):
+                    msgs.append({"role": "tool", "tool_call_id": f"c{turn}{k}", "content": f"result {turn}.{k}"})
+            FINAL[sample.index] = r.choices[0].message.content
+        return None
+
+    async def restart(args, sample, base_url):
+        """Two calls; the second starts a new conversation (does not extend the first): two samples, reward 0.25."""
+        async with _client(base_url) as c:
+            await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "first"}],
+                                            max_tokens=4)
+            await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "second"}],
+                                            max_tokens=3)
+        return 0.25
+
+    async def raw_tokens(args, sample, base_url):
+        """/completions with token ids, continued by token ids: one sample; a dict reward."""
+        async with _client(base_url) as c:
+            r = await c.completions.create(model="policy", prompt=[1, 2, 3, 4], max_tokens=3,
+                                           extra_body={"return_token_ids": True})
+            ids = [1, 2, 3, 4] + r.choices[0].token_ids + [9, 9]
+            await c.completions.create(model="policy", prompt=ids, max_tokens=2)
+        return {"reward": 0.5, "calls": 2}
+
+    async def broken(args, sample, base_url):
+        async with _client(base_url) as c:
+            await c.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+        raise RuntimeError("agent bug")
+
+    async def even_reward(args, sample, base_url):
+        """Two chat calls continuing each other; reward = share of even token ids (varied, for training)."""
+        async with _client(base_url) as c:
+            msgs = [{"role": "user", "content": sample.prompt}]
+            ids = []
+            for _ in range(2):
+                r = await c.chat.completions.create(model="policy", messages=msgs, max_tokens=4,
+                                                    extra_body={"return_token_ids": True})
+                ids += r.choices[0].token_ids
+                msgs += [_assistant(r.choices[0].message), {"role": "tool", "content": "ok"}]
+        return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
+
+    def rm_final(args, sample):
+        """1.0 when the reward sees the agent's final assistant message."""
+        return float(sample.response == FINAL.get(sample.index))
+''')
+
+
+@pytest.fixture(scope="module")
+def agents_module(tmp_path_factory):
+    d = tmp_path_factory.mktemp("agents")
+    (d / "slick_test_agents.py").write_text(AGENTS)
+    sys.path.insert(0, str(d))
+    yield __import__("slick_test_agents")
+    sys.path.remove(str(d))
+    sys.modules.pop("slick_test_agents", None)
+
+
+class Spy:
+    """The real engine, with every request it served written down (prompt ids, Generation)."""
+
+    def __init__(self, engine):
+        self.engine, self.seen = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids, sampling, rid=None):
+        gen = await self.engine.generate(prompt_ids, sampling, rid=rid)
+        self.seen.append((list(prompt_ids), gen, sampling))
+        return gen
+
+
+def make_cfg(model_dir, fn, **over):
+    values = dict(hf_checkpoint=str(model_dir), agent_function_path=f"slick_test_agents.{fn}", dtype="fp32",
+                  rollout_max_response_len=16, rollout_batch_size=1, n_samples_per_prompt=1, rollout_temperature=1.0,
+                  custom_rm_path="slick_test_agents.rm_final", rm_failure_reward=-1.0)
+    values.update(over)
+    return validate_config(Config.from_flat(values), check_files="prompt_data" in over)
+
+
+def run_agent(model_dir, fn, samples, **over):
+    """Run the agent rollout for one group in a fresh event loop; returns (samples, spy, rollout)."""
+    cfg = make_cfg(model_dir, fn, **over)
+
+    async def go():
+        eng = LocalEngine(model_dir, dtype="fp32", seed=0)
+        spy = Spy(eng)
+        hub = RewardHub(cfg)
+        agent = AgentRollout(cfg, lambda: spy, eng.tokenizer, hub)
+        sampling = sampling_from_config(cfg, stop_token_ids=[eng.tokenizer.eos_token_id])
+        try:
+            out = await agent.run_group(samples, sampling, lambda s: seeded(sampling, 1, "train", s))
+        finally:
+            await agent.close()
+            await hub.close()
+            await eng.close()
+        return out, spy, agent
+
+    return asyncio.run(go())
+
+
+def test_three_call_session_is_one_exact_sample(tiny_model_dir, agents_module):
+    out, spy, agent = run_agent(tiny_model_dir, "three_calls", [Sample(index=7, prompt="add 2 and 3")])
+    assert len(spy.seen) == 3 and len(out) == 1
+    s = out[0]
+    last_prompt, last_gen, _ = spy.seen[-1]
+    # tokens: exactly the last prompt the engine saw + what it sampled; every call's prompt extends the previous
+    assert s.prompt_ids == spy.seen[0][0]
+    assert s.prompt_ids + s.response_ids == last_prompt + last_gen.token_ids
+    for (p0, g0, _), (p1, _, _) in zip(spy.seen, spy.seen[1:]):
+        assert p1[:len(p0) + len(g0.token_ids)] == p0 + g0.token_ids
+    # loss mask 1 exactly on sampled tokens, their logprobs and versions are the engine's, gaps are 0
+    want_mask, want_lp = [], []
+    end = len(s.prompt_ids)
+    for p, g, _ in spy.seen:
+        want_mask += [0] * (len(p) - end) + [1] * len(g.token_ids)
+        want_lp += [0.0] * (len(p) - end) + list(g.logprobs)
+        end = len(p) + len(g.token_ids)
+    assert s.loss_mask == want_mask
+    assert s.rollout_logprobs == want_lp
+    assert sum(s.loss_mask) == sum(len(g.token_ids) for _, g, _ in spy.seen)
+    assert len(s.weight_versions) == len(s.response_ids) and set(s.weight_versions) == {0}
+    # the gaps hold the tool results as the chat template renders them (three tool messages)
+    from slick.models.tiny import load_demo_tokenizer
+
+    gaps = load_demo_tokenizer().decode([t for t, m in zip(s.response_ids, s.loss_mask) if m == 0])
+    assert "result 0.0" in gaps and "result 1.0" in gaps and "result 1.1" in gaps
+    assert gaps.count("<|im_start|>tool") == 3 and gaps.count("<|im_start|>assistant") == 2
+    # the session's sampling is the rollout's (temperature 1.0 replaces the agent's 0.3), max_tokens honoured
+    assert [sp.temperature for _, _, sp in spy.seen] == [1.0] * 3
+    assert [sp.max_new_tokens for _, _, sp in spy.seen] == [5, 6, 7]
+    # None: the configured reward scored the final assistant message
+    assert s.response == agents_module.FINAL[7] and s.reward == 1.0
+    assert s.status in (Status.COMPLETED, Status.TRUNCATED)
+    assert agent.metrics(out) == {"rollout/agent_calls/mean": 3.0, "rollout/agent_samples/mean": 1.0,
+                                  "rollout/agent_errors": 0.0}
+
+
+def test_session_that_restarts_becomes_two_samples(tiny_model_dir, agents_module):
+    out, spy, agent = run_agent(tiny_model_dir, "restart", [Sample(index=3, prompt="ignored")])
+    assert len(spy.seen) == 2 and len(out) == 2
+    for s, (p, g, _) in zip(out, spy.seen):
+        assert s.prompt_ids == p and s.response_ids == g.token_ids
+        assert s.loss_mask == [1] * len(g.token_ids) and s.rollout_logprobs == list(g.logprobs)
+        assert s.reward == 0.25                      # a returned float is every sample's reward
+    assert agent.metrics(out)["rollout/agent_samples/mean"] == 2.0
+
+
+def test_completions_token_ids_continue_and_dict_reward(tiny_model_dir, agents_module):
+    out, spy, _ = run_agent(tiny_model_dir, "raw_tokens", [Sample(index=1, prompt="x")])
+    assert len(out) == 1
+    s = out[0]
+    (p0, g0, _), (p1, g1, _) = spy.seen
+    assert s.prompt_ids == [1, 2, 3, 4] and p1 == p0 + g0.token_ids + [9, 9]
+    assert s.response_ids == g0.token_ids + [9, 9] + g1.token_ids
+    assert s.loss_mask == [1] * len(g0.token_ids) + [0, 0] + [1] * len(g1.token_ids)
+    assert s.reward == {"reward": 0.5, "calls": 2}
+
+
+def test_failing_agent_fails_its_sample_only(tiny_model_dir, agents_module):
+    out, _, agent = run_agent(tiny_model_dir, "broken", [Sample(index=0, prompt="a"), Sample(index=1, prompt="b")])
+    assert len(out) == 2
+    for s in out:
+        assert s.status == Status.FAILED and s.reward == -1.0 and s.loss_mask == [0]
+        assert "RuntimeError: agent bug" in s.metadata["agent_error"]
+    assert agent.metrics(out)["rollout/agent_errors"] == 2.0
+
+
+def test_call_tree_and_branches():
+    """Pure: n=2 at the first call, the second call continues choice 1 -> two samples sharing the prompt."""
+    c0 = Call("completion", [5, 6], [Choice([7, 8], [-0.1, -0.2], [0, 0], "length"),
+                                     Choice([9], [-0.3], [1], "stop")])
+    c1 = Call("completion", [5, 6, 9, 4], [Choice([3], [-0.5], [1], "stop")])
+    assert call_tree([c0, c1]) == {1: (0, 1)}
+    out = trajectory_samples(Sample(index=2, prompt="p"), [c0, c1])
+    assert [(s.prompt_ids, s.response_ids, s.loss_mask) for s in out] == [
+        ([5, 6], [7, 8], [1, 1]), ([5, 6], [9, 4, 3], [1, 0, 1])]
+    assert out[1].rollout_logprobs == [-0.3, 0.0, -0.5] and out[1].weight_versions == [1, 1, 1]
+    assert out[0].status == Status.TRUNCATED and out[1].status == Status.COMPLETED
+
+
+def test_agent_function_must_be_async(tiny_model_dir, agents_module):
+    cfg = make_cfg(tiny_model_dir, "rm_final")
+    with pytest.raises(ValueError, match="--agent-function-path.*async def"):
+        AgentRollout(cfg, lambda: None, None, None)
+
+
+def test_agent_rollout_in_slick_train(tiny_model_dir, agents_module, tmp_path):
+    """Two steps of `slick train` whose rollout is the black-box agent (2 prompts x 2 sessions)."""
+    from slick.loop.sync import train
+
+    rows = [{"prompt": f"question {i}", "label": str(i)} for i in range(4)]
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = make_cfg(tiny_model_dir, "even_reward", prompt_data=str(data), rollout_batch_size=2,
+                   n_samples_per_prompt=2, num_rollout=2, lr=1e-3, run_dir=str(tmp_path / "run"), no_progress=True,
+                   micro_batch_size=4, custom_rm_path=None, save_debug_rollout_data=str(tmp_path / "dbg"))
+    run = asyncio.run(train(cfg))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rollout/agent_calls/mean"] == 2.0 and r["rollout/agent_samples/mean"] == 1.0 for r in rows)
+    assert all(r["rollout/agent_errors"] == 0.0 for r in rows)
+    assert run.trainer.version == 2
+    assert run.manager.agent._runner is None          # the endpoint closed with the run
