@@ -237,6 +237,8 @@ class Run:
             self.progress.close()
             self.logger.close()
             await self.rewards.close()
+            if getattr(self, "manager", None) is not None:   # the agent endpoint (--agent-function-path)
+                await self.manager.close()
             if self.engines and not self._engines_closed:
                 self._engines_closed = True
                 await self.engines.close()
