@@ -12,6 +12,11 @@ Layout of ``save_root``::
 A checkpoint is written into ``save_root/.tmp-step_XXXXXX-<pid>`` and renamed into place with
 ``os.replace``; ``latest`` is then rewritten via a temp file + rename. A crash at any point leaves the
 previous checkpoint (and ``latest`` pointing at it) intact.
+
+With several trainer ranks (``slick.train.dist``) every rank calls these functions: the trainer's writes are
+collective (a sharded ``slick.train.dcp`` directory instead of ``model/`` + ``optimizer.pt``), rank 0 alone
+creates and renames the temp directory and writes ``state``, ``step.json`` and ``latest``, with barriers in
+between; all ranks return once the checkpoint is in place. The filesystem must be shared by the ranks.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+
+from slick.train import dist as D
 
 STEP_PREFIX = "step_"
 
@@ -73,8 +80,11 @@ def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
 def write_dir_atomic(final_dir, writer) -> Path:
     """Call ``writer(tmp_dir)`` on a fresh sibling temp dir, then rename it to ``final_dir``.
 
-    If ``writer`` raises, the temp dir is removed and ``final_dir`` is untouched.
+    If ``writer`` raises, the temp dir is removed and ``final_dir`` is untouched. With several ranks: call it
+    on every rank with a collective ``writer``; rank 0 owns the directories.
     """
+    if D.is_distributed():
+        return _write_dir_atomic_ranks(Path(final_dir), writer)
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}")
@@ -87,6 +97,35 @@ def write_dir_atomic(final_dir, writer) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return final_dir
+
+
+def _write_dir_atomic_ranks(final_dir: Path, writer) -> Path:
+    rank, n = D.world()
+    tmp = final_dir.with_name(f".tmp-{final_dir.name}-ranks")
+    if rank == 0:
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    D.barrier(f"{final_dir}: temp directory created")
+    error: Optional[BaseException] = None
+    try:
+        writer(tmp)
+    except Exception as e:  # every rank must learn that one failed, or the others would wait forever
+        error = e
+    failed = D.all_reduce_values([1.0 if error else 0.0], "sum", f"{final_dir}: write status")[0]
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        D.barrier(f"{final_dir}: cleanup after a failed write")
+        if error is not None:
+            raise error
+        raise D.RankError(f"trainer rank {rank} of {n}: writing {final_dir} failed on {int(failed)} other "
+                          "rank(s); the previous checkpoint is intact")
+    if rank == 0:
+        replace_dir_atomic(tmp, final_dir)
+    D.barrier(f"{final_dir}: renamed into place")
     return final_dir
 
 
@@ -114,11 +153,14 @@ def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None)
 
     def writer(tmp: Path) -> None:
         trainer.save(tmp)
-        _write_state(tmp, dict(state or {}))
-        (tmp / "step.json").write_text(json.dumps({"step": int(step)}))
+        if D.world()[0] == 0:
+            _write_state(tmp, dict(state or {}))
+            (tmp / "step.json").write_text(json.dumps({"step": int(step)}))
 
     final = write_dir_atomic(root / step_dir_name(step), writer)
-    write_text_atomic(root / "latest", f"{int(step)}\n")
+    if D.world()[0] == 0:
+        write_text_atomic(root / "latest", f"{int(step)}\n")
+    D.barrier(f"{root}: latest -> {step}")
     return final
 
 
@@ -177,8 +219,13 @@ def save_hf(out_dir, trainer) -> Path:
 
 
 def export_checkpoint(load_root, out_dir, step: Optional[int] = None) -> Path:
-    """Copy the HF model of a run checkpoint to ``out_dir`` atomically (no model is loaded)."""
+    """HF model directory of a run checkpoint in ``out_dir``, atomically: a copy of a one-process checkpoint's
+    ``model/`` (no model is loaded), or the fp32 weights gathered from a sharded one (``slick.train.dcp``)."""
+    from slick.train.dcp import export_sharded, is_sharded
+
     s, d = resolve_step_dir(load_root, step)
+    if is_sharded(d):
+        return write_dir_atomic(out_dir, lambda tmp: export_sharded(d, tmp))
     src = d / "model"
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src}: checkpoint has no HF model (config.json missing)")

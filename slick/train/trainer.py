@@ -24,14 +24,17 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
-from slick.train.logprobs import chunked_logprobs
-from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, shares_prompts,
+from slick.train import dist as D
+from slick.train.fsdp import LogprobForward, full_tensor, make_mesh, shard, total_norm
+from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.rng import rng_state, set_rng_state
+from slick.types import Sample
 
 LOSS_KEY = "loss"
 log = logging.getLogger(__name__)
+_PAD = Sample(index=-1, prompt_ids=[0], response_ids=[0])   # the zero-contribution micro-batch of short ranks
 
 
 def _loss_mask(sample) -> list[int]:
@@ -47,6 +50,10 @@ class Trainer:
 
     ``cfg`` is a ``slick.config.Config`` (flat access). ``precision`` picks the bf16 scheme
     (``"autocast"`` default, or ``"bf16"``; see ``slick.train.precision``); ignored for fp32.
+
+    Built while ``torch.distributed`` is initialised with world_size > 1 (``slick.train.dist``), it is one
+    FSDP2 rank (``slick.train.fsdp``): every public method is then collective -- all ranks call it with the
+    same full arguments and get the same result; each rank computes its share of the samples.
     """
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
@@ -63,7 +70,10 @@ class Trainer:
         if precision is None and self.dtype != torch.float32:
             precision = cfg.train_precision  # --train-precision (ignored for fp32)
         self.scheme = resolve_scheme(self.dtype, precision)
-        weight_dtype = torch.bfloat16 if self.scheme == "bf16" else torch.float32
+        self.rank, self.world_size = D.world()
+        self.fsdp = self.world_size > 1
+        # FSDP shards fp32 master weights; its mixed-precision policy gives the bf16 scheme its bf16 compute
+        weight_dtype = torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
         self.model.config.use_cache = False
@@ -74,8 +84,15 @@ class Trainer:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.mesh = make_mesh(self.device) if self.fsdp else None
+        if self.fsdp:
+            with D.named_errors("sharding the policy model"):
+                self._fwd = shard(self.model, self.mesh, torch.bfloat16 if self.scheme == "bf16" else None)
+        else:
+            self._fwd = LogprobForward(self.model)
+        self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.scheme == "bf16":
+        if self.scheme == "bf16" and not self.fsdp:
             self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         else:
             self.master = self.params
@@ -91,6 +108,7 @@ class Trainer:
         self.thread_budget: Optional[Callable[[], int]] = None
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
         self.ref_model = None
+        self._ref_fwd = None
         if self.has_ref:
             ref_path = cfg.ref_load or self.model_path
             ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
@@ -98,6 +116,11 @@ class Trainer:
                 ref_path, dtype=ref_dtype, attn_implementation="sdpa").to(self.device)
             self.ref_model.config.use_cache = False
             self.ref_model.eval().requires_grad_(False)
+            if self.fsdp:   # sharded the same way, no optimizer
+                with D.named_errors("sharding the reference model"):
+                    self._ref_fwd = shard(self.ref_model, self.mesh)
+            else:
+                self._ref_fwd = LogprobForward(self.ref_model)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -116,16 +139,12 @@ class Trainer:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, model, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
-        """Per-sample (logprobs, entropy) lists for one packed micro-batch."""
+    def _forward(self, fwd: LogprobForward, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
+        """Per-sample (logprobs, entropy) lists for one packed micro-batch (``fwd``: the FSDP root if sharded)."""
         mb = mb.to(self.device)
         with self._autocast():
-            out = model.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
-                                   attention_mask=mb.attention_mask)
-            hidden = out.last_hidden_state[0].index_select(0, mb.gather_index)
-            lp, ent = chunked_logprobs(hidden, model.get_output_embeddings(), mb.targets, self.temperature,
-                                       self.cfg.logprob_chunk_size, with_entropy, entropy_grad,
-                                       getattr(model.config, "final_logit_softcapping", None))
+            lp, ent = fwd(mb.input_ids, mb.position_ids, mb.attention_mask, mb.gather_index, mb.targets,
+                          self.temperature, self.cfg.logprob_chunk_size, with_entropy, entropy_grad)
         lps = list(lp.split(mb.response_lengths))
         ents = list(ent.split(mb.response_lengths)) if ent is not None else None
         return lps, ents
@@ -136,30 +155,71 @@ class Trainer:
             return pack_shared_prompts(samples, idx)
         return pack(samples, idx)
 
-    def _micro_batches(self, samples: Sequence) -> Iterator[list[int]]:
-        """Micro-batches in order; before each, the CPU thread count from ``thread_budget`` when one is set."""
-        for idx in split_micro_batches(samples, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch):
+    def _plan(self, samples: Sequence) -> list[list[list[int]]]:
+        """Per rank: its micro-batches (lists of indices into ``samples``); one rank when not distributed.
+
+        Ranks get contiguous, token-balanced shares (``dist.split_for_ranks``); every rank computes the same
+        plan, so each knows how many zero-contribution micro-batches it must add to match the longest rank.
+        """
+        def split(sub):
+            return split_micro_batches(sub, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+
+        if not self.fsdp:
+            return [split(samples)]
+        plans = []
+        for share in D.split_for_ranks([seq_tokens(s) for s in samples], self.world_size):
+            plans.append([[share[j] for j in mb] for mb in split([samples[i] for i in share])])
+        return plans
+
+    def _micro_batches(self, plan: list[list[list[int]]]) -> Iterator[Optional[list[int]]]:
+        """This rank's micro-batches in order, then ``None`` for each padding pass; before each, the CPU thread
+        count from ``thread_budget`` when one is set."""
+        mine = plan[self.rank if self.fsdp else 0]
+        pads = max(len(p) for p in plan) - len(mine)
+        for idx in list(mine) + [None] * pads:
             if self.thread_budget is not None:
                 torch.set_num_threads(self.thread_budget())
             yield idx
+
+    def _pad_pass(self, fwd: LogprobForward, backward: bool) -> None:
+        """A one-token forward (and backward of a zero loss) that only runs FSDP's collectives."""
+        lps, _ = self._forward(fwd, pack([_PAD], [0]), with_entropy=False, entropy_grad=False)
+        if backward:
+            (lps[0].sum() * 0.0).backward()
+
+    def _collective(self, what: str):
+        return D.named_errors(what) if self.fsdp else contextlib.nullcontext()
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list[torch.Tensor]:
         """fp32 CPU tensors ``[T_i]``: logprob of each response token under the actor or reference model."""
         if which == "actor":
-            model = self.model
+            fwd = self._fwd
         elif which == "ref":
             if self.ref_model is None:
                 raise ValueError("compute_logprobs(which='ref') but no reference model is loaded "
                                  "(needs --use-kl-loss with --kl-loss-coef > 0, or --kl-coef > 0)")
-            model = self.ref_model
+            fwd = self._ref_fwd
         else:
             raise ValueError(f"which must be 'actor' or 'ref' (got {which!r})")
         result: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
-        for idx in self._micro_batches(samples):
-            lps, _ = self._forward(model, self._pack(samples, idx), with_entropy=False, entropy_grad=False)
-            for i, lp in zip(idx, lps):
-                result[i] = lp.detach().float().cpu()
+        plan = self._plan(samples)
+        with self._collective(f"compute_logprobs({which!r})"):
+            for idx in self._micro_batches(plan):
+                if idx is None:
+                    self._pad_pass(fwd, backward=False)
+                    continue
+                lps, _ = self._forward(fwd, self._pack(samples, idx), with_entropy=False, entropy_grad=False)
+                for i, lp in zip(idx, lps):
+                    result[i] = lp.detach().float().cpu()
+        if not self.fsdp:
+            return result
+        shares = [[i for mb in p for i in mb] for p in plan]
+        local = torch.cat([result[i] for i in shares[self.rank]] + [torch.zeros(0)])
+        sizes = [sum(len(samples[i].response_ids) for i in sh) for sh in shares]
+        for sh, flat in zip(shares, D.all_gather_flat(local, sizes, f"compute_logprobs({which!r}) gather")):
+            for i, lp in zip(sh, flat.split([len(samples[i].response_ids) for i in sh])):
+                result[i] = lp.clone()
         return result
 
     # ------------------------------------------------------------------ training
@@ -180,8 +240,10 @@ class Trainer:
         out["grad_norm"] = self.optimizer_step()
         out["skipped_steps"] = float(self.skipped_steps - skipped_before)
         t2 = time.perf_counter()
-        out["optimizer_time"] = t2 - t1
-        out["step_time"] = t2 - t0
+        out["optimizer_time"], out["step_time"] = t2 - t1, t2 - t0
+        if self.fsdp:   # the slowest rank's times, the same on every rank
+            out["optimizer_time"], out["step_time"] = D.all_reduce_values(
+                [out["optimizer_time"], out["step_time"]], "max", "train_step timing")
         out["tokens_per_sec"] = out["tokens"] / max(t2 - t0, 1e-9)
         return out
 
@@ -209,43 +271,58 @@ class Trainer:
         total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite_losses = 0
-        for idx in self._micro_batches(samples):
-            mb = self._pack(samples, idx)
-            tokens += mb.num_tokens
-            lps, ents = self._forward(self.model, mb, with_entropy=True, entropy_grad=entropy_grad)
-            T = max(mb.response_lengths)
-            logprobs = pad_stack(lps, T, dtype=torch.float32)
-            entropy = pad_stack(ents, T, dtype=torch.float32)
-            mask = pad_stack([torch.tensor(masks[i], device=dev) for i in idx], T, dtype=torch.float32)
-            adv = pad_stack([torch.as_tensor(advantages[i], device=dev) for i in idx], T, dtype=torch.float32)
-            old = (pad_stack([torch.as_tensor(old_logprobs[i], device=dev) for i in idx], T,
-                             dtype=torch.float32) if old_logprobs is not None else None)
-            ref = (pad_stack([torch.as_tensor(ref_logprobs[i], device=dev) for i in idx], T,
-                             dtype=torch.float32) if ref_logprobs is not None else None)
-            roll = None
-            if all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids) for i in idx):
-                roll = pad_stack([torch.tensor(samples[i].rollout_logprobs, device=dev) for i in idx], T,
-                                 dtype=torch.float32)
-                d = ((logprobs.detach() - roll).abs() * mask)
-                diff_sum += float(d.sum())
-                diff_n += int(mask.sum())
-            loss, metrics = loss_fn(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
-                                    rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
-            loss_value = float(loss.detach())
-            if math.isfinite(loss_value):
-                loss.backward()
-                if self.scheme == "bf16":
-                    self._accumulate_master_grads()
-            else:  # no backward: this global batch's optimizer step will be skipped
-                nonfinite += 1
-            total_loss += loss_value
-            for k, v in (metrics or {}).items():
-                if k != LOSS_KEY:
-                    sums[k] = sums.get(k, 0.0) + float(v)
+        plan = self._plan(samples)
+        with self._collective("train_step forward/backward"):
+            for idx in self._micro_batches(plan):
+                if idx is None:
+                    self._pad_pass(self._fwd, backward=True)
+                    continue
+                mb = self._pack(samples, idx)
+                tokens += mb.num_tokens
+                lps, ents = self._forward(self._fwd, mb, with_entropy=True, entropy_grad=entropy_grad)
+                T = max(mb.response_lengths)
+                logprobs = pad_stack(lps, T, dtype=torch.float32)
+                entropy = pad_stack(ents, T, dtype=torch.float32)
+                mask = pad_stack([torch.tensor(masks[i], device=dev) for i in idx], T, dtype=torch.float32)
+                adv = pad_stack([torch.as_tensor(advantages[i], device=dev) for i in idx], T, dtype=torch.float32)
+                old = (pad_stack([torch.as_tensor(old_logprobs[i], device=dev) for i in idx], T,
+                                 dtype=torch.float32) if old_logprobs is not None else None)
+                ref = (pad_stack([torch.as_tensor(ref_logprobs[i], device=dev) for i in idx], T,
+                                 dtype=torch.float32) if ref_logprobs is not None else None)
+                roll = None
+                if all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids) for i in idx):
+                    roll = pad_stack([torch.tensor(samples[i].rollout_logprobs, device=dev) for i in idx], T,
+                                     dtype=torch.float32)
+                    d = ((logprobs.detach() - roll).abs() * mask)
+                    diff_sum += float(d.sum())
+                    diff_n += int(mask.sum())
+                loss, metrics = loss_fn(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
+                                        rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
+                loss_value = float(loss.detach())
+                if math.isfinite(loss_value):
+                    loss.backward()
+                    if self.scheme == "bf16" and not self.fsdp:
+                        self._accumulate_master_grads()
+                else:  # no real backward: this global batch's optimizer step will be skipped
+                    nonfinite += 1
+                    if self.fsdp:   # the other ranks' backward collectives still need this rank's
+                        (logprobs.sum() * 0.0).backward()
+                total_loss += loss_value
+                for k, v in (metrics or {}).items():
+                    if k != LOSS_KEY:
+                        sums[k] = sums.get(k, 0.0) + float(v)
+        elapsed = time.perf_counter() - t0
+        if self.fsdp:   # additive metrics summed over ranks, times maxed: the same dict on every rank
+            keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "train_step metric names")))
+            vals = D.all_reduce_values([total_loss, tokens, nonfinite, diff_sum, diff_n]
+                                       + [sums.get(k, 0.0) for k in keys], "sum", "train_step metrics")
+            total_loss, tokens, nonfinite, diff_sum, diff_n = vals[:5]
+            sums = dict(zip(keys, vals[5:]))
+            elapsed = D.all_reduce_values([elapsed], "max", "train_step timing")[0]
         out = dict(sums)
         out.update({"loss": total_loss, "tokens": float(tokens), "response_tokens": float(num_tokens),
-                    "nonfinite_losses": float(nonfinite), "fwd_bwd_time": time.perf_counter() - t0})
-        self._nonfinite_losses = nonfinite
+                    "nonfinite_losses": float(nonfinite), "fwd_bwd_time": elapsed})
+        self._nonfinite_losses = int(nonfinite)
         if diff_n:
             out["train_rollout_logprob_abs_diff"] = diff_sum / diff_n
         return out
@@ -269,12 +346,14 @@ class Trainer:
         clip = float(self.cfg.clip_grad or 0.0)
         grads = [m for m in self.master if m.grad is not None]
         bad_losses, self._nonfinite_losses = self._nonfinite_losses, 0
-        if bad_losses:
+        if bad_losses:   # the same count on every rank (summed in forward_backward)
             norm = float("nan")
-        elif clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(grads, clip))
         else:
-            norm = float(torch.nn.utils.get_total_norm([m.grad for m in grads]))
+            with self._collective("gradient norm"):
+                norm_t = total_norm([m.grad for m in grads])   # global over ranks when sharded
+                if clip > 0:
+                    torch.nn.utils.clip_grads_with_norm_(grads, clip, norm_t)
+            norm = float(norm_t)
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
@@ -286,7 +365,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scheme == "bf16":
+        if self.scheme == "bf16" and not self.fsdp:
             with torch.no_grad():
                 for p, m in zip(self.params, self.master):
                     p.copy_(m)
@@ -295,28 +374,49 @@ class Trainer:
 
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF parameter name, detached tensor) for every parameter; tied weights appear once."""
+        """(HF parameter name, detached tensor) for every parameter; tied weights appear once.
+
+        Sharded: full (all-gathered) tensors in the model's compute dtype (bf16 in the bf16 scheme), the same
+        names in the same order on every rank; collective, so every rank must exhaust the iterator.
+        """
+        if not self.fsdp:
+            for name, p in self.model.named_parameters():
+                yield name, p.detach()
+            return
+        cast = torch.bfloat16 if self.scheme == "bf16" else None
         for name, p in self.model.named_parameters():
-            yield name, p.detach()
+            with D.named_errors(f"named_weights ({name})"):
+                t = full_tensor(p.detach())
+            yield name, (t.to(cast) if cast is not None else t)
 
     def full_precision_state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once."""
+        """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once.
+        Sharded: full tensors on every rank (collective)."""
         sd = {}
         master = dict(zip([id(p) for p in self.params], self.master))
         for name, p in self.model.named_parameters():
-            sd[name] = master.get(id(p), p).detach()
+            with self._collective(f"full_precision_state_dict ({name})"):
+                sd[name] = full_tensor(master.get(id(p), p).detach())
         persistent = set(self.model.state_dict())
         for name, b in self.model.named_buffers():
             if name in persistent:
-                sd[name] = b.detach()
+                sd[name] = full_tensor(b.detach())
         return sd
 
     def save_hf_files(self, out_dir) -> None:
-        """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer)."""
+        """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer).
+        Sharded: collective; rank 0 writes."""
+        from slick.train.dcp import write_hf_dir
+
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         sd = {k: v.float().contiguous().cpu() if v.is_floating_point() else v.cpu()
               for k, v in self.full_precision_state_dict().items()}
+        if self.fsdp:
+            if self.rank == 0:
+                write_hf_dir(out, self.model.config, sd, self.tokenizer)
+            D.barrier("save_hf_files")
+            return
+        out.mkdir(parents=True, exist_ok=True)
         dtype_before = self.model.config.dtype
         self.model.config.dtype = torch.float32
         try:
@@ -327,7 +427,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ save / load
     def save(self, out_dir) -> None:
-        """Model (HF dir under ``model/``), optimizer, scheduler, RNG states and version into ``out_dir``."""
+        """Model, optimizer, scheduler, RNG states and version into ``out_dir``.
+
+        One process: today's format (a full HF dir under ``model/`` + ``optimizer.pt``...). Sharded: a
+        ``torch.distributed.checkpoint`` directory (``slick.train.dcp``), collective, ``trainer_state.json``
+        written last by rank 0. Both load with any number of ranks.
+        """
+        if self.fsdp:
+            from slick.train.dcp import save_sharded
+
+            save_sharded(self, out_dir)
+            return
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.save_hf_files(out / "model")
@@ -338,21 +448,21 @@ class Trainer:
             {"version": self.version, "scheme": self.scheme, "model_path": self.model_path}))
 
     def load(self, in_dir) -> None:
-        """Restore everything :meth:`save` wrote (the model architecture must match)."""
-        from safetensors.torch import load_file
+        """Restore everything :meth:`save` wrote, in either format, whatever the number of ranks that wrote it
+        (the model architecture must match). Collective when sharded."""
+        from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded
 
         d = Path(in_dir)
         if not (d / "trainer_state.json").is_file():
             raise FileNotFoundError(f"{d}: not a trainer checkpoint (trainer_state.json missing)")
-        sd = {}
-        for f in sorted((d / "model").glob("*.safetensors")):
-            sd.update(load_file(str(f)))
-        if not sd:
-            raise FileNotFoundError(f"{d / 'model'}: no .safetensors weights")
+        if is_sharded(d):
+            load_sharded(self, d)
+            return
+        sd = self._read_legacy_weights(d)
+        if self.fsdp:
+            load_legacy_sharded(self, d, sd)
+            return
         names = dict(self.model.named_parameters())
-        missing = [n for n in names if n not in sd]
-        if missing:
-            raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
         master = dict(zip([id(p) for p in self.params], self.master))
         with torch.no_grad():
             for n, p in names.items():
@@ -363,3 +473,16 @@ class Trainer:
         self.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
         set_rng_state(torch.load(d / "rng.pt", weights_only=False))
         self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+
+    def _read_legacy_weights(self, d: Path) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        sd = {}
+        for f in sorted((d / "model").glob("*.safetensors")):
+            sd.update(load_file(str(f)))
+        if not sd:
+            raise FileNotFoundError(f"{d / 'model'}: no .safetensors weights")
+        missing = [n for n, _ in self.model.named_parameters() if n not in sd]
+        if missing:
+            raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
+        return sd
