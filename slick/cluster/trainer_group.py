@@ -9,6 +9,7 @@ to every rank (one object in Ray's store) and returns rank 0's answer. Every fan
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -65,6 +66,8 @@ class TrainerRank:
         self.threads = set_actor_threads(slots_on_node)
         self.trainer = None
         self.host = None      # the colocated engine (EngineHost) of this rank
+        self._transport, self._engines = None, []
+        self._loop = asyncio.new_event_loop()   # weight transports' calls (actor methods run on one thread)
 
     def address(self) -> tuple[str, int]:
         """(IP, free port) for torch.distributed's rendezvous, on this rank's node (asked of rank 0)."""
@@ -117,12 +120,46 @@ class TrainerRank:
         self.host = EngineHost(model_path, engine_kwargs)
         return self.host.start(timeout_s)
 
-    def push_colocated(self) -> int:
-        """Hand the trainer's full weights to this process's engine (collective gather, then in-process copy)."""
+    def send_weights(self, transport: str, engine_urls: list, disk_dir: Optional[str], bucket_bytes: int,
+                     timeout_s: float) -> int:
+        """Every rank gathers the full weights (collective); then the colocated transport hands them to this
+        process's engine (every rank), or rank 0 sends them to ``engine_urls`` through the disk or broadcast
+        transport (kept connected between calls). Returns the version sent."""
         named = list(self.trainer.named_weights())
-        return self.host.update_weights(named, self.trainer.version)
+        version = self.trainer.version
+        if transport != "colocated" and self.rank != 0:
+            return version
+        if self._transport is None:
+            from slick.engine.client import HttpEngine
+            from slick.train.transport import make_transport
+
+            if transport == "colocated":
+                if self.host is None:
+                    raise RuntimeError(f"trainer rank {self.rank}: the colocated transport needs this rank's "
+                                       f"engine (--colocate)")
+                engines = [self.host.engine]
+            else:
+                engines = [HttpEngine(list(engine_urls), timeout=timeout_s, control_urls=list(engine_urls))]
+            import ray
+
+            self._transport = make_transport(transport, disk_dir=disk_dir, bucket_bytes=bucket_bytes,
+                                             timeout_s=timeout_s, master_addr=ray.util.get_node_ip_address(),
+                                             model_dir=self.cfg.hf_checkpoint)
+            self._engines = engines
+            self._loop.run_until_complete(self._transport.connect(engines))
+        self._loop.run_until_complete(self._transport.send(version, named))
+        return version
 
     def stop(self) -> None:
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            try:
+                self._loop.run_until_complete(transport.disconnect())
+                for e in self._engines:
+                    if hasattr(e, "close"):
+                        self._loop.run_until_complete(e.close())
+            except Exception as e:  # noqa: BLE001 - stopping anyway
+                log.warning("trainer rank %d: disconnecting the weight transport: %s", self.rank, e)
         if self.host is not None:
             self.host.stop()
             self.host = None
@@ -227,10 +264,16 @@ class RayTrainerGroup:
                                      for a in self.actors], self._named(), timeout_s, "start its engine server")
         return self.engine_urls
 
-    def push_colocated(self) -> None:
-        """Every rank hands the full weights to its own engine, in-process (version = the trainer's)."""
-        wait_all([a.push_colocated.remote() for a in self.actors], self._named(), self.timeout_s,
-                 "update its colocated engine's weights")
+    def send_weights(self, transport: str, engine_urls: list, disk_dir: Optional[str] = None,
+                     bucket_bytes: int = 512 << 20) -> float:
+        """Push the current weights to the engines (:meth:`TrainerRank.send_weights`); returns the seconds."""
+        t0 = time.perf_counter()
+        versions = wait_all([a.send_weights.remote(transport, list(engine_urls), disk_dir, bucket_bytes,
+                                                   self.timeout_s) for a in self.actors],
+                            self._named(), self.timeout_s, f"send its weights ({transport})")
+        if len(set(versions)) != 1:
+            raise RankError(f"trainer ranks sent different weight versions {versions}")
+        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ end
     def close(self) -> None:

@@ -9,8 +9,9 @@ log = logging.getLogger("slick.engine")
 class EngineSet:
     """The engine the rollout talks to, the processes started for it, and how weights reach it."""
 
-    def __init__(self, engine, sync_mode: str, processes=()):
+    def __init__(self, engine, sync_mode: str, processes=(), worker_urls=()):
         self.engine, self.sync_mode, self.processes = engine, sync_mode, list(processes)
+        self.worker_urls = list(worker_urls)   # the engine servers themselves (behind the router, if any)
 
     async def close(self) -> None:
         await self.engine.close()
@@ -35,8 +36,9 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
     with no meaning for slick's engine are named in a warning. Engines at --rollout-urls are already running.
 
     On Ray (``cluster`` with engines in its layout) the engines are `slick serve` servers in actors: their own
-    (disaggregated; weights via disk) or inside ``trainer``'s rank actors (--colocate; weights in-process); the
-    rollout reaches them over HTTP, through the real sglang-router with --router sglang."""
+    (disaggregated) or inside ``trainer``'s rank actors (--colocate); the rollout reaches them over HTTP, through
+    the real sglang-router with --router sglang, and the trainer ranks push weights to them themselves
+    (sync mode "ray": ``RayTrainerGroup.send_weights`` with --weight-transport)."""
     from slick.engine.sglang_args import engine_options, to_argv, unknown_warning
 
     sglang = dict(getattr(cfg, "sglang", None) or {})
@@ -75,10 +77,10 @@ def _ray_engines(cfg, cluster, trainer) -> EngineSet:
         if trainer is None or not hasattr(trainer, "start_colocated_engines"):
             raise ValueError("--colocate on Ray runs each engine inside a trainer rank's actor: it needs the "
                              "trainer (not --debug-rollout-only)")
-        return _http_engines(cfg, trainer.start_colocated_engines(engine_kwargs(cfg), timeout), [], "colocated")
+        return _http_engines(cfg, trainer.start_colocated_engines(engine_kwargs(cfg), timeout), [], "ray")
     actors = start_engine_actors(cluster, cfg, timeout)
     try:
-        return _http_engines(cfg, actors.urls, [actors], "disk")
+        return _http_engines(cfg, actors.urls, [actors], "ray")
     except BaseException:
         actors.stop()
         raise
@@ -99,4 +101,4 @@ def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
     # generation goes through the router; weight updates and aborts go to every worker directly
     eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout,
                      control_urls=worker_urls)
-    return EngineSet(eng, sync_mode, procs)
+    return EngineSet(eng, sync_mode, procs, worker_urls)

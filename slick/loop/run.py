@@ -47,6 +47,7 @@ class Run:
     def __init__(self, cfg, overlap: bool = False):
         self.cluster = self.trainer = self.engines = None
         self._engines_closed = False
+        self._transport = None      # the weight transport of the driver-side engines, connected on first use
         try:
             self._build(cfg, overlap)
         except BaseException:
@@ -198,17 +199,34 @@ class Run:
         """:meth:`train` on the training thread; the event loop keeps serving the engine meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self._train_pool, self.train, step, groups)
 
+    def weight_transport(self) -> str:
+        """--weight-transport, with auto resolved for this run's engines (validate_config resolves it too)."""
+        name = self.cfg.weight_transport
+        if name != "auto":
+            return name
+        mode = self.engines.sync_mode
+        if mode == "ray":
+            return "colocated" if self.cluster.layout.colocate else "disk"
+        return "colocated" if mode == "tensors" else "disk"
+
     async def sync_weights(self) -> dict:
+        """Push the trainer's weights to the engines through --weight-transport (kept connected between
+        calls); on Ray the trainer ranks send them themselves. Returns perf/update_weights_time."""
+        from slick.train.transport import make_transport
         from slick.train.weight_sync import sync_weights
 
         if not self.engines or self.cfg.debug_train_only:
             return {}
-        if self.engines.sync_mode == "colocated":   # Ray --colocate: each rank updates the engine in its process
-            t0 = time.perf_counter()
-            await asyncio.to_thread(self.trainer.push_colocated)
-            return {"perf/update_weights_time": time.perf_counter() - t0}
-        seconds = await sync_weights(self.trainer, [self.engines.engine], mode=self.engines.sync_mode,
-                                     disk_dir=str(self.run_dir / "weights"))
+        cfg, name, disk_dir = self.cfg, self.weight_transport(), str(self.run_dir / "weights")
+        bucket = int(cfg.weight_bucket_mb) << 20
+        if self.engines.sync_mode == "ray":
+            seconds = await asyncio.to_thread(self.trainer.send_weights, name, self.engines.worker_urls, disk_dir,
+                                              bucket)
+        else:
+            if self._transport is None:
+                self._transport = make_transport(name, disk_dir=disk_dir, bucket_bytes=bucket,
+                                                 timeout_s=float(cfg.dist_timeout), model_dir=cfg.hf_checkpoint)
+            seconds = await sync_weights(self.trainer, [self.engines.engine], self._transport)
         return {"perf/update_weights_time": seconds}
 
     async def evaluate(self) -> dict:
@@ -239,6 +257,9 @@ class Run:
             await self.rewards.close()
             if getattr(self, "manager", None) is not None:   # the agent endpoint (--agent-function-path)
                 await self.manager.close()
+            if self._transport is not None:
+                transport, self._transport = self._transport, None
+                await transport.disconnect()
             if self.engines and not self._engines_closed:
                 self._engines_closed = True
                 await self.engines.close()
