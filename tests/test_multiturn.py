@@ -272,3 +272,21 @@ def test_custom_generate_helpers(tiny_model_dir):
     append_env_tokens(s, [7, 8, 9])
     assert (s.response_ids, s.loss_mask, s.rollout_logprobs, s.weight_versions) == (
         [5, 6, 7, 8, 9], [1, 1, 0, 0, 0], [-0.1, -0.2, 0.0, 0.0, 0.0], [3, 4, 4, 4, 4])
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(max_turns=3), "--max-turns 3 needs --tool-path or --environment-path"),
+    (dict(tool_path="tests.agent_tools"), "--tool-path needs --max-turns >= 2"),
+    (dict(max_turns=2, environment_path="tests.test_multiturn:CountdownEnv",
+          custom_generate_function_path="x.y"), "--custom-generate-function-path replaces the built-in multi-turn"),
+    (dict(max_turns=2, tool_path="tests.agent_tools", tool_timeout=0), "--tool-timeout must be > 0 seconds"),
+    (dict(max_turns=2, tool_path="tests.agent_tools", max_tokens_per_turn=0), "--max-tokens-per-turn must be >= 1"),
+])
+def test_agent_flags_refused(kw, msg):
+    from slick.config.config import ConfigError
+
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(Config.from_flat(dict(rm_type="exact", **kw)), check_files=False)
+    # a custom generate may read --max-turns itself
+    validate_config(Config.from_flat(dict(rm_type="exact", max_turns=4, custom_generate_function_path="x.y")),
+                    check_files=False)

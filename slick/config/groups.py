@@ -300,7 +300,8 @@ class DebugConfig:
 class AgentConfig:
     max_turns: int = F(1, "Most policy turns per sample. Above 1 the built-in multi-turn rollout runs: each turn's "
                           "tool calls (--tool-path) or environment step (--environment-path) answer with tokens "
-                          "of loss mask 0 and the policy goes on (docs/agents.md).")
+                          "of loss mask 0 and the policy goes on (docs/agents.md). A --custom-generate-function-path "
+                          "may read it from args instead.")
     max_tokens_per_turn: Optional[int] = F(None, "Multi-turn: most new tokens the policy samples in one turn "
                                                  "(default: what is left of --rollout-max-response-len, which "
                                                  "counts tool and environment tokens too).")

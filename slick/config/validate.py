@@ -227,6 +227,32 @@ def driver_problems(cfg: Config, driver: str, p: list[str]) -> None:
                  f"behaviour ratio; docs/async.md) or --use-rollout-logprobs (clip against the behaviour policy)")
 
 
+def agent_problems(cfg: Config, p: list[str]) -> None:
+    """Multi-turn flags (docs/agents.md): each one does what it says or is refused."""
+    multi = bool(cfg.tool_path or cfg.environment_path)
+    custom = cfg.custom_generate_function_path or cfg.rollout_function_path
+    if cfg.max_turns < 1:
+        p.append(f"--max-turns must be >= 1 (got {cfg.max_turns})")
+    elif cfg.max_turns > 1 and not multi and not custom:
+        p.append(f"--max-turns {cfg.max_turns} needs --tool-path or --environment-path (nothing would answer the "
+                 "policy's turns)")
+    elif multi and cfg.max_turns == 1:
+        flag = "--tool-path" if cfg.tool_path else "--environment-path"
+        p.append(f"{flag} needs --max-turns >= 2 (with one turn no tool result or observation is ever read)")
+    for flag, value in (("--custom-generate-function-path", cfg.custom_generate_function_path),
+                        ("--rollout-function-path", cfg.rollout_function_path)):
+        if value and multi:
+            p.append(f"{flag} replaces the built-in multi-turn rollout that --tool-path/--environment-path "
+                     "select: use one or the other (a custom generate can use slick.rollout.multiturn's helpers "
+                     "and read args.max_turns)")
+    if cfg.max_tokens_per_turn is not None and cfg.max_tokens_per_turn < 1:
+        p.append(f"--max-tokens-per-turn must be >= 1 (got {cfg.max_tokens_per_turn})")
+    if cfg.tool_timeout <= 0:
+        p.append(f"--tool-timeout must be > 0 seconds (got {cfg.tool_timeout})")
+    if cfg.tool_max_output_chars < 1:
+        p.append(f"--tool-max-output-chars must be >= 1 (got {cfg.tool_max_output_chars})")
+
+
 def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
     """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
     (slick train) or "async" (slick train-async)."""
@@ -257,6 +283,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     cluster_problems(cfg, p)
     megatron_problems(cfg, p)
     driver_problems(cfg, driver, p)
+    agent_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
     elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
