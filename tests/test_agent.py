@@ -10,7 +10,7 @@ import pytest
 from slick.config import Config
 from slick.config.validate import validate_config
 from slick.engine.local import LocalEngine
-from slick.engine.openai_api import Call, Choice
+from slick.engine.openai_protocol import Call, Choice
 from slick.reward import RewardHub
 from slick.rollout.agent import AgentRollout, call_tree, trajectory_samples
 from slick.rollout.manager import sampling_from_config, seeded
@@ -119,16 +119,20 @@ def make_cfg(model_dir, fn, **over):
     return validate_config(Config.from_flat(values), check_files="prompt_data" in over)
 
 
-def run_agent(model_dir, fn, samples, **over):
-    """Run the agent rollout for one group in a fresh event loop; returns (samples, spy, rollout)."""
+def run_agent(model_dir, fn, samples, engine=None, **over):
+    """Run the agent rollout for one group in a fresh event loop; returns (samples, spy, rollout).
+    ``engine``: a zero-argument factory of the engine (default: an in-process LocalEngine)."""
     cfg = make_cfg(model_dir, fn, **over)
 
     async def go():
-        eng = LocalEngine(model_dir, dtype="fp32", seed=0)
+        from slick.models.tiny import load_demo_tokenizer
+
+        eng = engine() if engine else LocalEngine(model_dir, dtype="fp32", seed=0)
+        tok = load_demo_tokenizer()
         spy = Spy(eng)
         hub = RewardHub(cfg)
-        agent = AgentRollout(cfg, lambda: spy, eng.tokenizer, hub)
-        sampling = sampling_from_config(cfg, stop_token_ids=[eng.tokenizer.eos_token_id])
+        agent = AgentRollout(cfg, lambda: spy, tok, hub)
+        sampling = sampling_from_config(cfg, stop_token_ids=[tok.eos_token_id])
         try:
             out = await agent.run_group(samples, sampling, lambda s: seeded(sampling, 1, "train", s))
         finally:
@@ -175,6 +179,26 @@ def test_three_call_session_is_one_exact_sample(tiny_model_dir, agents_module):
     assert s.status in (Status.COMPLETED, Status.TRUNCATED)
     assert agent.metrics(out) == {"rollout/agent_calls/mean": 3.0, "rollout/agent_samples/mean": 1.0,
                                   "rollout/agent_errors": 0.0}
+
+
+def test_agent_through_http_engine(tiny_model_dir, agents_module):
+    """--rollout-engine http: the endpoint forwards to a real `slick serve` worker and records the same way."""
+    from slick.engine.client import HttpEngine
+    from slick.engine.router import launch_workers
+
+    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
+    try:
+        out, spy, _ = run_agent(tiny_model_dir, "three_calls", [Sample(index=9, prompt="hi")],
+                                engine=lambda: HttpEngine([w.url]))
+    finally:
+        w.stop()
+    assert len(spy.seen) == 3 and len(out) == 1
+    s, (p, g, _) = out[0], spy.seen[-1]
+    assert s.prompt_ids + s.response_ids == p + g.token_ids
+    assert sum(s.loss_mask) == sum(len(x.token_ids) for _, x, _ in spy.seen)
+    assert [lp for lp, m in zip(s.rollout_logprobs, s.loss_mask) if m] == [
+        lp for _, x, _ in spy.seen for lp in x.logprobs]
+    assert s.reward == 1.0
 
 
 def test_session_that_restarts_becomes_two_samples(tiny_model_dir, agents_module):

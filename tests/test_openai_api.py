@@ -4,7 +4,7 @@ import json
 import openai
 import pytest
 
-from slick.engine.openai_api import OpenAIError, parse_params, split_tool_calls
+from slick.engine.openai_protocol import OpenAIError, parse_params, split_tool_calls
 from slick.engine.router import launch_workers
 from slick.rollout.toolcall import get_parser
 from tests.test_server import call

@@ -53,7 +53,8 @@ import time
 import uuid
 from typing import Any, Optional
 
-from slick.engine.openai_api import Call, OpenAIEndpoint, OpenAIError, render_chat, template_messages
+from slick.engine.openai_api import OpenAIEndpoint
+from slick.engine.openai_protocol import Call, OpenAIError, render_chat, template_messages
 from slick.plugins import load_function
 from slick.types import FINISH_TO_STATUS, SamplingParams, Sample, Status
 
