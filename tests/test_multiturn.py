@@ -5,6 +5,7 @@ path, as users can) that calls tools after every turn; everything else (engine, 
 the rollout manager, packing, the trainer's logprobs) is the code users run.
 """
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -13,6 +14,7 @@ from slick.config.validate import validate_config
 from slick.data.source import DataSource
 from slick.engine.local import LocalEngine
 from slick.reward.hub import RewardHub
+from slick.rollout.chat_delta import ChatDelta
 from slick.rollout.manager import RolloutManager
 from slick.rollout.multiturn import MultiTurnRollout, append_env_tokens, final_answer, get_tokenizer
 from slick.rollout.tools import ToolSet, load_tools
@@ -32,6 +34,24 @@ def two_calls(text):
 
 def bad_calls(text):
     return [{"name": n, "arguments": {}} for n in ("boom", "hang_async", "big", "crash", "print_big")]
+
+
+async def feedback_generate(args, sample, sampling_params, engine):
+    """The custom generate of docs/agents.md, verbatim."""
+    tok = get_tokenizer(args)
+    msgs = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": sample.prompt}]
+    conv = ChatDelta(tok, msgs, prompt_text=tok.decode(sample.prompt_ids, skip_special_tokens=False))
+    per_turn = dataclasses.replace(sampling_params, max_new_tokens=32)
+    for turn in range(args.max_turns):
+        start = len(sample.response_ids)
+        gen = await engine.generate(sample.prompt_ids + sample.response_ids, per_turn)
+        sample.apply_generation(gen)
+        text = conv.add_policy_turn(sample.response_ids[start:])
+        if gen.finish_reason == "abort" or "DONE" in text or turn == args.max_turns - 1:
+            break
+        append_env_tokens(sample, conv.append([{"role": "user", "content": f"feedback on {len(text)} chars"}]))
+    sample.response = tok.decode(sample.response_ids, skip_special_tokens=True)
+    return sample
 
 
 class CountdownEnv:
@@ -290,3 +310,16 @@ def test_agent_flags_refused(kw, msg):
     # a custom generate may read --max-turns itself
     validate_config(Config.from_flat(dict(rm_type="exact", max_turns=4, custom_generate_function_path="x.y")),
                     check_files=False)
+
+
+def test_custom_generate_from_the_docs(tiny_model_dir, engine, trainer):
+    """A custom generate built from the documented helpers is token-exact too (3 turns each)."""
+    tok = tokenizer_with(None)
+    cfg = make_cfg(tiny_model_dir, max_turns=3, custom_generate_function_path="tests.test_multiturn:feedback_generate")
+    samples, metrics, calls = rollout(cfg, tok, engine)
+    for s in samples:
+        s.metadata["multiturn"] = {"turns": len(runs(s.loss_mask, 1))}
+        assert s.metadata["multiturn"]["turns"] == 3 and len(runs(s.loss_mask, 0)) == 2
+        (a, b) = runs(s.loss_mask, 0)[0]
+        assert "<|im_start|>user\nfeedback on " in tok.decode(s.response_ids[a:b], skip_special_tokens=False)
+    check_exact(samples, calls, trainer)
