@@ -1,0 +1,220 @@
+"""A real Ray head for tests: ``ray start --head --block`` on free 127.0.0.1 ports, in a temp dir of its own.
+
+Every port Ray lets us pin is a free loopback port picked here (GCS, dashboard, node manager, object manager,
+Ray client server, dashboard agent listen/gRPC, runtime-env agent, metrics export, and the workers' port list),
+so parallel test sessions never collide on Ray's fixed defaults (6379, 8265, 10001, ...). Start-up is waited
+for with a bound; :meth:`RayHead.stop` ends exactly this cluster: the ``ray start`` process group, then every
+process whose command line names this head's temp dir or GCS address (raylet, GCS, dashboard, agents, workers),
+SIGTERM first and SIGKILL after a grace period. It never runs ``ray stop`` (which would stop every cluster on
+the machine).
+
+Use as a context manager::
+
+    with RayHead(num_cpus=2) as head:
+        head.gcs_address      # "127.0.0.1:PORT"   (ray.init(address=...), slick --ray-address)
+        head.dashboard_url    # "http://127.0.0.1:PORT" (ray job submit --address ...)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Optional
+
+RAY = str(Path(sys.executable).with_name("ray"))
+PORT_FLAGS = ("--port", "--dashboard-port", "--node-manager-port", "--object-manager-port",
+              "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+              "--runtime-env-agent-port", "--metrics-export-port")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 right now (sockets held open together so none repeats)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def auth_token(env: dict) -> Optional[str]:
+    """The Ray auth token clients on this machine would send: RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH, or
+    ~/.ray/auth_token (None when there is none)."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return env["RAY_AUTH_TOKEN"].strip()
+    path = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pids_matching(needles: list[str]) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            cmd = _cmdline(int(entry.name))
+            if any(n in cmd for n in needles):
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"     # a zombie has already exited
+
+
+class RayHead:
+    """One Ray head node on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, num_cpus: int = 2, worker_ports: int = 32, object_store_mb: int = 512,
+                 start_timeout_s: float = 90.0, env: Optional[dict] = None):
+        self.num_cpus, self.start_timeout_s = num_cpus, start_timeout_s
+        self.object_store_mb, self.n_worker_ports = object_store_mb, worker_ports
+        self.env = dict(os.environ if env is None else env)
+        self.env.pop("RAY_ADDRESS", None)
+        # Ray turns token authentication on when a token exists (~/.ray/auth_token); say so explicitly, so the
+        # head and every client of it (client_env) agree: token when there is one, off otherwise
+        self.token = auth_token(self.env)
+        self.env["RAY_AUTH_MODE"] = "token" if self.token else "disabled"
+        self.proc: Optional[subprocess.Popen] = None
+        self.temp_dir: Optional[str] = None
+        self.ports: dict = {}
+        self.start_seconds = 0.0
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.ports['--port']}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['--dashboard-port']}"
+
+    def client_env(self, **extra) -> dict:
+        """Environment for `ray job submit` / `ray status` against this head (auth mode set to match it)."""
+        return {**self.env, **extra}
+
+    def job_client(self):
+        """Ray's JobSubmissionClient for this head's dashboard (sends the auth token when there is one)."""
+        from ray.job_submission import JobSubmissionClient
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        return JobSubmissionClient(self.dashboard_url, headers=headers)
+
+    def start(self) -> "RayHead":
+        # short path: Ray's unix sockets live under the temp dir and must stay under 108 characters
+        self.temp_dir = tempfile.mkdtemp(prefix="rayhead-", dir="/tmp")
+        ports = free_ports(len(PORT_FLAGS) + self.n_worker_ports)
+        self.ports = dict(zip(PORT_FLAGS, ports))
+        workers = ports[len(PORT_FLAGS):]
+        cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.num_cpus),
+               "--num-gpus", "0", "--temp-dir", self.temp_dir, "--include-dashboard", "true",
+               "--dashboard-host", "127.0.0.1", "--object-store-memory", str(self.object_store_mb * 2**20),
+               "--worker-port-list", ",".join(map(str, workers)), "--disable-usage-stats"]
+        for flag, port in self.ports.items():
+            cmd += [flag, str(port)]
+        self.log_path = Path(self.temp_dir) / "ray_start.log"
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        try:
+            self._wait_ready(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        """Bounded wait until the dashboard and its job API answer."""
+        deadline, last = t0 + self.start_timeout_s, "no answer yet"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"`ray start --head` exited with {self.proc.returncode} before the cluster was "
+                                   f"ready:\n{self.log_tail()}")
+            try:       # Ray's own client: it sends the cluster's auth token (~/.ray/auth_token) when one is set
+                self.job_client().list_jobs()
+                return                             # the job API answers: `ray job submit` can go
+            except Exception as e:  # noqa: BLE001 - connection refused, 5xx while the dashboard starts, ...
+                last = repr(e)[:300]
+            time.sleep(0.5)
+        raise TimeoutError(f"Ray head (GCS {self.gcs_address}, dashboard {self.dashboard_url}) not ready within "
+                           f"{self.start_timeout_s:g}s (last: {last}):\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return "(no ray start log)"
+
+    def pids(self) -> list[int]:
+        """Processes of this cluster still alive: the ``ray start`` session plus every process naming its temp
+        dir or its GCS address on the command line."""
+        found = set()
+        if self.proc is not None:
+            sid = self.proc.pid
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        if os.getsid(int(entry.name)) == sid:
+                            found.add(int(entry.name))
+                    except OSError:
+                        pass
+        needles = [n for n in (self.temp_dir, f"{self.gcs_address}" if self.ports else None) if n]
+        found.update(_pids_matching(needles))
+        found.discard(os.getpid())
+        return sorted(p for p in found if _alive(p))
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End exactly this cluster (SIGTERM, then SIGKILL after ``grace_s``) and remove its temp dir."""
+        if self.proc is None and self.temp_dir is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and any(_alive(p) for p in pids):
+                if self.proc is not None:
+                    self.proc.poll()                      # reap `ray start` itself
+                time.sleep(0.1)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        left = self.pids()
+        self.proc = None
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
+        if left:
+            raise RuntimeError(f"Ray head processes still alive after SIGKILL: {left}")
+
+    def __enter__(self) -> "RayHead":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
