@@ -80,6 +80,16 @@ AGENTS = textwrap.dedent('''
                 msgs += [_assistant(r.choices[0].message), {"role": "tool", "content": "ok"}]
         return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
 
+    async def restart_even(args, sample, base_url):
+        """Two calls that do not extend each other (two samples); reward = share of even ids in the answers."""
+        ids = []
+        async with _client(base_url) as c:
+            for q in ("first", "second"):
+                r = await c.chat.completions.create(model="p", messages=[{"role": "user", "content": q}],
+                                                    max_tokens=3, extra_body={"return_token_ids": True})
+                ids += r.choices[0].token_ids
+        return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
+
     def rm_final(args, sample):
         """1.0 when the reward sees the agent's final assistant message."""
         return float(sample.response == FINAL.get(sample.index))
@@ -267,3 +277,50 @@ def test_agent_rollout_in_slick_train(tiny_model_dir, agents_module, tmp_path):
     assert all(r["rollout/agent_errors"] == 0.0 for r in rows)
     assert run.trainer.version == 2
     assert run.manager.agent._runner is None          # the endpoint closed with the run
+
+
+def _sample(mask, sid, reward):
+    return Sample(response_ids=[5] * len(mask), loss_mask=mask, prompt_ids=[1], reward=reward,
+                  metadata={"agent_session": {"id": sid, "calls": 1, "chain": []}})
+
+
+def test_session_advantages_one_per_session():
+    """GRPO over sessions (the last sample of each stands for it); every sample of a session gets its advantage."""
+    from slick.loop.step import compute_advantages
+
+    samples = [_sample([1, 0, 1], "a", 1.0), _sample([1, 1], "a", 1.0), _sample([0, 1], "b", 0.0)]
+    cfg = make_cfg_plain(advantage_estimator="grpo", n_samples_per_prompt=2)
+    adv = compute_advantages(cfg, samples, [1.0, 1.0, 0.0])
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)            # (1 - 0.5) / (unbiased std of [1, 0] + 1e-6)
+    assert [x.tolist() for x in adv] == [pytest.approx([a, 0, a]), pytest.approx([a, a]), pytest.approx([0, -a])]
+    cfg = make_cfg_plain(advantage_estimator="ppo", n_samples_per_prompt=2)
+    with pytest.raises(ValueError, match="agent session.*several training samples.*--advantage-estimator"):
+        compute_advantages(cfg, samples, [1.0, 1.0, 0.0])
+
+
+def make_cfg_plain(**over):
+    values = dict(rollout_batch_size=1, n_samples_per_prompt=2)
+    values.update(over)
+    return validate_config(Config.from_flat(values), check_files=False)
+
+
+def test_split_sessions_train(tiny_model_dir, agents_module, tmp_path):
+    """`slick train` with sessions that become two samples each: one advantage per session, every sample trained."""
+    from slick.loop.sync import train
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(2)))
+    cfg = make_cfg(tiny_model_dir, "restart_even", prompt_data=str(data), rollout_batch_size=2,
+                   n_samples_per_prompt=2, num_rollout=1, lr=1e-3, run_dir=str(tmp_path / "run"), no_progress=True,
+                   micro_batch_size=8, custom_rm_path=None, save_debug_train_data=str(tmp_path / "dbg"))
+    run = asyncio.run(train(cfg))
+    (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["rollout/agent_samples/mean"] == 2.0 and run.trainer.version == 1
+    assert row["train/loss"] == row["train/loss"]      # finite, not NaN
+    rows = [json.loads(x) for x in (tmp_path / "dbg" / "train_0.jsonl").read_text().splitlines()]
+    assert len(rows) == 8                              # 2 prompts x 2 sessions x 2 samples, all trained
+    for a, b in zip(rows[::2], rows[1::2]):            # the two samples of a session share its advantage
+        assert a["reward"] == b["reward"] and a["advantages"][0] == b["advantages"][0]
+        assert all(x == a["advantages"][0] for x in a["advantages"] + b["advantages"])
+    for g in (rows[:4], rows[4:]):                     # GRPO over the group's two sessions: +a and -a (or 0, 0)
+        assert g[0]["advantages"][0] == pytest.approx(-g[2]["advantages"][0], abs=1e-5)

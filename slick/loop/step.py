@@ -10,6 +10,7 @@ import torch
 from slick.algo import get_estimator, normalize_advantages
 from slick.algo.objective import compute_policy_objective
 from slick.plugins import load_function
+from slick.rollout.agent import session_advantages, split_sessions
 
 log = logging.getLogger(__name__)
 COUNTS = ("skipped_steps", "nonfinite_losses")  # summed over a step's optimizer steps; other metrics averaged
@@ -42,6 +43,9 @@ def make_loss_fn(cfg):
 
 def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=None) -> list[torch.Tensor]:
     """Per-sample advantage tensors (one value per response token) from the configured estimator."""
+    sessions = split_sessions(samples)   # agent sessions that became several samples (slick/rollout/agent.py)
+    if sessions is not None:
+        return session_advantages(cfg, samples, rewards, sessions, compute_advantages)
     lengths = [len(s.response_ids) for s in samples]
     width = max(lengths + [1])
     mask = pad([s.loss_mask for s in samples], width)
@@ -85,7 +89,8 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     applied: list[dict] = []
     counts = dict.fromkeys(COUNTS, 0.0)
     skipped_norms: list[float] = []
-    gbs = cfg.global_batch_size
+    # agent sessions that split into several samples make a batch larger than planned: spread it over the steps
+    gbs = max(cfg.global_batch_size, -(-len(samples) // cfg.num_steps_per_rollout))
     for k in range(cfg.num_steps_per_rollout):
         sl = slice(k * gbs, (k + 1) * gbs)
         if not samples[sl]:

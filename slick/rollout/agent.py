@@ -148,7 +148,7 @@ def call_tree(calls: list[Call]) -> dict[int, tuple[int, int]]:
     return parents
 
 
-def trajectory_samples(sample: Sample, calls: list[Call]) -> list[Sample]:
+def trajectory_samples(sample: Sample, calls: list[Call], session_id: str = "") -> list[Sample]:
     """The training samples of a session's calls (module doc), copies of ``sample`` with their tokens filled in."""
     from slick.rollout.multiturn import append_env_tokens
 
@@ -178,7 +178,8 @@ def trajectory_samples(sample: Sample, calls: list[Call]) -> list[Sample]:
                 end = len(c.prompt_ids) + len(x.token_ids)
             s.response = ch.text if ch.message is None else (ch.message.get("content") or "")
             s.status = FINISH_TO_STATUS.get(ch.finish_reason, Status.FAILED)
-            s.metadata = {**s.metadata, SESSION_KEY: {"calls": len(calls), "chain": [list(x) for x in chain]}}
+            s.metadata = {**s.metadata, SESSION_KEY: {"id": session_id, "calls": len(calls),
+                                                      "chain": [list(x) for x in chain]}}
             out.append(s)
     return out
 
@@ -190,7 +191,8 @@ def failed_sample(sample: Sample, tokenizer, error: str, reward: float, calls: i
         s.prompt_ids = [tokenizer.eos_token_id or 0]
     s.response_ids, s.rollout_logprobs, s.loss_mask, s.weight_versions = [tokenizer.eos_token_id or 0], [0.0], [0], [0]
     s.response, s.reward, s.status = "", float(reward), Status.FAILED
-    s.metadata = {**s.metadata, "agent_error": error, SESSION_KEY: {"calls": calls, "chain": []}}
+    s.metadata = {**s.metadata, "agent_error": error, SESSION_KEY: {"id": uuid.uuid4().hex, "calls": calls,
+                                                                    "chain": []}}
     return s
 
 
@@ -278,7 +280,7 @@ class AgentRollout:
         finally:
             session.closed = True
             self.sessions.pop(sid, None)
-        samples = [] if error else trajectory_samples(sample, session.calls)
+        samples = [] if error else trajectory_samples(sample, session.calls, sid)
         if not error and not samples:
             error = "the agent made no completion call" if not session.calls else "every completion was empty"
         if error:
@@ -329,8 +331,7 @@ class AgentRollout:
         for s in samples:
             info = s.metadata.get(SESSION_KEY)
             if info is not None:
-                key = (s.index, s.group_index)
-                sessions.setdefault(key, [info["calls"], 0])[1] += 1
+                sessions.setdefault(info["id"], [info["calls"], 0])[1] += 1
         if not sessions:
             return {}
         n = len(sessions)
@@ -345,3 +346,43 @@ def _eos_ids(engine, tokenizer) -> set:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
+
+
+# ----------------------------------------------------------------------------- training on split sessions
+OUTCOME_ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def split_sessions(samples: list[Sample]) -> Optional[list[list[int]]]:
+    """Positions of the samples of each agent session, in batch order, when some session yielded several samples
+    (``None`` when every sample stands alone: then nothing changes for training)."""
+    order: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        sid = (s.metadata.get(SESSION_KEY) or {}).get("id") or f"sample-{i}"
+        order.setdefault(sid, []).append(i)
+    return None if all(len(v) == 1 for v in order.values()) else list(order.values())
+
+
+def session_advantages(cfg, samples: list[Sample], rewards: list[float], sessions: list[list[int]],
+                       compute) -> list:
+    """Advantages when agent sessions split into several samples: the estimator sees one sample per session (its
+    last one, so groups keep ``--n-samples-per-prompt`` members) and every sample of the session gets that
+    session's advantage on its own loss-masked tokens. Only outcome-level estimators allow this
+    (:data:`OUTCOME_ESTIMATORS`, no ``--kl-coef``, no ``--custom-advantage-function-path``); others raise."""
+    import torch
+
+    if cfg.advantage_estimator not in OUTCOME_ESTIMATORS or cfg.kl_coef or cfg.custom_advantage_function_path:
+        raise ValueError(
+            f"--agent-function-path: {sum(len(v) > 1 for v in sessions)} agent session(s) became several training "
+            f"samples each (their calls do not extend one another; docs/agents.md), which needs one advantage per "
+            f"session: use --advantage-estimator {'/'.join(OUTCOME_ESTIMATORS)} without --kl-coef or a custom "
+            f"advantage function (got {cfg.advantage_estimator})")
+    heads = [v[-1] for v in sessions]
+    head_adv = compute(cfg, [samples[h] for h in heads], [rewards[h] for h in heads])
+    out: list = [None] * len(samples)
+    for members, adv in zip(sessions, head_adv):
+        nz = adv[adv != 0]
+        value = float(nz[0]) if len(nz) else 0.0
+        for i in members:
+            mask = torch.tensor(samples[i].loss_mask, dtype=torch.float32)
+            out[i] = value * mask
+    return out
