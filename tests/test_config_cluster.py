@@ -55,8 +55,6 @@ def problems(argv):
     (["--weight-transport", "colocated", "--rollout-num-gpus", "2"],
      "--weight-transport colocated needs engines that share the trainer's process (the in-process engine, or "
      "--colocate): the 2 engine actor(s) of --rollout-num-gpus without --colocate run in processes of their own"),
-    (["--weight-transport", "broadcast"], "--weight-transport broadcast needs engines in processes of their own "
-                                          "(--rollout-num-gpus N, --colocate on Ray, or --rollout-engine http)"),
     (["--weight-bucket-mb", "0"], "--weight-bucket-mb must be > 0 (got 0)"),
     (["--dist-timeout", "0"], "--dist-timeout must be > 0 (got 0.0)"),
     (["--ray-start-timeout", "-1"], "--ray-start-timeout must be > 0 (got -1.0)"),
@@ -83,6 +81,7 @@ def test_unknown_weight_transport_is_refused_by_argparse(base, capsys):
     (["--colocate"], 1, 0, False, "colocated"),
     (["--actor-num-gpus-per-node", "1"], 1, 0, False, "colocated"),
     (["--weight-transport", "disk"], 1, 0, False, "disk"),
+    (["--weight-transport", "broadcast"], 1, 0, False, "broadcast"),     # the in-process engine joins in a thread
     (["--ray-address", "auto"], 1, 0, True, "colocated"),
     (["--ray-address", "auto", "--colocate"], 1, 1, True, "colocated"),
     (["--actor-num-gpus-per-node", "2"], 2, 0, True, "colocated"),

@@ -203,8 +203,9 @@ class ClusterConfig:
                                       "copy through disk). auto: colocated for the in-process engine and --colocate, "
                                       "disk otherwise. docs/weights.md.",
                               choices=["auto", "disk", "broadcast", "colocated"])
-    weight_bucket_mb: int = F(512, "Weight transports send tensors in buckets of at most this many MiB (one "
-                                   "collective per bucket for broadcast).")
+    weight_bucket_mb: int = F(512, "Largest bucket of a weight update, in MiB: disk writes safetensors shards of at "
+                                   "most this size, broadcast sends one bucket per /update_weights_from_distributed "
+                                   "round (colocated hands every tensor over at once).")
     dist_timeout: float = F(600.0, "Seconds any collective, Ray remote call or weight broadcast may take before the "
                                    "run fails naming the rank or actor that did not answer.")
     ray_start_timeout: float = F(120.0, "Seconds to wait for the Ray cluster, the placement group's bundles and the "

@@ -164,10 +164,6 @@ def _transport_problems(cfg: Config, p: list[str]) -> None:
                  else f"--rollout-engine {cfg.rollout_engine} engines")
         p.append(f"--weight-transport colocated needs engines that share the trainer's process (the in-process "
                  f"engine, or --colocate): {where} run in processes of their own; use disk or broadcast")
-    elif cfg.weight_transport == "broadcast" and in_driver:
-        p.append("--weight-transport broadcast needs engines in processes of their own (--rollout-num-gpus N, "
-                 "--colocate on Ray, or --rollout-engine http): the in-process engine takes the trainer's tensors "
-                 "directly (use colocated or disk)")
 
 
 def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
@@ -253,6 +249,25 @@ def agent_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--tool-max-output-chars must be >= 1 (got {cfg.tool_max_output_chars})")
 
 
+def black_box_agent_problems(cfg: Config, p: list[str]) -> None:
+    """--agent-function-path (docs/agents.md, black-box agents): the agent replaces generation for every sample."""
+    if cfg.agent_timeout <= 0:
+        p.append(f"--agent-timeout must be > 0 seconds (got {cfg.agent_timeout})")
+    if cfg.agent_max_calls < 1:
+        p.append(f"--agent-max-calls must be >= 1 (got {cfg.agent_max_calls})")
+    if not cfg.agent_function_path:
+        return
+    clash = [flag for flag, on in (("--custom-generate-function-path", cfg.custom_generate_function_path),
+                                   ("--tool-path", cfg.tool_path), ("--environment-path", cfg.environment_path),
+                                   (f"--max-turns {cfg.max_turns}", cfg.max_turns > 1)) if on]
+    if clash:
+        p.append(f"--agent-function-path generates every sample through the agent's own calls; it cannot be "
+                 f"combined with {', '.join(clash)} (the agent runs its own turns and tools)")
+    if cfg.partial_rollout:
+        p.append("--partial-rollout cannot continue a black-box agent session (--agent-function-path): an aborted "
+                 "session starts over")
+
+
 def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
     """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
     (slick train) or "async" (slick train-async)."""
@@ -284,6 +299,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     megatron_problems(cfg, p)
     driver_problems(cfg, driver, p)
     agent_problems(cfg, p)
+    black_box_agent_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
     elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
