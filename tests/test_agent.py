@@ -324,3 +324,20 @@ def test_split_sessions_train(tiny_model_dir, agents_module, tmp_path):
         assert all(x == a["advantages"][0] for x in a["advantages"] + b["advantages"])
     for g in (rows[:4], rows[4:]):                     # GRPO over the group's two sessions: +a and -a (or 0, 0)
         assert g[0]["advantages"][0] == pytest.approx(-g[2]["advantages"][0], abs=1e-5)
+
+
+@pytest.mark.parametrize("over,needle", [
+    (dict(agent_function_path="m.run", tool_path="m.tools", max_turns=2),
+     "--agent-function-path generates every sample through the agent's own calls; it cannot be combined with "
+     "--tool-path, --max-turns 2"),
+    (dict(agent_function_path="m.run", custom_generate_function_path="m.gen"), "--custom-generate-function-path"),
+    (dict(agent_function_path="m.run", partial_rollout=True), "--partial-rollout cannot continue a black-box agent"),
+    (dict(agent_timeout=0), "--agent-timeout must be > 0 seconds (got 0)"),
+    (dict(agent_max_calls=0), "--agent-max-calls must be >= 1 (got 0)"),
+])
+def test_agent_flags_refused(over, needle):
+    from slick.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        make_cfg_plain(**over)
+    assert needle in str(e.value)
