@@ -156,3 +156,14 @@ def test_parser_by_dotted_path():
     assert (c.name, c.arguments, c.error) == ("echo", {"text": "hello"}, None)
     with pytest.raises(ValueError, match="--tool-parser 'tests.nope:fn': module 'tests.nope' not found"):
         get_parser("tests.nope:fn")
+
+
+def test_turn_ending_on_another_special_token_keeps_it():
+    """A turn cut right after a special token that does not start the template's closing keeps it as content."""
+    tok = tokenizer_with(None)
+    d = ChatDelta(tok, [{"role": "user", "content": "hi"}])
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert d.add_policy_turn(encode(tok, "yo") + [start]) == "yo<|im_start|>"
+    ids = d.append([{"role": "tool", "content": "1"}])
+    assert tok.decode(ids, skip_special_tokens=False) == "<|im_end|>\n<|im_start|>tool\n1<|im_end|>\n" \
+                                                         "<|im_start|>assistant\n"

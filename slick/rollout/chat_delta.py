@@ -107,10 +107,9 @@ class ChatDelta:
         Returns the turn's content text (what tool-call parsers read). Nothing is tokenized."""
         full = self.tok.decode(list(token_ids), skip_special_tokens=False)
         content, closing = full, self.suffix
-        for t in self._stop_texts(token_ids):
-            if full.endswith(t):
-                content = full[:-len(t)]
-                closing = self.suffix[len(t):] if self.suffix.startswith(t) else self.suffix
+        for t in self._stop_texts(token_ids):  # the policy sampled the start of the template's closing itself
+            if t and full.endswith(t) and self.suffix.startswith(t):
+                content, closing = full[:-len(t)], self.suffix[len(t):]
                 break
         self.messages.append({"role": "assistant", "content": content})
         self._pending_closing = closing
