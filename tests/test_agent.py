@@ -90,6 +90,9 @@ AGENTS = textwrap.dedent('''
                 ids += r.choices[0].token_ids
         return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
 
+    def rm_length(args, sample):
+        return float(len(sample.response))
+
     def rm_final(args, sample):
         """1.0 when the reward sees the agent's final assistant message."""
         return float(sample.response == FINAL.get(sample.index))
@@ -341,3 +344,25 @@ def test_agent_flags_refused(over, needle):
     with pytest.raises(ConfigError) as e:
         make_cfg_plain(**over)
     assert needle in str(e.value)
+
+
+def test_docs_example(tiny_model_dir, agents_module, tmp_path):
+    """The agent printed in docs/agents.md (Black-box agents), run verbatim: one sample, scored by the reward."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text()
+    section = doc[doc.index("## Black-box agents"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    (tmp_path / "docs_agent.py").write_text(code[:code.index("```")])
+    sys.path.insert(0, str(tmp_path))
+    try:
+        out, spy, agent = run_agent(tiny_model_dir, "x", [Sample(index=4, prompt="What is 2 + 3?")],
+                                    agent_function_path="docs_agent.run",
+                                    custom_rm_path="slick_test_agents.rm_length")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("docs_agent", None)
+    assert len(out) == 1 and len(spy.seen) >= 1 and agent.metrics(out)["rollout/agent_errors"] == 0.0
+    s = out[0]
+    assert s.prompt_ids + s.response_ids == spy.seen[-1][0] + spy.seen[-1][1].token_ids
+    assert s.reward == float(len(s.response))
