@@ -244,7 +244,7 @@ class Trainer:
         if self.fsdp:   # the slowest rank's times, the same on every rank
             out["optimizer_time"], out["step_time"] = D.all_reduce_values(
                 [out["optimizer_time"], out["step_time"]], "max", "train_step timing")
-        out["tokens_per_sec"] = out["tokens"] / max(t2 - t0, 1e-9)
+        out["tokens_per_sec"] = out["tokens"] / max(out["step_time"], 1e-9)
         return out
 
     def forward_backward(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
