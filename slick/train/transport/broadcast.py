@@ -78,15 +78,14 @@ class BroadcastTransport:
         self.engines: list = []
         self.members: list = []
         self.group: Optional[str] = None
-        self._pg = None
+        self._box: list = [None]       # [the sender's process group]; emptied to close it
         self._store = None
-        self._sock: Optional[socket.socket] = None
         self.buckets_sent = 0          # buckets fully delivered, over the transport's life
         self.bytes_sent = 0
 
     @property
     def connected(self) -> bool:
-        return self._pg is not None
+        return self._box[0] is not None
 
     # ------------------------------------------------------------------ connect
     async def connect(self, engines: Sequence) -> None:
@@ -112,6 +111,7 @@ class BroadcastTransport:
         port = sock.getsockname()[1]
         store = TCPStore(self.master_addr, port, None, True, datetime.timedelta(seconds=self.timeout_s),
                          wait_for_workers=False, master_listen_fd=sock.fileno())
+        sock.detach()              # the store owns the listening socket now (and closes it when dropped)
         body = {"master_address": self.master_addr, "master_port": port, "world_size": world,
                 "group_name": group, "backend": self.backend}
         joins = [asyncio.ensure_future(bounded(m.join({**body, "rank_offset": r}, self.timeout_s), self.timeout_s,
@@ -121,7 +121,8 @@ class BroadcastTransport:
             in_daemon_thread(make_group, self.backend, PrefixStore(group, store), 0, world, self.timeout_s,
                              self.master_addr), self.timeout_s + 1, "the sender (rank 0) forming the weight group"))
         errors = await _wait_all(joins + [mine], [f"engine {m.label} joining" for m in members]
-                                 + ["the sender (rank 0) forming the group"], self.timeout_s + 2)
+                                 + ["the sender (rank 0) forming the group"], self.timeout_s + 2,
+                                 grace_s=0.5)      # the others cannot form the group without the one that failed
         if errors:
             missing = [m.label for r, m in enumerate(members, start=1)
                        if not store.check([JOINED_KEY.format(rank=r)])]
@@ -130,10 +131,9 @@ class BroadcastTransport:
                 why = f"never joined: {', '.join(missing)}; {why}"
             for t in joins + [mine]:
                 t.cancel()
-            sock.close()
             raise TransportError(f"broadcast weight group ({world - 1} engines, {self.backend}, "
                                  f"{self.master_addr}:{port}) failed within {self.timeout_s:g}s: {why}")
-        self._pg, self._store, self._sock = mine.result(), store, sock
+        self._box, self._store = [mine.result()], store
         self.members, self.group = members, group
 
     # ------------------------------------------------------------------ send
@@ -153,20 +153,23 @@ class BroadcastTransport:
             recvs = [asyncio.ensure_future(bounded(m.receive(body, self.timeout_s), self.timeout_s,
                                                    f"engine {m.label} receiving bucket {i} of version {version}"))
                      for m in self.members]
-            pg = self._pg
-            mine = asyncio.ensure_future(bounded(in_daemon_thread(_broadcast, pg, tensors, td), self.timeout_s,
+            mine = asyncio.ensure_future(bounded(in_daemon_thread(_broadcast, self._box, tensors, td), self.timeout_s,
                                                  f"the sender broadcasting bucket {i} of version {version}"))
-            del pg
             errors = await _wait_all(recvs + [mine], [f"engine {m.label}" for m in self.members] + ["the sender"],
-                                     self.timeout_s + 2)
+                                     self.timeout_s + 2, on_error=self._close_group)
             if errors:
-                self._pg = None        # closes the sender's connections: the other engines' receives fail now
+                self._close_group()
                 for t in recvs + [mine]:
                     t.cancel()
                 raise TransportError(f"broadcast of weight version {version} failed at bucket {i}: "
                                      + "; ".join(errors))
             self.buckets_sent += 1
             self.bytes_sent += sum(tensor_bytes(t) for t in tensors)
+
+    def _close_group(self) -> None:
+        """Drop the sender's member (the last reference closes its connections): the other engines' pending
+        receives fail at once and they drop what they staged."""
+        self._box[0] = None
 
     # ------------------------------------------------------------------ disconnect
     async def disconnect(self) -> None:
@@ -178,23 +181,25 @@ class BroadcastTransport:
         self.engines = []
 
     async def _drop(self) -> None:
-        self._pg = None
+        self._close_group()
         self._store = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
         self.members, self.group = [], None
 
 
-def _broadcast(pg, tensors: list, td: datetime.timedelta) -> None:
+def _broadcast(box: list, tensors: list, td: datetime.timedelta) -> None:
+    """Broadcast from rank 0. The group is read from ``box`` at each tensor and never kept in a local: an
+    exception's traceback must not keep the group alive after ``_close_group`` emptied the box."""
     for t in tensors:
-        pg.broadcast(t, 0, td).wait(td)
+        if box[0] is None:
+            raise RuntimeError("the weight group was closed")
+        box[0].broadcast(t, 0, td).wait(td)
     if tensors and tensors[0].is_cuda:
         torch.cuda.synchronize(tensors[0].device)
 
 
-async def _wait_all(tasks: list, labels: list, timeout_s: float) -> list[str]:
-    """Wait for every task; at the first failure give the others ``GRACE_S`` to report theirs. Returns the error
+async def _wait_all(tasks: list, labels: list, timeout_s: float, grace_s: float = GRACE_S,
+                    on_error=None) -> list[str]:
+    """Wait for every task; at the first failure give the others ``grace_s`` to report theirs. Returns the error
     messages (failed tasks, then tasks that had not finished)."""
     deadline = time.monotonic() + timeout_s
     pending = set(tasks)
@@ -204,8 +209,10 @@ async def _wait_all(tasks: list, labels: list, timeout_s: float) -> list[str]:
         if not done:
             break
         if any(t.exception() is not None for t in done if not t.cancelled()):
-            if pending:
-                _, pending = await asyncio.wait(pending, timeout=GRACE_S)
+            if on_error is not None:
+                on_error()
+            if pending and grace_s > 0:
+                _, pending = await asyncio.wait(pending, timeout=grace_s)
             break
     errors = [str(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
     errors += [f"{labels[i]}: no answer yet" for i, t in enumerate(tasks) if not t.done()]
