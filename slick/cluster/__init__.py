@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from slick.cluster.layout import Layout, LayoutError, opt, plan_from_config, trainer_ranks, uses_ray
+from slick.cluster.layout import ClusterFailure, Layout, LayoutError, opt, plan_from_config, trainer_ranks, uses_ray
 
 if TYPE_CHECKING:
     from slick.cluster.ray_cluster import RayCluster
 
-__all__ = ["Layout", "LayoutError", "plan_from_config", "start_cluster", "trainer_ranks", "uses_ray"]
+__all__ = ["ClusterFailure", "Layout", "LayoutError", "plan_from_config", "start_cluster", "trainer_ranks", "uses_ray"]
 
 
 def _wants_gpu(cfg, cluster_has_gpus: bool) -> bool:

@@ -24,6 +24,11 @@ class LayoutError(ValueError):
     """A cluster layout that cannot run; the message names the flags."""
 
 
+class ClusterFailure(RuntimeError):
+    """A run on Ray could not start or went down (cluster too small, an actor died or timed out); the message
+    names what was asked and what failed. The CLI drivers print it without a traceback (exit code 1)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """The plan: ``bundles[i]`` is slot i's resources; trainer rank r sits on ``trainer_bundles[r]``;

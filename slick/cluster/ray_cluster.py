@@ -11,7 +11,7 @@ import tempfile
 import time
 from typing import Optional
 
-from slick.cluster.layout import Layout, opt, shortfall, slots_per_node
+from slick.cluster.layout import ClusterFailure, Layout, opt, shortfall, slots_per_node
 
 log = logging.getLogger("slick.cluster")
 
@@ -19,7 +19,7 @@ log = logging.getLogger("slick.cluster")
 WORKER_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "SLICK_CACHE", "SLICK_NATIVE", "CXX", "PYTHONPATH")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(ClusterFailure):
     """The cluster cannot hold the layout, or did not answer in time."""
 
 

@@ -16,10 +16,12 @@ import socket
 import time
 from typing import Iterator, Optional, Sequence
 
+from slick.cluster.layout import ClusterFailure
+
 log = logging.getLogger("slick.cluster")
 
 
-class RankError(RuntimeError):
+class RankError(ClusterFailure):
     """A trainer rank (or engine actor) died, failed, or did not answer in time; the message names it."""
 
 

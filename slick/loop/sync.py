@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 
+from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         return 2
     try:
         run = asyncio.run(train(cfg))
-    except NonFiniteTrainingError as e:
+    except (NonFiniteTrainingError, ClusterFailure) as e:
         print(f"slick train: error: {e}", file=sys.stderr)
         return 1
     print(f"run directory: {run.run_dir}")

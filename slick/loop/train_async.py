@@ -15,6 +15,7 @@ from collections import Counter
 
 import torch
 
+from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.config.validate import async_lead
 from slick.loop.run import Run
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         return 2
     try:
         run = asyncio.run(train_async(cfg))
-    except (NonFiniteTrainingError, TimeoutError) as e:
+    except (NonFiniteTrainingError, TimeoutError, ClusterFailure) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
     print(f"run directory: {run.run_dir}")
