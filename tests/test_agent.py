@@ -366,3 +366,26 @@ def test_docs_example(tiny_model_dir, agents_module, tmp_path):
     s = out[0]
     assert s.prompt_ids + s.response_ids == spy.seen[-1][0] + spy.seen[-1][1].token_ids
     assert s.reward == float(len(s.response))
+
+
+def test_agent_rollout_in_train_async(tiny_model_dir, agents_module, tmp_path):
+    """`slick train-async` (one step off, weights updated in place while sessions run): every step trains the
+    agent's samples, each within the staleness bound."""
+    from slick.loop.train_async import train_async
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(6)))
+    values = dict(hf_checkpoint=str(tiny_model_dir), agent_function_path="slick_test_agents.even_reward",
+                  prompt_data=str(data), rollout_batch_size=2, n_samples_per_prompt=2, num_rollout=3, lr=1e-3,
+                  dtype="fp32", run_dir=str(tmp_path / "run"), no_progress=True, micro_batch_size=4, use_tis=True,
+                  max_staleness=1, async_weight_update="continue", rollout_max_response_len=8,
+                  save_debug_train_data=str(tmp_path / "dbg"))
+    run = asyncio.run(train_async(validate_config(Config.from_flat(values), driver="async")))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and run.trainer.version == 3
+    assert all(r["rollout/agent_calls/mean"] == 2.0 and r["rollout/agent_errors"] == 0.0 for r in rows)
+    for step in range(3):
+        trained = [json.loads(x) for x in (tmp_path / "dbg" / f"train_{step}.jsonl").read_text().splitlines()]
+        assert len(trained) == 4
+        assert all(r["train_version"] - min(r["weight_versions"]) <= 1 for r in trained)
+        assert all(2 <= sum(r["loss_mask"]) <= 8 for r in trained)   # 2 calls x at most 4 sampled tokens
