@@ -389,3 +389,37 @@ def test_agent_rollout_in_train_async(tiny_model_dir, agents_module, tmp_path):
         assert len(trained) == 4
         assert all(r["train_version"] - min(r["weight_versions"]) <= 1 for r in trained)
         assert all(2 <= sum(r["loss_mask"]) <= 8 for r in trained)   # 2 calls x at most 4 sampled tokens
+
+
+def test_session_continues_an_answer_with_tool_calls_token_exactly():
+    """An answer whose text holds a Hermes call comes back as tool_calls; the agent's next request (that message
+    + a tool result) continues its sampled tokens exactly, with the template's delta for the tool message."""
+    from slick.engine.openai_protocol import Choice, parse_messages, render_chat, split_tool_calls
+    from slick.models.tiny import load_demo_tokenizer
+    from slick.rollout.agent import AgentSession
+    from slick.rollout.toolcall import get_parser
+    from slick.types import SamplingParams
+
+    tok = load_demo_tokenizer()
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    msgs = parse_messages({"messages": [{"role": "user", "content": "2+3?"}]})
+    session = AgentSession("s", tok, SamplingParams(seed=1), max_calls=4)
+    ids, text, parent = session.chat_prompt(msgs, tools)
+    assert (ids, text) == render_chat(tok, msgs, tools) and parent is None
+    answer = 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    sampled = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    content, calls = split_tool_calls(answer, get_parser("hermes"))
+    message = {"role": "assistant", "content": content, "tool_calls": calls}
+    session.record(Call("chat", ids, [Choice(sampled, [-1.0] * len(sampled), [0] * len(sampled), "stop",
+                                             message=message)], messages=msgs, tools=tools, prompt_text=text))
+    sent = {"role": "assistant", "content": content, "tool_calls": calls}     # as an OpenAI client sends it back
+    follow = parse_messages({"messages": [{"role": "user", "content": "2+3?"}, sent,
+                                          {"role": "tool", "tool_call_id": calls[0]["id"], "content": "5"}]})
+    ids2, _, parent2 = session.chat_prompt(follow, tools)
+    assert parent2 == (0, 0) and ids2[:len(ids) + len(sampled)] == ids + sampled
+    assert tok.decode(ids2[len(ids) + len(sampled):]) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
+    # a changed tool call is not the answer slick gave: the conversation is rendered afresh (a new sample)
+    sent_changed = {**sent, "tool_calls": [{**calls[0], "function": {"name": "add", "arguments": '{"a": 9}'}}]}
+    other = parse_messages({"messages": [{"role": "user", "content": "2+3?"}, sent_changed,
+                                         {"role": "tool", "content": "9"}]})
+    assert session.chat_prompt(other, tools)[2] is None
