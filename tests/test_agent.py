@@ -90,6 +90,12 @@ AGENTS = textwrap.dedent('''
                 ids += r.choices[0].token_ids
         return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
 
+    async def two_calls(args, sample, base_url):
+        async with _client(base_url) as c:
+            for _ in range(2):
+                await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}], max_tokens=4)
+        return 1.0
+
     def rm_length(args, sample):
         return float(len(sample.response))
 
@@ -423,3 +429,37 @@ def test_session_continues_an_answer_with_tool_calls_token_exactly():
     other = parse_messages({"messages": [{"role": "user", "content": "2+3?"}, sent_changed,
                                          {"role": "tool", "content": "9"}]})
     assert session.chat_prompt(other, tools)[2] is None
+
+
+def test_aborted_session_comes_back_to_start_over(tiny_model_dir, agents_module):
+    """The rollout aborts a session's request (over-sampling leftovers, shutdown): the agent's next call is refused
+    and the group comes back unchanged with status ABORTED, so the manager puts it back."""
+    import time
+
+    cfg = make_cfg(tiny_model_dir, "two_calls")
+
+    async def go():
+        eng = LocalEngine(tiny_model_dir, dtype="fp32", seed=0)
+        hub = RewardHub(cfg)
+        agent = AgentRollout(cfg, lambda: eng, eng.tokenizer, hub)
+        sampling = sampling_from_config(cfg, stop_token_ids=[eng.tokenizer.eos_token_id])
+        group = [Sample(index=0, prompt="x")]
+        try:
+            await eng.pause_generation()
+            task = asyncio.ensure_future(agent.run_group(group, sampling, lambda s: seeded(sampling, 1, "t", s)))
+            deadline = time.monotonic() + 60
+            while not eng.progress():
+                assert time.monotonic() < deadline, "timed out waiting for the agent's first request in the engine"
+                await asyncio.sleep(0.01)
+            await eng.abort_all()
+            await eng.continue_generation()
+            out = await asyncio.wait_for(task, 60)
+        finally:
+            await agent.close()
+            await hub.close()
+            await eng.close()
+        return group, out
+
+    group, out = asyncio.run(go())
+    assert out is group and group[0].status == Status.ABORTED
+    assert group[0].response_ids == [] and group[0].reward is None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any, Optional
@@ -44,6 +45,7 @@ from slick.engine.openai_protocol import (Call, Choice, OpenAIError, Params, fin
 from slick.types import Generation, SamplingParams
 
 __all__ = ["OpenAIEndpoint", "OpenAIError", "error_response", "Call", "Choice"]
+log = logging.getLogger("slick.openai")
 
 
 def error_response(message: str, status: int = 400, param: Optional[str] = None,
@@ -106,6 +108,9 @@ class OpenAIEndpoint:
             return error_response(str(e), e.status, e.param, e.type)
         except ValueError as e:          # the engine refused the input
             return error_response(f"{type(e).__name__}: {e}", 400)
+        except Exception as e:  # noqa: BLE001 - answer in OpenAI's shape, keep serving
+            log.exception("POST %s failed", request.path)
+            return error_response(f"internal error: {type(e).__name__}: {e}", 500, type="server_error")
 
     async def completions(self, request: web.Request) -> web.Response:
         """POST /v1/completions."""
@@ -113,8 +118,11 @@ class OpenAIEndpoint:
             return web.json_response(await self._completions(request))
         except OpenAIError as e:
             return error_response(str(e), e.status, e.param, e.type)
-        except ValueError as e:
+        except ValueError as e:          # the engine refused the input
             return error_response(f"{type(e).__name__}: {e}", 400)
+        except Exception as e:  # noqa: BLE001 - answer in OpenAI's shape, keep serving
+            log.exception("POST %s failed", request.path)
+            return error_response(f"internal error: {type(e).__name__}: {e}", 500, type="server_error")
 
     # ------------------------------------------------------------------ internals
     async def _body(self, request: web.Request) -> Any:

@@ -69,10 +69,14 @@ class AgentSession:
         self.id, self.tok, self.base, self.max_calls = sid, tokenizer, base, max_calls
         self.calls: list[Call] = []
         self.closed = False
+        self.aborted = False     # the engine aborted one of its requests: the rollout is stopping
         self._started = 0
 
     # hooks called by OpenAIEndpoint for /sessions/<id>/v1/...
     def max_new_tokens(self, requested: Optional[int], room: Optional[int]) -> int:
+        if self.aborted:
+            raise OpenAIError(f"agent session {self.id}: the rollout stopped this session (a request was aborted); "
+                              "it will start over", 400)
         if self._started >= self.max_calls:
             raise OpenAIError(f"agent session {self.id} made {self.max_calls} calls, the most --agent-max-calls "
                               "allows", 429, type="rate_limit_error")
@@ -114,6 +118,7 @@ class AgentSession:
     def record(self, call: Call) -> None:
         if not self.closed:
             self.calls.append(call)
+            self.aborted |= any(c.finish_reason == "abort" for c in call.choices)
 
 
 def same_assistant(sent: dict, returned: Optional[dict]) -> bool:
@@ -280,6 +285,10 @@ class AgentRollout:
         finally:
             session.closed = True
             self.sessions.pop(sid, None)
+        if session.aborted:          # the rollout is stopping: the sample starts over later (module doc)
+            s = copy.deepcopy(sample)
+            s.status = Status.ABORTED
+            return [s], None, False
         samples = [] if error else trajectory_samples(sample, session.calls, sid)
         if not error and not samples:
             error = "the agent made no completion call" if not session.calls else "every completion was empty"
