@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,6 +30,14 @@ from slick.train import dist as D
 from slick.train.rng import rng_state, set_rng_state
 
 MARKER = "trainer_state.json"
+
+
+def _dcp_load(sd: dict, path: Path, no_dist: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():   # loading in one process is the intent here, not an accident
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(sd, checkpoint_id=str(path), no_dist=no_dist)
 
 
 def is_sharded(d) -> bool:
@@ -111,8 +120,6 @@ def _storage_metadata(d: Path) -> dict:
 def load_sharded(tr, in_dir) -> None:
     """Restore ``tr`` (one process or FSDP, collective then) from a sharded checkpoint written by any number
     of ranks."""
-    import torch.distributed.checkpoint as dcp
-
     d = Path(in_dir)
     meta = _read_meta(d)
     saved = meta.get("param_names")
@@ -135,7 +142,7 @@ def load_sharded(tr, in_dir) -> None:
                     sd[key] = torch.zeros(tuple(md.size), dtype=md.properties.dtype, device=tr.device)
                 optim_keys.setdefault(i, {})[k] = key
     with D.named_errors(f"load {d}: torch.distributed.checkpoint.load") if tr.fsdp else contextlib.nullcontext():
-        dcp.load(sd, checkpoint_id=str(d / "dcp"), no_dist=not tr.fsdp)
+        _dcp_load(sd, d / "dcp", no_dist=not tr.fsdp)
     with torch.no_grad():
         if not tr.fsdp:
             for p, m in zip(tr.params, tr.master):
@@ -181,7 +188,6 @@ def load_legacy_sharded(tr, d: Path, full_sd: dict) -> None:
 
 def export_sharded(d, out_dir) -> None:
     """Write the HF directory of sharded checkpoint ``d`` into ``out_dir`` (one process, no trainer)."""
-    import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     d = Path(d)
@@ -192,7 +198,7 @@ def export_sharded(d, out_dir) -> None:
           for k, md in _storage_metadata(d).items() if k.startswith("model.")}
     if not sd:
         raise FileNotFoundError(f"{d / 'dcp'}: no model weights in the sharded checkpoint")
-    dcp.load(sd, checkpoint_id=str(d / "dcp"), no_dist=True)
+    _dcp_load(sd, d / "dcp", no_dist=True)
     weights = {k[len("model."):]: v for k, v in sd.items()}
     gen = GenerationConfig.from_pretrained(hf) if (hf / "generation_config.json").is_file() else None
     write_hf_dir(out_dir, AutoConfig.from_pretrained(hf), weights, AutoTokenizer.from_pretrained(hf), gen)

@@ -1,7 +1,10 @@
 """`slick export CKPT_DIR OUT_DIR [--step N]`: turn a run checkpoint into a Hugging Face model directory.
 
-Each checkpoint stores a complete HF directory (config, tokenizer with chat template, fp32 safetensors), so
-export needs nothing but the checkpoint; the output is written atomically.
+A one-process checkpoint stores a complete HF directory (config, tokenizer with chat template, fp32
+safetensors): export copies it. A sharded checkpoint (several trainer ranks, ``slick.train.dcp``) stores the
+fp32 weights as torch.distributed.checkpoint shards plus config and tokenizer: export gathers the shards in
+this one process (no process group, any number of writer ranks) and writes the HF directory. Either way
+export needs nothing but the checkpoint, and the output is written atomically.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from slick.train.checkpoint import export_checkpoint
 def main(argv=None) -> int:
     """CLI entry point; returns the exit code."""
     ap = argparse.ArgumentParser(prog="slick export", description=__doc__.splitlines()[0])
-    ap.add_argument("ckpt_dir", help="checkpoint root (with 'latest') or one step_XXXXXX directory")
+    ap.add_argument("ckpt_dir", help="checkpoint root (with 'latest') or one step_XXXXXX directory, "
+                                     "one-process or sharded")
     ap.add_argument("out_dir", help="HF model directory to write")
     ap.add_argument("--step", type=int, default=None, help="export this step instead of the latest")
     args = ap.parse_args(argv)
