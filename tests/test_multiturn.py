@@ -301,6 +301,11 @@ def test_custom_generate_helpers(tiny_model_dir):
           custom_generate_function_path="x.y"), "--custom-generate-function-path replaces the built-in multi-turn"),
     (dict(max_turns=2, tool_path="tests.agent_tools", tool_timeout=0), "--tool-timeout must be > 0 seconds"),
     (dict(max_turns=2, tool_path="tests.agent_tools", max_tokens_per_turn=0), "--max-tokens-per-turn must be >= 1"),
+    (dict(max_turns=2, tool_path="tests.no_tools"), "--tool-path 'tests.no_tools': module 'tests.no_tools' not found"),
+    (dict(max_turns=2, tool_path="tests.agent_tools", tool_parser="tests.agent_tools:nope"),
+     "--tool-parser 'tests.agent_tools:nope': 'tests.agent_tools' has no function 'nope'"),
+    (dict(max_turns=2, environment_path="tests.test_multiturn:NoEnv"),
+     "--environment-path 'tests.test_multiturn:NoEnv': 'tests.test_multiturn' has no function 'NoEnv'"),
 ])
 def test_agent_flags_refused(kw, msg):
     from slick.config.config import ConfigError

@@ -247,25 +247,19 @@ def agent_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--tool-timeout must be > 0 seconds (got {cfg.tool_timeout})")
     if cfg.tool_max_output_chars < 1:
         p.append(f"--tool-max-output-chars must be >= 1 (got {cfg.tool_max_output_chars})")
+    from slick.plugins import load_function
+    from slick.rollout.toolcall import PARSERS
+    from slick.rollout.tools import load_tools
 
-
-def black_box_agent_problems(cfg: Config, p: list[str]) -> None:
-    """--agent-function-path (docs/agents.md, black-box agents): the agent replaces generation for every sample."""
-    if cfg.agent_timeout <= 0:
-        p.append(f"--agent-timeout must be > 0 seconds (got {cfg.agent_timeout})")
-    if cfg.agent_max_calls < 1:
-        p.append(f"--agent-max-calls must be >= 1 (got {cfg.agent_max_calls})")
-    if not cfg.agent_function_path:
-        return
-    clash = [flag for flag, on in (("--custom-generate-function-path", cfg.custom_generate_function_path),
-                                   ("--tool-path", cfg.tool_path), ("--environment-path", cfg.environment_path),
-                                   (f"--max-turns {cfg.max_turns}", cfg.max_turns > 1)) if on]
-    if clash:
-        p.append(f"--agent-function-path generates every sample through the agent's own calls; it cannot be "
-                 f"combined with {', '.join(clash)} (the agent runs its own turns and tools)")
-    if cfg.partial_rollout:
-        p.append("--partial-rollout cannot continue a black-box agent session (--agent-function-path): an aborted "
-                 "session starts over")
+    checks = [(load_tools, cfg.tool_path), (load_function, cfg.environment_path, "--environment-path")]
+    if cfg.tool_path and cfg.tool_parser not in PARSERS:
+        checks.append((load_function, cfg.tool_parser, "--tool-parser"))
+    for fn, *args in checks:  # plug-ins load before any model does, so a typo costs no model load
+        if args[0]:
+            try:
+                fn(*args)
+            except ValueError as e:
+                p.append(str(e))
 
 
 def black_box_agent_problems(cfg: Config, p: list[str]) -> None:
@@ -318,7 +312,6 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     megatron_problems(cfg, p)
     driver_problems(cfg, driver, p)
     agent_problems(cfg, p)
-    black_box_agent_problems(cfg, p)
     black_box_agent_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
