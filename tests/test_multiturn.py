@@ -68,6 +68,19 @@ class CountdownEnv:
         return f"step {self.steps} saw {len(policy_message)} characters", 1.0, self.steps >= 2
 
 
+class RulesEnv(CountdownEnv):
+    """reset adds a message to the prompt; observations come back as tool messages (sync step)."""
+
+    observation_role = "tool"
+
+    def reset(self, sample):
+        return "Rules: answer in one word."
+
+    def step(self, policy_message):
+        self.steps += 1
+        return "try again", None, self.steps >= 2
+
+
 # ------------------------------------------------------------------ fixtures
 class Recorder:
     """Passes every call to the real engine and keeps (input ids, Generation) of each."""
@@ -328,3 +341,18 @@ def test_custom_generate_from_the_docs(tiny_model_dir, engine, trainer):
         (a, b) = runs(s.loss_mask, 0)[0]
         assert "<|im_start|>user\nfeedback on " in tok.decode(s.response_ids[a:b], skip_special_tokens=False)
     check_exact(samples, calls, trainer)
+
+
+def test_environment_reset_messages_and_observation_role(tiny_model_dir, engine, trainer):
+    tok = tokenizer_with(None)
+    cfg = make_cfg(tiny_model_dir, max_turns=5, max_tokens_per_turn=4, rollout_batch_size=1,
+                   environment_path="tests.test_multiturn:RulesEnv")
+    samples, metrics, calls = rollout(cfg, tok, engine)
+    check_exact(samples, calls, trainer)
+    for s in samples:
+        st = s.metadata["multiturn"]
+        assert tok.decode(s.prompt_ids).endswith("user\nRules: answer in one word.<|im_end|>\n<|im_start|>assistant\n")
+        assert [m["role"] for m in st["messages"]] == ["user", "user", "assistant", "tool", "assistant"]
+        assert st["env_reward"] is None and s.reward == 0.0
+        (a, b), = runs(s.loss_mask, 0)
+        assert "<|im_start|>tool\ntry again<|im_end|>" in tok.decode(s.response_ids[a:b], skip_special_tokens=False)
