@@ -1,8 +1,8 @@
 """The disk transport: a safetensors directory written atomically, then loaded by every engine.
 
 Layout of ``disk_dir`` after ``send(version, ...)``: ``model-0000i-of-0000n.safetensors`` shards of at most
-``bucket_bytes`` each (a larger tensor gets a shard of its own), ``model.safetensors.index.json`` (HF's
-weight map), ``slick_weights.json`` (the version marker: ``{"version", "tensors", "bytes"}``) and, when
+``bucket_bytes`` each (a larger tensor gets a shard of its own) with ``model.safetensors.index.json`` (HF's
+weight map), or one ``model.safetensors`` when everything fits one bucket; ``slick_weights.json`` (the version marker: ``{"version", "tensors", "bytes"}``) and, when
 ``model_dir`` is given, its config/tokenizer files, so that the directory is a loadable HF model (what
 SGLang's ``/update_weights_from_disk`` expects). The directory is written to a sibling temp directory and
 renamed into place: an engine never sees half a version. Each engine is then told
@@ -47,11 +47,12 @@ def write_weights_dir(out_dir, version: int, named: Iterable[tuple[str, torch.Te
             raise ValueError("no tensors to send")
         weight_map = {}
         for i, (part, names) in enumerate(shards):
-            final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            final = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             part.rename(tmp / final)
             weight_map.update({n: final for n in names})
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        if len(shards) > 1:
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
         (tmp / MARKER).write_text(json.dumps({"version": int(version), "tensors": count, "bytes": total}))
 
     return write_dir_atomic(out_dir, writer)
