@@ -231,7 +231,7 @@ class WeightGroups:
             except (TypeError, ValueError):
                 raise WeightGroupError(f"weight_version must be an integer, got {version!r}") from None
         g = self._group(name)
-        got = await asyncio.to_thread(self.receive_sync, name, names, dtypes, shapes)
+        got = await in_daemon_thread(self.receive_sync, name, names, dtypes, shapes)
         if not last:
             g.staged.extend(got)
             return {"success": True, "message": f"received {len(got)} tensors (staged)", "staged": len(g.staged)}
@@ -241,11 +241,37 @@ class WeightGroups:
                 "weight_version": new}
 
     async def init(self, body: dict) -> str:
-        return await asyncio.to_thread(self.init_sync, body)
+        return await in_daemon_thread(self.init_sync, body)
 
     def close(self) -> None:
         for name in list(self.groups):
             self.destroy(name)
+
+
+def in_daemon_thread(fn, *args) -> asyncio.Future:
+    """Run the blocking ``fn(*args)`` in a daemon thread; return an awaitable future of its result. Unlike
+    ``asyncio.to_thread``, a call stuck in a collective (a peer that died) cannot hold up the exit of the event
+    loop or of the interpreter (a SIGTERMed ``slick serve``); it ends by itself at the group's timeout."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def post(cb) -> None:
+        try:
+            loop.call_soon_threadsafe(cb)
+        except RuntimeError:   # the loop closed while the thread ran: nobody is waiting any more
+            pass
+
+    def run() -> None:
+        try:
+            res = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            err = e
+            post(lambda: fut.done() or fut.set_exception(err))
+        else:
+            post(lambda: fut.done() or fut.set_result(res))
+
+    threading.Thread(target=run, name=f"slick-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return fut
 
 
 def _metas(names, dtypes, shapes) -> list:

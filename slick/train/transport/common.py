@@ -1,8 +1,7 @@
-"""Helpers shared by the transports: bounded engine calls that name the engine, a thread with a deadline."""
+"""Helpers shared by the transports: bounded engine calls that name the engine."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Awaitable, Callable, Sequence
 
 from slick.train.transport import TransportError, engine_name
@@ -29,30 +28,3 @@ async def on_every_engine(engines: Sequence, fn: Callable[[object], Awaitable], 
     if errors:
         raise TransportError("; ".join(str(e) for e in errors)) from errors[0]
     return results
-
-
-def in_daemon_thread(fn: Callable, *args) -> asyncio.Future:
-    """Run the blocking ``fn(*args)`` in a daemon thread; return an awaitable future of its result. Unlike
-    ``asyncio.to_thread`` a call stuck in C++ (a collective waiting for a dead peer) cannot hold up the
-    interpreter's exit; it ends by itself at the group's timeout."""
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-
-    def run():
-        try:
-            res = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-            err = e
-            _post(loop, lambda: fut.done() or fut.set_exception(err))
-        else:
-            _post(loop, lambda: fut.done() or fut.set_result(res))
-
-    threading.Thread(target=run, name=f"slick-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return fut
-
-
-def _post(loop, fn) -> None:
-    try:
-        loop.call_soon_threadsafe(fn)
-    except RuntimeError:   # the loop closed while the thread ran: nobody is waiting any more
-        pass
