@@ -4,6 +4,7 @@ a timeout whose error names what was asked and what the cluster has. :meth:`RayC
 placement group and stops the cluster only when slick started it."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -40,6 +41,17 @@ def worker_env() -> dict:
     return env
 
 
+def without_job_env_keys(env: dict) -> dict:
+    """Under `ray job submit` Ray merges the job's runtime env into ray.init's and refuses a key both set: the
+    job's value (the user's ``--runtime-env-json``) wins, slick sends only the other keys."""
+    try:
+        job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    except ValueError:
+        return env
+    taken = ((job.get("runtime_env") or {}).get("env_vars") or {}) if isinstance(job, dict) else {}
+    return {k: v for k, v in env.items() if k not in taken}
+
+
 class RayCluster:
     """A connection to Ray plus this run's placement group.
 
@@ -66,7 +78,7 @@ class RayCluster:
             c = cls("existing", started_here=False, owned_init=False)
         else:
             address = opt(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS")
-            runtime_env = {"env_vars": worker_env()}
+            runtime_env = {"env_vars": without_job_env_keys(worker_env())}
             if address:
                 try:
                     ray.init(address=address, runtime_env=runtime_env, log_to_driver=True,

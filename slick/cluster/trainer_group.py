@@ -104,8 +104,9 @@ class TrainerRank:
     def call(self, method: str, *args, **kwargs):
         """``trainer.method(*args, **kwargs)`` (collective on every rank); returns (result, state)."""
         result = getattr(self.trainer, method)(*args, **kwargs)
-        if method == "named_weights":
-            result = [(n, t.cpu()) for n, t in result] if self.rank == 0 else None
+        if method == "named_weights":   # a generator of collectives: every rank walks it to the end
+            result = [(n, t.cpu()) for n, t in result]
+            result = result if self.rank == 0 else None
         elif self.rank != 0:
             result = None     # every rank computed the same answer; only rank 0's travels back
         return result, self.state()
@@ -125,8 +126,11 @@ class TrainerRank:
     def send_weights(self, transport: str, engine_urls: list, disk_dir: Optional[str], bucket_bytes: int,
                      timeout_s: float) -> int:
         """Every rank gathers the full weights (collective); then the colocated transport hands them to this
-        process's engine (every rank), or rank 0 sends them to ``engine_urls`` through the disk or broadcast
-        transport (kept connected between calls). Returns the version sent."""
+        process's engine (every rank), or rank 0 broadcasts them to ``engine_urls`` (the group is formed once and
+        kept between calls). Returns the version sent."""
+        if transport not in ("colocated", "broadcast"):
+            raise ValueError(f"trainer ranks send weights by colocated or broadcast, not {transport!r} (the driver "
+                             f"writes the disk transport's directory from the gathered weights)")
         named = list(self.trainer.named_weights())
         version = self.trainer.version
         if transport != "colocated" and self.rank != 0:

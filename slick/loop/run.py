@@ -211,7 +211,9 @@ class Run:
 
     async def sync_weights(self) -> dict:
         """Push the trainer's weights to the engines through --weight-transport (kept connected between
-        calls); on Ray the trainer ranks send them themselves. Returns perf/update_weights_time."""
+        calls). On Ray, broadcast is sent by trainer rank 0 and colocated by every rank to the engine in its
+        process; disk is written here from the gathered weights (one writer; the engines' hosts must see the
+        directory: one machine or a shared file system). Returns perf/update_weights_time."""
         from slick.train.transport import make_transport
         from slick.train.weight_sync import sync_weights
 
@@ -219,7 +221,7 @@ class Run:
             return {}
         cfg, name, disk_dir = self.cfg, self.weight_transport(), str(self.run_dir / "weights")
         bucket = int(cfg.weight_bucket_mb) << 20
-        if self.engines.sync_mode == "ray":
+        if self.engines.sync_mode == "ray" and name != "disk":   # broadcast from rank 0, or colocated per rank
             seconds = await asyncio.to_thread(self.trainer.send_weights, name, self.engines.worker_urls, disk_dir,
                                               bucket)
         else:
