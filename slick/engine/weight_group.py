@@ -68,16 +68,31 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
+def local_address_towards(master_address: str) -> Optional[str]:
+    """This host's address on the route to ``master_address`` (127.0.0.1 for a loopback master); None if unknown."""
+    if is_loopback(master_address):
+        return "127.0.0.1"
+    try:
+        fam = socket.AF_INET6 if ":" in master_address else socket.AF_INET
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:   # no packet is sent: connect() only picks the route
+            s.connect((master_address, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
 def make_group(backend: str, store, rank: int, world_size: int, timeout_s: float, master_address: str):
-    """A process group of ``world_size`` on ``store`` without any default group. Gloo pairs bind to loopback
-    when the master address is a loopback one (single machine), else to the address of this host's name."""
+    """A process group of ``world_size`` on ``store`` without any default group. Gloo binds each member to its
+    own address on the route to the master (127.0.0.1 for a loopback master: one machine), not to whatever the
+    host name resolves to."""
     timeout = datetime.timedelta(seconds=float(timeout_s))
     if backend == "gloo":
         from torch.distributed import ProcessGroupGloo
 
         opts = ProcessGroupGloo._Options()
         opts._timeout = timeout
-        opts._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1") if is_loopback(master_address)
+        local = local_address_towards(master_address)
+        opts._devices = [ProcessGroupGloo.create_device(hostname=local) if local
                          else ProcessGroupGloo.create_default_device()]
         return ProcessGroupGloo(store, rank, world_size, opts)
     if backend == "nccl":
