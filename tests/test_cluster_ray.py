@@ -170,3 +170,30 @@ def test_a_trainer_rank_killed_mid_run_ends_the_run_naming_it_and_leaves_no_proc
     assert took < 60, took
     _wait_gone(pids, "trainer rank actors")
     _wait_gone(_pids_naming(temp_dir), f"processes of the local Ray cluster in {temp_dir}")
+
+
+@pytest.mark.slow
+def test_train_async_on_ray_broadcasts_weights_to_engine_actors_behind_the_sglang_router(task, tmp_path):
+    """slick train-async unchanged on Ray: 2 ranks, 2 engine actors behind the real sglang-router, weights
+    broadcast by rank 0 (gloo group of rank 0 + both engines); one-step-off batches, versions advance."""
+    from slick.loop.train_async import train_async
+
+    model, prompts = task
+    values = dict(hf_checkpoint=str(model), prompt_data=str(prompts), rollout_batch_size=4, n_samples_per_prompt=8,
+                  rollout_max_response_len=4, custom_rm_path="target_rm.first_token_is_target", lr=1e-3,
+                  num_rollout=4, dtype="fp32", run_dir=str(tmp_path / "run"), no_progress=True, seed=3,
+                  rollout_seed=5, micro_batch_size=4, actor_num_gpus_per_node=2, rollout_num_gpus=2,
+                  weight_transport="broadcast", router="sglang", max_staleness=1, use_tis=True,
+                  dist_timeout=120.0, ray_start_timeout=120.0, save_debug_train_data=str(tmp_path / "dbg"))
+    cfg = validate_config(Config.from_flat(values), driver="async")
+    run = asyncio.run(asyncio.wait_for(train_async(cfg), 600))
+    assert run.trainer.version == 4 and len(run.engines.worker_urls) == 2
+    assert run.engines.engine.urls != run.engines.worker_urls        # generation went through the router
+    _wait_gone(run.trainer.pids, "trainer rank actors")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["perf/update_weights_time"] > 0 for r in rows)
+    for step in range(4):   # --async-weight-update wait, staleness 1: one-step-off (step s on version s - 1)
+        rows_s = read_jsonl(tmp_path / "dbg" / f"train_{step}.jsonl")
+        assert {v for s in rows_s for v in s["weight_versions"]} == {max(step - 1, 0)}, step
+        assert {s["train_version"] for s in rows_s} == {step}
