@@ -16,7 +16,8 @@ lives on beside it). The three calls, with SGLang's request fields:
   every name, shape and dtype first, then copies between two decode steps (pause -> load -> set version ->
   continue). Generation goes on while buckets arrive; only the final copy holds the step lock. Every tensor
   announced is received even when the update will be refused, so the sender never blocks on this engine.
-  A failed receive (sender gone, timeout) drops what was staged: the weights and version stay as they were.
+  A failed receive (sender gone, timeout, a request that cannot be sized) drops the group and what was
+  staged: the weights and version stay as they were, and the sender's next update forms a new group.
 * ``destroy_weights_update_group``: ``group_name``; drops the group and anything staged for it.
 
 :class:`WeightGroups` holds the groups of one engine; :class:`slick.engine.server.SlickServer` serves it over
@@ -212,7 +213,11 @@ class WeightGroups:
     def receive_sync(self, name: str, names: list, dtypes: list, shapes: list) -> list:
         """Receive one broadcast from rank 0 per announced tensor, in order; returns ``(name, tensor)``."""
         g = self._group(name)
-        metas = _metas(names, dtypes, shapes)
+        try:
+            metas = _metas(names, dtypes, shapes)
+        except WeightGroupError:
+            self.destroy(name)     # the sender is broadcasting tensors we cannot size: close, so it fails now
+            raise
         dev = tensor_device(g.backend, self.device)
         td = datetime.timedelta(seconds=g.timeout_s)
         out = []
@@ -224,34 +229,40 @@ class WeightGroups:
                         raise RuntimeError("the group was destroyed")
                     g.pg.broadcast(t, 0, td).wait(td)
                 except Exception as e:  # noqa: BLE001 - the sender died or timed out
-                    g.staged.clear()
+                    self.destroy(name)     # the group is broken for good; the sender forms a new one
                     raise WeightGroupError(f"weight group {name!r}: receiving {n!r} from rank 0 failed: "
                                            f"{type(e).__name__}: {str(e)[:300]}") from None
                 out.append((n, t))
         return out
 
     async def update_from_distributed(self, body: dict) -> dict:
-        """SGLang's update_weights_from_distributed (see the module doc); returns the JSON answer."""
+        """SGLang's update_weights_from_distributed (see the module doc); returns the JSON answer. Any failure
+        drops the group (the sender closes its side too and forms a new group for its next update)."""
         if not isinstance(body, dict):
             raise WeightGroupError("update_weights_from_distributed body must be a JSON object")
         name = _field(body, "group_name", str, DEFAULT_GROUP) or DEFAULT_GROUP
-        names = _field(body, "names", list)
-        dtypes = _field(body, "dtypes", list)
-        shapes = _field(body, "shapes", list)
-        last = _field(body, "last_bucket", bool, True)
-        version = body.get("weight_version")
-        if version is not None:
-            try:
-                version = int(version)
-            except (TypeError, ValueError):
-                raise WeightGroupError(f"weight_version must be an integer, got {version!r}") from None
         g = self._group(name)
-        got = await in_daemon_thread(self.receive_sync, name, names, dtypes, shapes)
-        if not last:
-            g.staged.extend(got)
-            return {"success": True, "message": f"received {len(got)} tensors (staged)", "staged": len(g.staged)}
-        pairs, g.staged = g.staged + got, []
-        new = await self.engine.update_weights(named_tensors=pairs, version=version)
+        try:
+            names = _field(body, "names", list)
+            dtypes = _field(body, "dtypes", list)
+            shapes = _field(body, "shapes", list)
+            last = _field(body, "last_bucket", bool, True)
+            version = body.get("weight_version")
+            if version is not None:
+                try:
+                    version = int(version)
+                except (TypeError, ValueError):
+                    raise WeightGroupError(f"weight_version must be an integer, got {version!r}") from None
+            got = await in_daemon_thread(self.receive_sync, name, names, dtypes, shapes)
+            if not last:
+                g.staged.extend(got)
+                return {"success": True, "message": f"received {len(got)} tensors (staged)",
+                        "staged": len(g.staged)}
+            pairs, g.staged = g.staged + got, []
+            new = await self.engine.update_weights(named_tensors=pairs, version=version)
+        except BaseException:
+            self.destroy(name)
+            raise
         return {"success": True, "message": f"loaded {len(pairs)} tensors from group {name!r}",
                 "weight_version": new}
 
@@ -339,10 +350,7 @@ class WeightGroupRoutes:
         try:
             async with self.server._weights_lock:   # shielded: a client that goes away cannot cut a copy short
                 out = await asyncio.shield(self.groups.update_from_distributed(body))
-        except (WeightGroupError, ValueError, KeyError, RuntimeError) as e:
-            g = self.groups.groups.get(body.get("group_name") or DEFAULT_GROUP)
-            if g is not None:
-                g.staged.clear()
+        except (WeightGroupError, ValueError, KeyError, RuntimeError) as e:   # the group is dropped
             return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
         if "weight_version" in out:
             paused = len(self.server.engine.progress()) if self.server.paused else 0
