@@ -13,7 +13,7 @@ from tests.ray_head import RayHead
 
 RAY = str(Path(sys.executable).with_name("ray"))
 SLICK = str(Path(sys.executable).with_name("slick"))
-JOB_TIMEOUT_S = 420
+JOB_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +75,43 @@ def env_reward(args, sample):
     import os
 
     return float(os.environ["RAY_ADDRESS"].rsplit(":", 1)[1])
+
+
+def _actors(head) -> list:
+    """Every actor this head's cluster has seen (the dashboard's state API), as dicts."""
+    import urllib.request
+
+    req = urllib.request.Request(f"{head.dashboard_url}/api/v0/actors?limit=1000&detail=1",
+                                 headers={"Authorization": f"Bearer {head.token}"} if head.token else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        body = json.loads(r.read())
+    return body["data"]["result"]["result"]
+
+
+@pytest.mark.slow
+def test_ray_job_submit_two_trainer_ranks_join_the_submitted_cluster(head, tmp_path, tiny_model_dir):
+    """Two trainer ranks: the job's driver joins the head through RAY_ADDRESS (no cluster of its own) and the
+    rank actors run there."""
+    before = {a["actor_id"] for a in _actors(head)}
+    job_id, run_dir, logs = submit(head, tmp_path, tiny_model_dir, ["--actor-num-gpus-per-node", "2"])
+    rows = _steps(run_dir)
+    assert [r["step"] for r in rows] == [1, 2], logs[-3000:]
+    assert all(r["train/loss"] == r["train/loss"] for r in rows)
+    ranks = [a for a in _actors(head) if a["actor_id"] not in before and a["class_name"] == "TrainerRank"]
+    assert len(ranks) == 2, [(a["class_name"], a["state"]) for a in _actors(head)]
+    assert {a["state"] for a in ranks} == {"DEAD"}          # the run ended them
+
+
+def test_job_runtime_env_keys_win_over_the_ones_slick_adds(monkeypatch):
+    """Under `ray job submit --runtime-env-json '{"env_vars": {...}}'` Ray refuses a ray.init runtime env that sets
+    the same keys; slick drops its own value of those keys (the job's wins) and keeps the others."""
+    from slick.cluster.ray_cluster import without_job_env_keys
+
+    env = {"PYTHONPATH": "/slick", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert without_job_env_keys(env) == env
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
+                       json.dumps({"runtime_env": {"env_vars": {"PYTHONPATH": "/user", "OTHER": "x"}}}))
+    assert without_job_env_keys(env) == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": None}))
+    assert without_job_env_keys(env) == env
