@@ -101,7 +101,7 @@ def test_shape_is_not_checked_when_the_directory_itself_is_bad(base, tmp_path):
                                   "--expert-tensor-parallel-size"])
 def test_parallel_sizes_above_one_are_refused(base, flag):
     assert problems(base() + [flag, "2"]) == [
-        f"{flag} 2: not supported (slick trains in one process today; data-parallel FSDP2 on Ray is planned); "
+        f"{flag} 2: not supported (slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-per-node); "
         f"only 1 is accepted"]
     parse_config(base() + [flag, "1"])
 

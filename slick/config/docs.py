@@ -62,7 +62,7 @@ slime passes Megatron-LM's own flags through, and its scripts carry them (`--num
 user brings, in the `megatron` group below: recompute flags turn on gradient checkpointing;
 model-shape flags are checked against the checkpoint's `config.json` before anything loads (a
 mismatch stops the run and shows both values); parallel sizes other than 1 are refused, because
-slick trains in one process today (data-parallel FSDP2 on Ray is planned).
+slick's trainer is data-parallel only (FSDP2 ranks: `--actor-num-gpus-per-node`, docs/cluster.md).
 
 ## Batch-size constraint
 

@@ -217,7 +217,7 @@ class ClusterConfig:
                                         "lag this creates).")
 
 
-_PLANNED = "slick trains in one process today; data-parallel FSDP2 on Ray is planned"
+_PLANNED = "slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-per-node"
 
 
 def _parallel(kind: str):
