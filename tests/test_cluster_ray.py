@@ -103,7 +103,7 @@ def test_two_ranks_and_two_engines_on_ray_learn_and_engines_follow_the_trainer(t
     """2 trainer ranks + 2 engines (actors of their own, or inside the ranks) on a local cluster slick starts:
     every step's samples come from the trainer's latest version, and the policy learns the reward."""
     model, prompts = task
-    over = dict(rollout_num_gpus=2) if layout == "disaggregated" else dict(colocate=True)
+    over = dict(rollout_num_gpus=2) if layout == "disaggregated" else dict(colocate=True, save=str(tmp_path / "ck"))
     cfg = make_cfg(model, prompts, tmp_path / "run", save_debug_rollout_data=str(tmp_path / "dbg"), **over)
     assert cfg.weight_transport == ("disk" if layout == "disaggregated" else "colocated")
     run = asyncio.run(asyncio.wait_for(train(cfg), 600))
@@ -119,6 +119,12 @@ def test_two_ranks_and_two_engines_on_ray_learn_and_engines_follow_the_trainer(t
         assert versions == {step}, (step, versions)
     rewards = [r["rollout/raw_reward"] for r in rows]
     assert rewards[0] < 0.5 and sum(rewards[-4:]) / 4 > 0.95, rewards
+    if layout == "colocated":   # the 2 ranks' sharded checkpoint resumes in one process, still learnt
+        cfg1 = make_cfg(model, prompts, tmp_path / "run1", actor_num_gpus_per_node=0, num_rollout=13,
+                        load=str(tmp_path / "ck"))
+        run1 = asyncio.run(asyncio.wait_for(train(cfg1), 300))
+        assert run1.cluster is None and run1.start_step == 12 and run1.trainer.version == 13
+        assert read_jsonl(tmp_path / "run1" / "metrics.jsonl")[-1]["rollout/raw_reward"] > 0.9
 
 
 @pytest.mark.slow
