@@ -203,3 +203,37 @@ def test_train_async_on_ray_broadcasts_weights_to_engine_actors_behind_the_sglan
         rows_s = read_jsonl(tmp_path / "dbg" / f"train_{step}.jsonl")
         assert {v for s in rows_s for v in s["weight_versions"]} == {max(step - 1, 0)}, step
         assert {s["train_version"] for s in rows_s} == {step}
+
+
+@pytest.mark.slow
+def test_engine_actors_get_sglang_options_and_the_trainers_version_after_a_step(task, tmp_path):
+    """Run's phases by hand on Ray: the --sglang-* options reach the engine actors, and after one train step and
+    sync every engine server reports the trainer's version."""
+    import urllib.request
+
+    def get(url):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())
+
+    model, prompts = task
+    cfg = make_cfg(model, prompts, tmp_path / "run", rollout_num_gpus=2, num_rollout=1,
+                   sglang={"context_length": 64, "max_running_requests": 3})
+
+    async def go():
+        run = Run(cfg)
+        try:
+            urls = run.engines.worker_urls
+            infos = [get(u + "/get_server_info") for u in urls]
+            groups, _ = await run.rollout(0)
+            await run.train_off_loop(0, groups)
+            await run.sync_weights()
+            return run, urls, infos, [get(u + "/get_weight_version") for u in urls]
+        finally:
+            await run.close()
+
+    run, urls, infos, versions = asyncio.run(asyncio.wait_for(go(), 300))
+    assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
+    assert [(i["context_length"], i["max_running"]) for i in infos] == [(64, 3), (64, 3)]
+    assert len({i["pid"] for i in infos} | {os.getpid()}) == 3          # each engine in a process of its own
+    assert run.trainer.version == 1 and [v["weight_version"] for v in versions] == [1, 1], versions
+    _wait_gone([i["pid"] for i in infos] + run.trainer.pids, "engine and trainer actors")
