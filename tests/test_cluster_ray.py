@@ -4,9 +4,11 @@ as actors (FSDP2 over gloo), engine actors serving `slick serve`'s API, colocate
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -237,3 +239,39 @@ def test_engine_actors_get_sglang_options_and_the_trainers_version_after_a_step(
     assert len({i["pid"] for i in infos} | {os.getpid()}) == 3          # each engine in a process of its own
     assert run.trainer.version == 1 and [v["weight_version"] for v in versions] == [1, 1], versions
     _wait_gone([i["pid"] for i in infos] + run.trainer.pids, "engine and trainer actors")
+
+
+@pytest.mark.slow
+def test_a_placement_group_that_cannot_be_placed_in_time_fails_naming_total_and_free(task, tmp_path):
+    """Enough CPUs in total but half held by another actor: the wait for the placement group is bounded by
+    --ray-start-timeout and its error names what was asked, the total and what is free."""
+    import ray
+
+    model, prompts = task
+    temp_dir = tempfile.mkdtemp(prefix="slick-pgt-", dir="/tmp")      # short: Ray's sockets live under it
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
+             _temp_dir=temp_dir, logging_level="WARNING")
+    try:
+        @ray.remote(num_cpus=2)
+        class Holder:
+            def ping(self):
+                return 1
+
+        holder = Holder.remote()
+        assert ray.get(holder.ping.remote(), timeout=60) == 1
+        cfg = make_cfg(model, prompts, tmp_path / "run", rollout_num_gpus=2, ray_start_timeout=5.0)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError) as e:
+            Run(cfg)
+        took = time.monotonic() - t0
+        assert ray.is_initialized()               # a cluster slick joined in-process is left as it was
+        assert ray.util.placement_group_table() and all(
+            pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+    finally:
+        ray.shutdown()
+        _wait_gone(_pids_naming(temp_dir), f"processes of the test's Ray cluster in {temp_dir}")
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    msg = str(e.value)
+    assert "placement group not ready within 5s" in msg and "4 CPU slot(s): 2 trainer rank(s)" in msg, msg
+    assert "CPU 4 in total, CPU 2 free" in msg, msg
+    assert took < 30, took

@@ -75,7 +75,7 @@ class RayCluster:
 
         t0 = time.perf_counter()
         if ray.is_initialized():
-            c = cls("existing", started_here=False, owned_init=False)
+            c = cls(ray.get_runtime_context().gcs_address, started_here=False, owned_init=False)
         else:
             address = opt(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS")
             runtime_env = {"env_vars": without_job_env_keys(worker_env())}
