@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo demo-agent test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -20,6 +20,9 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m slick.demo
+
+demo-agent: $(STAMP)
+	$(BIN)/python -m slick.demo agent
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

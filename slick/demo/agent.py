@@ -27,8 +27,9 @@ from slick.models.smollm2 import prepare_smollm2
 
 N_TEST = 40
 DEFAULTS = {
-    "--rollout-batch-size": "8", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "80",
-    "--max-turns": "2", "--max-tokens-per-turn": "48", "--tool-path": "slick.demo.calculator:TOOLS",
+    "--rollout-batch-size": "8", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "64",
+    "--max-turns": "2", "--max-tokens-per-turn": "24", "--tool-path": "slick.demo.calculator:TOOLS",
+    "--tool-parser": "slick.demo.calculator:parse_expression_call",
     "--tool-key": "tools", "--custom-rm-path": "slick.demo.calculator.final_answer_reward",
     "--rollout-temperature": "1.0", "--advantage-estimator": "grpo", "--lr": "2e-5", "--lr-warmup-steps": "0",
     "--num-rollout": "12", "--eval-interval": "4", "--n-samples-per-eval-prompt": "2", "--eval-temperature": "1.0",

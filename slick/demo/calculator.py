@@ -11,6 +11,10 @@ process. A bad expression raises :class:`CalculatorError`; the multi-turn rollou
 ``calculator_rows`` builds chat rows ``{"prompt", "label", "metadata", "tools"}`` with a seeded, disjoint
 held-out split; ``tools`` holds ``CALCULATOR_SCHEMA`` (OpenAI function format) for ``--tool-key tools``. The
 prompt is a system message, one worked example (question, call, tool result, answer) and the question.
+SmolLM2-135M almost never writes a well-formed Hermes ``<tool_call>`` JSON (0 of 32 tries, measured), but it
+often answers with a bare expression, so the demo's call format is that: ``parse_expression_call``
+(``--tool-parser``) reads a turn that is only an arithmetic expression as a calculator call, and Hermes calls
+as usual.
 ``final_answer_reward`` (``--custom-rm-path``) scores only the last assistant turn, so a number that merely
 appears in a tool result earns nothing.
 """
@@ -20,6 +24,7 @@ import ast
 import json
 import operator
 import random
+import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
@@ -42,13 +47,13 @@ CALCULATOR_SCHEMA = {
     },
 }
 
-SYSTEM_PROMPT = ("You are a helpful assistant. Use the calculator tool for arithmetic, "
-                 "then give the final answer as a number.")
+SYSTEM_PROMPT = ("You are a helpful assistant with a calculator. To use it, reply with only the arithmetic "
+                 "expression, like 12 * 34; its result comes back in a tool message. Then reply with just the number.")
 QUESTION = "What is {a} * {b}?"
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-_TRANSLATE = str.maketrans({"×": "*", "÷": "/", "−": "-", ",": ""})
+_TRANSLATE = str.maketrans({"×": "*", "x": "*", "÷": "/", "−": "-", ",": ""})
 
 
 class CalculatorError(ValueError):
@@ -122,16 +127,36 @@ def calculator(expression: str) -> str:
 
 
 TOOLS = [calculator]
-EXAMPLE = (123, 45)
+EXAMPLE = (4821, 1375)
+
+
+_EXPRESSION_LINE = re.compile(r"[\d\s.()]*\d\s*[-+*/×÷x]\s*[\d\s.()+\-*/×÷x]*")
+
+
+def parse_expression_call(text: str) -> list:
+    """``--tool-parser slick.demo.calculator:parse_expression_call``: Hermes ``<tool_call>`` calls, and a turn
+    whose first non-empty line is nothing but an arithmetic expression (``347 * 28``), which calls the calculator.
+    A bare number (the final answer) or a sentence is no call."""
+    from slick.rollout.toolcall import ToolCall, parse_hermes
+
+    calls = parse_hermes(text)
+    if calls:
+        return calls
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    if lines and _EXPRESSION_LINE.fullmatch(lines[0]):
+        return [ToolCall(name="calculator", arguments={"expression": lines[0]})]
+    return []
 
 
 def example_messages(a: int = EXAMPLE[0], b: int = EXAMPLE[1]) -> list[dict]:
-    """One worked exchange in the rollout's tool-call format: question, call, tool result, answer."""
-    call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} * {b}"}})
-    return [{"role": "user", "content": QUESTION.format(a=a, b=b)},
-            {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
-            {"role": "tool", "content": str(a * b)},
-            {"role": "assistant", "content": str(a * b)}]
+    """One worked exchange in the demo's call format: question, expression (the call), tool result, answer.
+
+    It is an addition, not a multiplication: with a multiplication example the base model already gets 81% of
+    the held-out questions right with the tool, with this one 71%, and with none 0% (32-48 samples, T=1)."""
+    return [{"role": "user", "content": f"What is {a} + {b}?"},
+            {"role": "assistant", "content": f"{a} + {b}"},
+            {"role": "tool", "content": str(a + b)},
+            {"role": "assistant", "content": str(a + b)}]
 
 
 def final_answer_reward(args, sample) -> float:
@@ -159,9 +184,8 @@ def make_row(a: int, b: int, system_prompt: Optional[str] = SYSTEM_PROMPT, examp
 def calculator_rows(n_train: int = 2000, n_test: int = 50, seed: int = 0, digits: tuple[int, int] = (3, 2),
                     system_prompt: Optional[str] = SYSTEM_PROMPT,
                     example: bool = True) -> tuple[list[dict], list[dict]]:
-    """(train_rows, test_rows): distinct multiplication questions, none shared between the two splits (nor with
-    the worked example)."""
-    pairs = [p for p in question_pairs(digits) if p != EXAMPLE]
+    """(train_rows, test_rows): distinct multiplication questions, none shared between the two splits."""
+    pairs = question_pairs(digits)
     if n_train + n_test > len(pairs):
         raise ValueError(f"{digits}-digit operands give only {len(pairs)} questions, "
                          f"asked for {n_train} + {n_test}")
