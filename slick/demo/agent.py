@@ -27,12 +27,12 @@ from slick.models.smollm2 import prepare_smollm2
 
 N_TEST = 40
 DEFAULTS = {
-    "--rollout-batch-size": "8", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "64",
+    "--rollout-batch-size": "4", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "64",
     "--max-turns": "2", "--max-tokens-per-turn": "24", "--tool-path": "slick.demo.calculator:TOOLS",
     "--tool-parser": "slick.demo.calculator:parse_expression_call",
     "--tool-key": "tools", "--custom-rm-path": "slick.demo.calculator.final_answer_reward",
     "--rollout-temperature": "1.0", "--advantage-estimator": "grpo", "--lr": "2e-5", "--lr-warmup-steps": "0",
-    "--num-rollout": "12", "--eval-interval": "4", "--n-samples-per-eval-prompt": "2", "--eval-temperature": "1.0",
+    "--num-rollout": "8", "--eval-interval": "4", "--n-samples-per-eval-prompt": "1", "--eval-temperature": "1.0",
     "--micro-batch-size": "16", "--rollout-shuffle": None, "--apply-chat-template": None,
     "--run-dir": "runs/demo-agent", "--seed": "1",
 }
@@ -116,6 +116,49 @@ def plot(rows: list[dict], no_tool: float, out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def write_results(run_dir: Path, results_dir: Path, img: Path, conditions: str = "") -> tuple[Path, Path]:
+    """``agent_demo.json`` / ``agent_demo.md`` under ``results_dir`` and the plot at ``img``, from a finished run's
+    ``summary.json`` and ``metrics.jsonl`` (what ``bench/results`` and the README show)."""
+    import shutil
+    from slick.observe.metrics import read_metrics
+
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    steps = [r for r in read_metrics(run_dir) if "perf/step_time" in r]
+    mean = lambda key: sum(r.get(key, 0.0) for r in steps) / max(len(steps), 1)  # noqa: E731
+    summary["steps"] = [{"step": r["step"], "raw_reward": r.get("rollout/raw_reward"),
+                         "tool_calls": r.get("rollout/tool_calls/mean"), "turns": r.get("rollout/turns/mean"),
+                         "step_time_s": r.get("perf/step_time")} for r in steps]
+    summary["mean_step_s"] = {k: round(mean(f"perf/{k}"), 1) for k in ("step_time", "rollout_time", "train_time",
+                                                                         "update_weights_time")}
+    summary["conditions"] = conditions
+    results_dir.mkdir(parents=True, exist_ok=True)
+    out_json = results_dir / "agent_demo.json"
+    out_json.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    evals = summary["eval"]
+    k = next((a for f, a in zip(summary["argv"], summary["argv"][1:]) if f == "--n-samples-per-eval-prompt"), "?")
+    lines = ["# Agent demo: SmolLM2-135M-Instruct learns to use a calculator (CPU)", "",
+             "`python -m slick.demo agent` (`make demo-agent`). " + conditions, "",
+             f"Held-out: {N_TEST} 3-digit x 2-digit products x {k} samples, T=1.0. Base model *without* the tool: "
+             f"**{summary['no_tool_accuracy']:.1%}**.", "",
+             "| step | held-out accuracy with the tool | pass@%s | tool calls per sample (training rollouts) |" % k,
+             "|---|---|---|---|"]
+    for r in evals:
+        calls = r.get("train_tool_calls")
+        lines.append(f"| {r['step']} | {r['accuracy']:.1%} | {r['pass@k']:.1%} | "
+                     f"{'' if calls is None else f'{calls:.2f}'} |")
+    ms = summary["mean_step_s"]
+    lines += ["", f"Wall time {summary['wall_time_s']:.0f} s in all (model load, the no-tool evaluation "
+              f"{summary['no_tool_eval_s']:.0f} s, training and every evaluation {summary['train_s']:.0f} s); mean step "
+              f"{ms['step_time']} s = rollout {ms['rollout_time']} s + training {ms['train_time']} s + weight sync "
+              f"{ms['update_weights_time']} s.", "", "Command line given to `slick train`:", "",
+              "```", " ".join(summary["argv"]), "```", ""]
+    out_md = results_dir / "agent_demo.md"
+    out_md.write_text("\n".join(lines), encoding="utf-8")
+    img.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run_dir / "plots" / "agent_eval.png", img)
+    return out_json, out_md
 
 
 def main(argv=None) -> int:
