@@ -15,7 +15,7 @@ from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.engine.factory import make_engines
 from slick.loop import debug
-from slick.loop.step import NonFiniteTrainingError, make_loss_fn, train_on_samples
+from slick.loop.step import NonFiniteTrainingError, make_loss_fn, optimizer_batch_size, train_on_samples
 from slick.observe.metrics import MetricsLogger
 from slick.observe.progress import Progress
 from slick.plugins import load_function
@@ -182,7 +182,7 @@ class Run:
         dump = self.cfg.save_debug_train_data
         debug_logp = self.trainer.compute_logprobs(samples, "actor") if dump else None  # an extra pass
         # the trainer's version at each sample's optimizer step (samples are split into global batches in order)
-        v0, gbs = self.trainer.version, self.cfg.global_batch_size
+        v0, gbs = self.trainer.version, optimizer_batch_size(self.cfg, len(samples))
         train_versions = [v0 + i // gbs for i in range(len(samples))]
         try:
             metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn, step)

@@ -64,6 +64,12 @@ def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=No
     return [adv[i, :n] for i, n in enumerate(lengths)]
 
 
+def optimizer_batch_size(cfg, num_samples: int) -> int:
+    """Samples per optimizer step: --global-batch-size, or more when agent sessions that split into several
+    samples made the batch larger than planned (the batch is then spread over the --num-steps-per-rollout steps)."""
+    return max(cfg.global_batch_size, -(-num_samples // cfg.num_steps_per_rollout))
+
+
 def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step: int) -> tuple[dict, dict]:
     """Compute advantages and run ``num_steps_per_rollout`` optimizer steps for rollout step ``step``.
 
@@ -89,8 +95,7 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     applied: list[dict] = []
     counts = dict.fromkeys(COUNTS, 0.0)
     skipped_norms: list[float] = []
-    # agent sessions that split into several samples make a batch larger than planned: spread it over the steps
-    gbs = max(cfg.global_batch_size, -(-len(samples) // cfg.num_steps_per_rollout))
+    gbs = optimizer_batch_size(cfg, len(samples))
     for k in range(cfg.num_steps_per_rollout):
         sl = slice(k * gbs, (k + 1) * gbs)
         if not samples[sl]:
