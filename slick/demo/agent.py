@@ -108,7 +108,7 @@ def plot(rows: list[dict], no_tool: float, out: Path) -> Path:
     ax.axhline(100 * no_tool, color="grey", ls="--", label="base model, no tool")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("held-out accuracy (%), T=1.0")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(-2, 102)
     ax.set_title("SmolLM2-135M learns to use a calculator (CPU)")
     ax.legend(loc="upper left")
     fig.tight_layout()
