@@ -185,3 +185,27 @@ def test_readme_command_runs_one_step(example, tiny_model_dir, tmp_path):
     assert len(step) == 1 and step[0]["step"] == 1
     assert step[0]["rollout/turns/mean"] >= 1.0 and "rollout/tool_calls/mean" in step[0]
     assert [r["step"] for r in rows if "eval/heldout" in r] == [0, 1]
+
+
+# ---------------------------------------------------------------- the agent demo's driver, tiny model
+def test_agent_demo_driver_one_step(tiny_model_dir, tmp_path):
+    """`python -m slick.demo agent` end to end with the tiny model in place of SmolLM2: the no-tool evaluation,
+    one GRPO step through the multi-turn tool rollout, the table, the plot, the summary and the results files."""
+    from slick.demo.__main__ import main
+    from slick.demo.agent import N_TEST, write_results
+
+    run_dir = tmp_path / "agent"
+    rc = main(["agent", "--hf-checkpoint", str(tiny_model_dir), "--num-rollout", "1", "--rollout-batch-size", "2",
+               "--n-samples-per-prompt", "2", "--micro-batch-size", "4", "--run-dir", str(run_dir), "--no-progress"])
+    assert rc == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["step"] for r in summary["eval"]] == [0, 1]
+    assert 0.0 <= summary["no_tool_accuracy"] <= 1.0
+    assert summary["argv"][summary["argv"].index("--hf-checkpoint") + 1] == str(tiny_model_dir)
+    assert len((run_dir / "data" / "test.jsonl").read_text().splitlines()) == N_TEST
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step = [r for r in rows if "train/loss" in r]
+    assert len(step) == 1 and step[0]["rollout/turns/mean"] >= 1.0
+    out_json, out_md = write_results(run_dir, tmp_path / "results", tmp_path / "img" / "agent.png", "test")
+    assert json.loads(out_json.read_text())["steps"][0]["step"] == 1
+    assert "| 0 | " in out_md.read_text() and (tmp_path / "img" / "agent.png").stat().st_size > 0

@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.perf_counter()
     extra = list(sys.argv[1:] if argv is None else argv)
-    model_dir = prepare_smollm2()
+    # another --hf-checkpoint (given last, it wins) makes preparing SmolLM2 unnecessary
+    model_dir = Path(extra[extra.index("--hf-checkpoint") + 1]) if "--hf-checkpoint" in extra else prepare_smollm2()
     run_dir = Path(extra[extra.index("--run-dir") + 1]) if "--run-dir" in extra else Path(DEFAULTS["--run-dir"])
     try:
         cfg = parse_config(agent_argv(model_dir, run_dir / "data", extra), build_parser("slick demo agent"))
