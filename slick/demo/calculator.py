@@ -21,7 +21,6 @@ appears in a tool result earns nothing.
 from __future__ import annotations
 
 import ast
-import json
 import operator
 import random
 import re
@@ -29,6 +28,8 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
+
+from slick.demo.addition import write_jsonl
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -192,14 +193,6 @@ def calculator_rows(n_train: int = 2000, n_test: int = 50, seed: int = 0, digits
     picked = random.Random(seed).sample(pairs, n_train + n_test)
     rows = [make_row(a, b, system_prompt, example) for a, b in picked]
     return rows[n_test:], rows[:n_test]
-
-
-def write_jsonl(rows: list[dict], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-    return path
 
 
 def write_calculator_data(out_dir: str | Path, **kw) -> tuple[Path, Path]:

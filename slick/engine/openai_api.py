@@ -102,20 +102,16 @@ class OpenAIEndpoint:
 
     async def chat(self, request: web.Request) -> web.Response:
         """POST /v1/chat/completions."""
-        try:
-            return web.json_response(await self._chat(request))
-        except OpenAIError as e:
-            return error_response(str(e), e.status, e.param, e.type)
-        except ValueError as e:          # the engine refused the input
-            return error_response(f"{type(e).__name__}: {e}", 400)
-        except Exception as e:  # noqa: BLE001 - answer in OpenAI's shape, keep serving
-            log.exception("POST %s failed", request.path)
-            return error_response(f"internal error: {type(e).__name__}: {e}", 500, type="server_error")
+        return await self._answer(request, self._chat)
 
     async def completions(self, request: web.Request) -> web.Response:
         """POST /v1/completions."""
+        return await self._answer(request, self._completions)
+
+    async def _answer(self, request: web.Request, handler) -> web.Response:
+        """``handler(request)``'s answer, or the error in OpenAI's shape (the server keeps serving)."""
         try:
-            return web.json_response(await self._completions(request))
+            return web.json_response(await handler(request))
         except OpenAIError as e:
             return error_response(str(e), e.status, e.param, e.type)
         except ValueError as e:          # the engine refused the input
