@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from slick.cluster.layout import ClusterFailure, Layout, LayoutError, opt, plan_from_config, trainer_ranks, uses_ray
+from slick.cluster.layout import ClusterFailure, Layout, LayoutError, plan_from_config, trainer_ranks, uses_ray
 
 if TYPE_CHECKING:
     from slick.cluster.ray_cluster import RayCluster
@@ -27,7 +27,7 @@ def start_cluster(cfg) -> Optional["RayCluster"]:
     cluster = RayCluster.connect(cfg, num_cpus=max(_cores(), cpu_plan.slots))
     try:
         layout = plan_from_config(cfg, use_gpu=_wants_gpu(cfg, cluster.has_gpus()))
-        cluster.place(layout, float(opt(cfg, "ray_start_timeout", 120.0)))
+        cluster.place(layout, float(cfg.ray_start_timeout))
     except BaseException:
         cluster.stop()
         raise

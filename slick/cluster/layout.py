@@ -63,17 +63,9 @@ class Layout:
                 f"{self.num_engines} engine(s) {where}")
 
 
-def opt(cfg, name: str, default=None):
-    """``cfg.name``, or ``default`` when the config has no such field (flags another part adds)."""
-    try:
-        return getattr(cfg, name)
-    except AttributeError:
-        return default
-
-
 def trainer_ranks(cfg) -> int:
     """--actor-num-nodes x --actor-num-gpus-per-node; 0 GPUs per node means one rank (the one-process trainer)."""
-    return max(1, int(opt(cfg, "actor_num_nodes", 1) or 1)) * max(1, int(opt(cfg, "actor_num_gpus_per_node", 0) or 0))
+    return max(1, cfg.actor_num_nodes) * max(1, cfg.actor_num_gpus_per_node)
 
 
 def plan(actor_num_nodes: int, actor_num_gpus_per_node: int, rollout_num_gpus: int,
@@ -113,15 +105,14 @@ def plan(actor_num_nodes: int, actor_num_gpus_per_node: int, rollout_num_gpus: i
 
 
 def plan_from_config(cfg, use_gpu: bool) -> Layout:
-    return plan(int(opt(cfg, "actor_num_nodes", 1)), int(opt(cfg, "actor_num_gpus_per_node", 0)),
-                int(opt(cfg, "rollout_num_gpus", 0)), int(opt(cfg, "rollout_num_gpus_per_engine", 1)),
-                bool(opt(cfg, "colocate", False)), use_gpu)
+    return plan(cfg.actor_num_nodes, cfg.actor_num_gpus_per_node, cfg.rollout_num_gpus,
+                cfg.rollout_num_gpus_per_engine, cfg.colocate, use_gpu)
 
 
 def uses_ray(cfg) -> bool:
     """A run goes to Ray when --ray-address is given or it asks for more than one process (several trainer
     ranks, or engine slots of its own). RAY_ADDRESS alone only says which cluster to join then."""
-    return bool(opt(cfg, "ray_address", None)) or trainer_ranks(cfg) > 1 or int(opt(cfg, "rollout_num_gpus", 0) or 0) > 0
+    return bool(cfg.ray_address) or trainer_ranks(cfg) > 1 or cfg.rollout_num_gpus > 0
 
 
 def threads_per_actor(node_cores: int, slots_on_node: int) -> int:

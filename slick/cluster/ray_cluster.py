@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Optional
 
-from slick.cluster.layout import ClusterFailure, Layout, opt, shortfall, slots_per_node
+from slick.cluster.layout import ClusterFailure, Layout, shortfall, slots_per_node
 
 log = logging.getLogger("slick.cluster")
 
@@ -77,14 +77,14 @@ class RayCluster:
         if ray.is_initialized():
             c = cls(ray.get_runtime_context().gcs_address, started_here=False, owned_init=False)
         else:
-            address = opt(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS")
+            address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
             runtime_env = {"env_vars": without_job_env_keys(worker_env())}
             if address:
                 try:
                     ray.init(address=address, runtime_env=runtime_env, log_to_driver=True,
                              logging_level=logging.WARNING)
                 except Exception as e:  # noqa: BLE001 - Ray raises several kinds here
-                    src = "--ray-address" if opt(cfg, "ray_address", None) else "RAY_ADDRESS"
+                    src = "--ray-address" if cfg.ray_address else "RAY_ADDRESS"
                     raise ClusterError(f"{src} {address}: cannot join the Ray cluster there ({e}); start one "
                                        f"with `ray start --head` or leave it unset to let slick start a local "
                                        f"one") from e

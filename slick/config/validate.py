@@ -13,6 +13,7 @@ from slick.config.config import Config, ConfigError
 from slick.config.groups import GROUPS
 from slick.config.megatron import megatron_problems, shape_problems
 from slick.config.parse import field_choices, flag_name
+from slick.cluster.layout import trainer_ranks, uses_ray
 from slick.models.check import model_dir_problems, read_model_config
 
 ROLLOUT_URLS_HINT = "launch SGLang servers yourself and pass --rollout-engine http --rollout-urls URL ..."
@@ -74,17 +75,6 @@ def rm_type_problems(cfg: Config, problems: list[str]) -> None:
     except ValueError:
         problems.append(f"unknown --rm-type '{rm}' (choose from {', '.join(known_types())}, "
                         f"or boxed_<type> for a rule type)")
-
-
-def trainer_ranks(cfg: Config) -> int:
-    """Data-parallel trainer ranks: --actor-num-nodes x --actor-num-gpus-per-node (0 GPUs per node: one rank)."""
-    return max(cfg.actor_num_nodes, 1) * max(cfg.actor_num_gpus_per_node, 1)
-
-
-def uses_ray(cfg: Config) -> bool:
-    """The run goes to Ray: --ray-address given, or more than one process asked for (RAY_ADDRESS alone only says
-    which cluster to join then; slick.cluster.layout.uses_ray is the same rule)."""
-    return bool(cfg.ray_address) or trainer_ranks(cfg) > 1 or cfg.rollout_num_gpus > 0
 
 
 def num_engine_actors(cfg: Config) -> int:

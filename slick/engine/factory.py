@@ -70,9 +70,8 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
 def _ray_engines(cfg, cluster, trainer) -> EngineSet:
     """Engine servers in Ray actors (their own, or the trainer ranks' with --colocate) behind an HttpEngine."""
     from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
-    from slick.cluster.layout import opt
 
-    timeout = float(opt(cfg, "ray_start_timeout", 600.0))
+    timeout = float(cfg.ray_start_timeout)
     if cluster.layout.colocate:
         if trainer is None or not hasattr(trainer, "start_colocated_engines"):
             raise ValueError("--colocate on Ray runs each engine inside a trainer rank's actor: it needs the "

@@ -15,8 +15,7 @@ def make_trainer(cfg, cluster=None):
         from slick.train.trainer import Trainer
 
         return Trainer(cfg)
-    from slick.cluster.layout import opt
     from slick.cluster.trainer_group import RayTrainerGroup
 
-    return RayTrainerGroup(cfg, cluster, timeout_s=float(opt(cfg, "dist_timeout", 1800.0)),
-                           start_timeout_s=float(opt(cfg, "ray_start_timeout", 600.0)))
+    return RayTrainerGroup(cfg, cluster, timeout_s=float(cfg.dist_timeout),
+                           start_timeout_s=float(cfg.ray_start_timeout))
