@@ -13,27 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slick.config import Config
 from slick.config.validate import validate_config
-from slick.data import PromptDataset
 from slick.loop.run import Run
 from slick.loop.sync import train
-from slick.models.tiny import make_tiny_model
 from tests.ray_head import RayHead
-
-TARGET_RM = '''
-import os
-TARGET = int(os.environ["SLICK_TEST_TARGET"])
-
-
-def first_token_is_target(args, sample):
-    """1 when the response starts with the target token."""
-    return float(sample.response_ids[:1] == [TARGET])
-'''
-
+from tests.test_loop import learnable_task
 
 def _alive(pid: int) -> bool:
     try:
@@ -71,19 +57,7 @@ def _wait_gone(pids, what: str, timeout: float = 30.0) -> None:
 @pytest.fixture()
 def task(tmp_path, monkeypatch):
     """test_loop's learnable task: a tiny policy learns to start its response with a token it picks < 40%."""
-    model = make_tiny_model(tmp_path / "peaky", tie_word_embeddings=False, lm_head_std=0.5, seed=1)
-    rows = [{"prompt": f"question {i}: say something", "label": str(i)} for i in range(8)]
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-    dataset = PromptDataset(str(tmp_path / "p.jsonl"), AutoTokenizer.from_pretrained(str(model)))
-    with torch.no_grad():
-        probs = torch.stack([hf(torch.tensor([r["prompt_ids"]])).logits[0, -1].softmax(-1) for r in dataset])
-    target = int(probs.mean(0).argmax())
-    assert probs[:, target].mean() < 0.4
-    monkeypatch.setenv("SLICK_TEST_TARGET", str(target))
-    (tmp_path / "target_rm.py").write_text(TARGET_RM)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return model, tmp_path / "p.jsonl"
+    return learnable_task(tmp_path, monkeypatch)
 
 
 def make_cfg(model, prompts, run_dir, **over):

@@ -134,8 +134,9 @@ TARGET_RM = textwrap.dedent('''
 ''')
 
 
-def test_tiny_model_learns_to_emit_a_given_token(tmp_path, monkeypatch):
-    """A tiny policy learns to start its response with a given token it picks well under half the time at first."""
+def learnable_task(tmp_path, monkeypatch):
+    """(model dir, prompts file) of a task a tiny policy learns in a dozen steps: start the response with the token
+    it picks, on average, first (well under half the time at first); ``target_rm.first_token_is_target`` scores it."""
     model = make_tiny_model(tmp_path / "peaky", tie_word_embeddings=False, lm_head_std=0.5, seed=1)
     rows = [{"prompt": f"question {i}: say something", "label": str(i)} for i in range(8)]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -148,6 +149,12 @@ def test_tiny_model_learns_to_emit_a_given_token(tmp_path, monkeypatch):
     monkeypatch.setenv("SLICK_TEST_TARGET", str(target))
     (tmp_path / "target_rm.py").write_text(TARGET_RM)
     monkeypatch.syspath_prepend(str(tmp_path))
+    return model, tmp_path / "p.jsonl"
+
+
+def test_tiny_model_learns_to_emit_a_given_token(tmp_path, monkeypatch):
+    """A tiny policy learns to start its response with a given token it picks well under half the time at first."""
+    model, _ = learnable_task(tmp_path, monkeypatch)
     cfg = make_cfg(model, tmp_path / "p.jsonl", tmp_path / "run", num_rollout=12, rollout_batch_size=4,
                    n_samples_per_prompt=8, rollout_max_response_len=4, lr=1e-3,
                    custom_rm_path="target_rm.first_token_is_target")
