@@ -243,3 +243,111 @@ def test_remote_non_finite_rewards_fail_and_are_counted():
     assert srv.attempts["float"] == 1                 # not retried
     st = hub.stats()
     assert st["reward/failures"] == 4 and st["reward/nonfinite"] == 4
+
+
+class RestartableServer:
+    """A real reward server on a fixed 127.0.0.1 port that can be stopped and started again on that port."""
+
+    def __init__(self, port):
+        self.port, self.runner, self.served = port, None, 0
+
+    async def start(self):
+        async def score(request):
+            body = await request.json()
+            self.served += 1
+            return web.json_response({"reward": 1.0 if body["response"] == body["label"] else 0.0})
+
+        app = web.Application()
+        app.router.add_post("/score", score)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self):
+        await self.runner.cleanup()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/score"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remote_server_down_then_back_is_ridden_out():
+    """Stopped after one group, restarted on the same port 0.4 s later while calls retry: no failure."""
+    async def go():
+        srv = RestartableServer(_free_port())
+        await srv.start()
+        # backoff 0.05 doubling, capped at 8 s: 8 retries wait 0.05+0.1+...+6.4 = 12.75 s in all
+        hub = RewardHub(cfg(srv.url, rm_max_retries=8), remote_backoff=0.05)
+        first = group(["yes", "no"])
+        await hub.score_group(first)                 # keep-alive connections now sit in the pool
+        await srv.stop()
+        second = group(["yes", "yes", "no"])
+        task = asyncio.create_task(hub.score_group(second))
+        await asyncio.sleep(0.4)
+        assert not task.done()                       # still retrying against the dead port
+        await srv.start()
+        await asyncio.wait_for(task, 20)
+        stats = hub.stats()
+        await hub.close()
+        await srv.stop()
+        return srv, first, second, stats
+    srv, first, second, st = asyncio.run(go())
+    assert [s.reward for s in first] == [1.0, 0.0]
+    assert [s.reward for s in second] == [1.0, 1.0, 0.0]
+    assert all("reward_error" not in s.metadata for s in second)
+    assert srv.served == 5
+    assert st["reward/failures"] == 0 and st["reward/remote_giveups"] == 0
+    assert st["reward/remote_outages"] == 1 and st["reward/remote_recoveries"] == 1
+    assert st["reward/retries"] >= 3 and st["reward/retries"] == st["reward/remote_retries"]
+    assert 0.3 < st["reward/remote_down_s"] < 10
+
+
+def test_remote_server_down_too_long_fails_named_then_is_used_again(caplog):
+    """Down longer than the retries last: the failure reward, a message naming the URL, counted;
+    once the server is back on the same port the next group is scored normally."""
+    async def go():
+        srv = RestartableServer(_free_port())
+        await srv.start()
+        hub = RewardHub(cfg(srv.url, rm_max_retries=2, rm_failure_reward=-1.0), remote_backoff=0.01)
+        await hub.score_group(group(["yes"]))
+        await srv.stop()
+        lost = group(["yes", "no"])
+        await hub.score_group(lost)
+        mid = hub.stats()
+        await srv.start()
+        back = group(["yes", "no"])
+        await hub.score_group(back)
+        stats = hub.stats()
+        await hub.close()
+        await srv.stop()
+        return srv, lost, back, mid, stats
+    with caplog.at_level("WARNING", logger="slick.reward"):
+        srv, lost, back, mid, st = asyncio.run(go())
+    assert [s.reward for s in lost] == [-1.0, -1.0]
+    for s in lost:
+        err = s.metadata["reward_error"]
+        assert err.startswith(f"reward server {srv.url} failed after 3 attempts"), err
+    assert mid["reward/failures"] == 2 and mid["reward/remote_giveups"] == 2
+    assert mid["reward/remote_outages"] == 1 and mid["reward/remote_recoveries"] == 0
+    assert [s.reward for s in back] == [1.0, 0.0]
+    assert all("reward_error" not in s.metadata for s in back)
+    assert srv.served == 3
+    assert st["reward/failures"] == 2 and st["reward/remote_recoveries"] == 1
+    text = caplog.text
+    assert f"reward server {srv.url} is failing" in text
+    assert f"reward server {srv.url} answers again after" in text
+
+
+def test_remote_retry_window_and_worst_case():
+    from slick.reward.remote import RemoteRM
+
+    rm = RemoteRM("http://127.0.0.1:1/x", timeout=2.0, max_retries=8, backoff=0.5, max_backoff=8.0)
+    assert rm.retry_window_seconds() == 0.5 + 1 + 2 + 4 + 8 + 8 + 8 + 8
+    assert rm.worst_case_seconds() == 2.0 * 9 + 39.5
+    assert RemoteRM("http://x", max_retries=3).retry_window_seconds() == 3.5

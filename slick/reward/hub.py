@@ -144,6 +144,7 @@ class RewardHub:
         fields, remote retries, and total wall time spent in :meth:`score_group` (seconds)."""
         out = {f"reward/{k}": v for k, v in self._counts.items()}
         out["reward/retries"] = self._remote.retries if self._remote else 0
+        out.update(self._remote.stats() if self._remote else {})   # remote outages (slick.reward.remote)
         out["reward/time_total_s"] = self._time_total
         return out
 

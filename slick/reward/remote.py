@@ -9,6 +9,15 @@ retried up to ``max_retries`` times with exponential backoff (``backoff * 2**att
 capped at ``max_backoff``); 4xx replies, malformed bodies and non-finite numbers fail at once
 (the last as :class:`~slick.reward.errors.NonFiniteRewardError`, which the hub counts in
 ``reward/nonfinite``).
+
+A server that is down (refused connections, timeouts, 5xx) is ridden out for as long as the
+retries last (:meth:`RemoteRM.retry_window_seconds`: about 3.5 s with the defaults, about 40 s
+with ``--rm-max-retries 8``). The client tracks outages: the first failure after a success
+logs one warning naming the URL, the first success after it logs how long the server was away,
+and a call that gives up logs the URL, the attempts and the last error; the sample then gets
+``--rm-failure-reward`` from the hub. Pooled keep-alive connections to a restarted server fail
+once (``ServerDisconnectedError``) and are retried on a fresh connection, so a server that comes
+back on the same URL is used again without restarting the run. Counters: :meth:`RemoteRM.stats`.
 """
 from __future__ import annotations
 
@@ -16,6 +25,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from typing import Any, Optional, Union
 
 import aiohttp
@@ -72,13 +82,44 @@ class RemoteRM:
         self.max_backoff = float(max_backoff)
         self.max_connections = max_connections
         self.retries = 0            # retried attempts since start (for stats)
+        self.giveups = 0            # calls that failed for good after their retries
+        self.outages = 0            # times the server went from answering to failing
+        self.recoveries = 0         # times it answered again after an outage
+        self.down_seconds = 0.0     # total time between an outage's first failure and its recovery
+        self._down_since: Optional[float] = None
         self._session: Optional[aiohttp.ClientSession] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     def worst_case_seconds(self) -> float:
         """Upper bound of one :meth:`score` call: every attempt times out plus all backoffs."""
-        waits = sum(min(self.backoff * 2 ** k, self.max_backoff) for k in range(self.max_retries))
-        return self.timeout * (self.max_retries + 1) + waits
+        return self.timeout * (self.max_retries + 1) + self.retry_window_seconds()
+
+    def retry_window_seconds(self) -> float:
+        """How long an unreachable server (connections refused at once) is retried before a call gives up."""
+        return sum(min(self.backoff * 2 ** k, self.max_backoff) for k in range(self.max_retries))
+
+    def stats(self) -> dict:
+        """Outage counters since start: retries, give-ups, outages, recoveries, seconds down (so far)."""
+        down = self.down_seconds + (time.monotonic() - self._down_since if self._down_since is not None else 0.0)
+        return {"reward/remote_retries": self.retries, "reward/remote_giveups": self.giveups,
+                "reward/remote_outages": self.outages, "reward/remote_recoveries": self.recoveries,
+                "reward/remote_down_s": down}
+
+    def _failed_attempt(self, error: str) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self.outages += 1
+            logger.warning("reward server %s is failing (%s); retrying each call up to %d times "
+                           "(about %.1f s when connections are refused)", self.url, error,
+                           self.max_retries, self.retry_window_seconds())
+
+    def _answered(self) -> None:
+        if self._down_since is not None:
+            away = time.monotonic() - self._down_since
+            self.down_seconds += away
+            self.recoveries += 1
+            self._down_since = None
+            logger.warning("reward server %s answers again after %.1f s", self.url, away)
 
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -95,7 +136,7 @@ class RemoteRM:
         (:class:`NonFiniteRewardError` at once for a NaN or infinite number)."""
         payload = {"prompt": _jsonable(prompt), "response": response, "label": _jsonable(label)}
         session = self._get_session()
-        last_error, timed_out = "", False
+        last_error, timed_out, t0 = "", False, time.monotonic()
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.retries += 1
@@ -105,7 +146,9 @@ class RemoteRM:
                     text = await resp.text()
                     if resp.status >= 500:
                         last_error, timed_out = f"HTTP {resp.status}: {text[:200]}", False
+                        self._failed_attempt(last_error)
                         continue
+                    self._answered()
                     if resp.status >= 400:
                         raise RemoteRewardError(f"reward server {self.url} answered HTTP {resp.status}: {text[:200]}")
                     try:
@@ -119,9 +162,11 @@ class RemoteRM:
                 last_error, timed_out = f"no reply within {self.timeout:g}s", True
             except aiohttp.ClientError as e:   # connection refused/reset, server disconnected, ...
                 last_error, timed_out = f"{type(e).__name__}: {e}", False
+            self._failed_attempt(last_error)
             logger.debug("remote reward attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, last_error)
-        raise RemoteRewardError(f"reward server {self.url} failed after {self.max_retries + 1} attempts: "
-                                f"{last_error}", timed_out=timed_out)
+        self.giveups += 1
+        raise RemoteRewardError(f"reward server {self.url} failed after {self.max_retries + 1} attempts "
+                                f"(retried for {time.monotonic() - t0:.1f} s): {last_error}", timed_out=timed_out)
 
     async def close(self) -> None:
         """Close the HTTP session (call from the event loop that used it)."""
