@@ -159,6 +159,8 @@ class CheckpointConfig:
     save: Optional[str] = F(None, "Save checkpoints into this directory.")
     save_interval: Optional[int] = F(None, "Save every N rollout steps (and at the end).")
     save_hf: Optional[str] = F(None, "Write a Hugging Face model directory here: with every checkpoint when --save is set, otherwise once after the last step.")
+    keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all).")
+    keep_checkpoints_every: Optional[int] = F(None, "With --keep-checkpoints: also keep every checkpoint whose step is a multiple of N.")
 
 
 @dataclass
@@ -211,8 +213,18 @@ class ClusterConfig:
     ray_start_timeout: float = F(120.0, "Seconds to wait for the Ray cluster, the placement group's bundles and the "
                                         "actors to start; past it the run fails naming what was asked and what the "
                                         "cluster has.")
-    use_fault_tolerance: bool = F(False, "slime's engine health checks and restarts. Not supported yet: the flag is "
-                                         "refused.")
+    use_fault_tolerance: bool = F(False, "Engine fault tolerance (docs/engine.md, Engine faults): every engine is "
+                                         "health-checked; one that dies or hangs leaves the router at once, its requests "
+                                         "go on on the others from the tokens already received, and a replacement is "
+                                         "started, loaded with the current weights and version, and only then rejoins. "
+                                         "Without it a dead engine ends the run within seconds, naming it.")
+    rollout_health_check_interval: float = F(10.0, "Seconds between two /health_generate checks of every engine "
+                                                   "(--use-fault-tolerance); a launched worker's process is watched "
+                                                   "every 0.5 s with or without the flag.")
+    rollout_health_check_timeout: float = F(30.0, "Seconds an engine may take to answer /health_generate (a one-token "
+                                                  "generation) before it counts as hung and is replaced.")
+    rollout_health_check_first_wait: float = F(0.0, "Seconds after the engines start before the first "
+                                                    "/health_generate check (time for compilation or warm-up).")
     update_weights_interval: int = F(1, "Push weights to the engines every N steps (raises --max-staleness to the "
                                         "lag this creates).")
 
@@ -326,9 +338,38 @@ class AgentConfig:
                                  "HTTP 429.")
 
 
+@dataclass
+class CriticConfig:
+    critic_load: Optional[str] = F(None, "PPO critic: initialise the value model from this directory: a Hugging Face "
+                                         "model (its backbone, with a new zero-initialised value head) or a critic "
+                                         "slick saved (a checkpoint step directory or its `critic/`). Default: "
+                                         "--hf-checkpoint. Only with --advantage-estimator ppo.")
+    critic_lr: Optional[float] = F(None, "PPO critic: AdamW learning rate of the value model (default: --lr).")
+    critic_lr_warmup_iters: int = F(0, "PPO critic: linear warm-up of --critic-lr over this many critic optimizer "
+                                       "steps.")
+    critic_num_steps_per_rollout: Optional[int] = F(None, "PPO critic: critic optimizer steps per rollout (default: "
+                                                          "--num-steps-per-rollout); must divide the rollout's samples.")
+    value_clip: float = F(0.2, "PPO critic: clip range of the value loss: new values are kept within +-value_clip of "
+                               "the values the rollout was scored with, and the larger of the clipped and unclipped "
+                               "squared errors is used.")
+    num_critic_only_steps: int = F(0, "PPO critic: the first N rollout steps train the critic only: the actor takes "
+                                      "no optimizer step and no weights are synced to the engines.")
+
+
+@dataclass
+class RolloutStoreConfig:
+    no_rollout_store: bool = F(False, "Do not write the rollout store (RUN_DIR/rollouts/step_N.parquet: every trained "
+                                      "sample with tokens, rewards, evidence, versions; docs/observability.md).")
+    rollout_store_interval: int = F(1, "Store the samples of every Nth step (1-based step numbers divisible by N); "
+                                       "0 turns the store off like --no-rollout-store.")
+    rollout_store_max_mb: float = F(512.0, "Size bound of the rollout store in MiB: past it the oldest step files "
+                                           "are deleted (a rolling window of the latest steps); 0 = unbounded.")
+
+
 GROUPS = {
     "data": DataConfig, "rollout": RolloutConfig, "algorithm": AlgorithmConfig,
     "reward": RewardConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
     "eval": EvalConfig, "cluster": ClusterConfig, "megatron": MegatronCompatConfig, "logging": LoggingConfig, "debug": DebugConfig,
-    "agent": AgentConfig,
+    "agent": AgentConfig, "critic": CriticConfig,
+    "rollout_store": RolloutStoreConfig,
 }

@@ -138,8 +138,30 @@ def cluster_problems(cfg: Config, problems: list[str]) -> None:
     for name in ("weight_bucket_mb", "dist_timeout", "ray_start_timeout"):
         if getattr(cfg, name) <= 0:
             p.append(f"{flag_name(name)} must be > 0 (got {getattr(cfg, name)})")
-    if cfg.use_fault_tolerance:
-        p.append("--use-fault-tolerance: not supported yet (engine health checks and restarts are planned)")
+    fault_problems(cfg, p)
+
+
+def fault_problems(cfg: Config, p: list[str]) -> None:
+    """--use-fault-tolerance and the --rollout-health-check-* values."""
+    for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
+        if getattr(cfg, name) <= 0:
+            p.append(f"{flag_name(name)} must be > 0 (got {getattr(cfg, name)})")
+    if cfg.rollout_health_check_first_wait < 0:
+        p.append(f"--rollout-health-check-first-wait must be >= 0 (got {cfg.rollout_health_check_first_wait})")
+    if not cfg.use_fault_tolerance:
+        return
+    if cfg.rollout_engine != "http" and not num_engine_actors(cfg):
+        p.append("--use-fault-tolerance restarts engine processes: it needs --rollout-engine http (workers slick "
+                 "launches) or engine actors on Ray; the in-process engine (--rollout-engine local) has none")
+    elif cfg.rollout_urls:
+        p.append("--use-fault-tolerance restarts engines slick launched: the engines at --rollout-urls are not "
+                 "slick's to restart (drop --rollout-urls to let slick launch --rollout-num-workers workers)")
+    elif cfg.colocate:
+        p.append("--use-fault-tolerance: engines inside the trainer ranks' actors (--colocate) cannot be restarted "
+                 "alone; use separate engine actors")
+    elif cfg.weight_transport not in ("auto", "disk"):
+        p.append(f"--use-fault-tolerance brings a replacement engine to the current weights from the disk transport's "
+                 f"directory: --weight-transport {cfg.weight_transport} is not supported with it (use disk)")
 
 
 def _transport_problems(cfg: Config, p: list[str]) -> None:
@@ -168,6 +190,18 @@ def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
             problems += shape_problems(cfg, read_model_config(cfg.hf_checkpoint), source)
     if cfg.ref_load:
         problems += model_dir_problems(cfg.ref_load, "--ref-load", tokenizer=False)
+    retention_problems(cfg, problems)
+
+
+def retention_problems(cfg: Config, p: list[str]) -> None:
+    """--keep-checkpoints K >= 1, --keep-checkpoints-every N >= 1 and only together with K."""
+    for flag, v in (("--keep-checkpoints", cfg.keep_checkpoints), ("--keep-checkpoints-every", cfg.keep_checkpoints_every)):
+        if v is not None and v < 1:
+            p.append(f"{flag} must be >= 1 (got {v})")
+    if cfg.keep_checkpoints_every is not None and cfg.keep_checkpoints is None:
+        p.append("--keep-checkpoints-every N needs --keep-checkpoints K (without K every checkpoint is kept anyway)")
+    if cfg.keep_checkpoints is not None and not cfg.save:
+        p.append("--keep-checkpoints applies to the checkpoints in --save; set --save DIR")
 
 
 ASYNC_ONLY = {"async_buffer_size": None, "async_weight_update": "wait", "async_timeout": 600.0}
@@ -271,6 +305,33 @@ def black_box_agent_problems(cfg: Config, p: list[str]) -> None:
                  "session starts over")
 
 
+def critic_problems(cfg: Config, p: list[str]) -> None:
+    """PPO's critic flags (docs/algorithms.md, "PPO with a critic"): only with --advantage-estimator ppo, which always
+    trains a critic."""
+    defaults = {f.name: f.default for f in dataclasses.fields(GROUPS["critic"])}
+    if cfg.advantage_estimator != "ppo":
+        for name, default in defaults.items():
+            if getattr(cfg, name) != default:
+                p.append(f"{flag_name(name)} configures PPO's critic, but --advantage-estimator is "
+                         f"{cfg.advantage_estimator} (no critic is trained): use --advantage-estimator ppo or drop it")
+        return
+    if cfg.value_clip <= 0:
+        p.append(f"--value-clip must be > 0 (got {cfg.value_clip})")
+    if cfg.critic_lr is not None and cfg.critic_lr <= 0:
+        p.append(f"--critic-lr must be > 0 (got {cfg.critic_lr})")
+    if cfg.critic_lr_warmup_iters < 0:
+        p.append(f"--critic-lr-warmup-iters must be >= 0 (got {cfg.critic_lr_warmup_iters})")
+    if cfg.num_critic_only_steps < 0:
+        p.append(f"--num-critic-only-steps must be >= 0 (got {cfg.num_critic_only_steps})")
+    k = cfg.critic_num_steps_per_rollout
+    samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    if k is not None and (k < 1 or samples % k):
+        p.append(f"--critic-num-steps-per-rollout {k} does not divide rollout_batch_size x n_samples_per_prompt = "
+                 f"{samples}")
+    if cfg.critic_load and not Path(cfg.critic_load).is_dir():
+        p.append(f"--critic-load: directory not found: {cfg.critic_load}")
+
+
 def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
     """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
     (slick train) or "async" (slick train-async)."""
@@ -303,6 +364,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     driver_problems(cfg, driver, p)
     agent_problems(cfg, p)
     black_box_agent_problems(cfg, p)
+    critic_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
     elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
