@@ -60,10 +60,11 @@ def make_mesh(device: torch.device):
     return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
 
 
-def shard(lm: nn.Module, mesh, param_dtype: Optional[torch.dtype] = None) -> LogprobForward:
+def shard(lm: nn.Module, mesh, param_dtype: Optional[torch.dtype] = None, root: Optional[nn.Module] = None):
     """Shard ``lm`` in place (per decoder layer, then the root) and return the root :class:`LogprobForward`.
 
     ``param_dtype=torch.bfloat16`` installs ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``.
+    ``root``: another module holding ``lm`` to be the root (the critic's value model, ``slick.train.critic``).
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -72,7 +73,7 @@ def shard(lm: nn.Module, mesh, param_dtype: Optional[torch.dtype] = None) -> Log
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(lm):
         fully_shard(layer, **kw)
-    root = LogprobForward(lm)
+    root = LogprobForward(lm) if root is None else root
     fully_shard(root, **kw)
     for m in root.modules():
         if isinstance(m, FSDPModule):
