@@ -63,7 +63,14 @@ def problems(argv):
     (["--ray-address", "http://127.0.0.1:8265"], "--ray-address 'http://127.0.0.1:8265': that is the dashboard's "
                                                  "address, which `ray job submit --address` takes; slick joins the "
                                                  "cluster's GCS"),
-    (["--use-fault-tolerance"], "--use-fault-tolerance: not supported yet"),
+    (["--use-fault-tolerance"], "--use-fault-tolerance restarts engine processes: it needs --rollout-engine http"),
+    (["--rollout-health-check-interval", "0"], "--rollout-health-check-interval must be > 0 (got 0.0)"),
+    (["--rollout-health-check-timeout", "-1"], "--rollout-health-check-timeout must be > 0 (got -1.0)"),
+    (["--rollout-health-check-first-wait", "-1"], "--rollout-health-check-first-wait must be >= 0 (got -1.0)"),
+    (["--rollout-engine", "http", "--rollout-urls", "http://127.0.0.1:1", "--use-fault-tolerance"],
+     "--use-fault-tolerance restarts engines slick launched"),
+    (["--rollout-engine", "http", "--use-fault-tolerance", "--weight-transport", "broadcast"],
+     "--use-fault-tolerance brings a replacement engine to the current weights"),
 ])
 def test_each_impossible_cluster_setting_is_refused_by_name(base, extra, message):
     (p,) = problems(base + extra)
@@ -122,7 +129,8 @@ def test_every_cluster_field_is_covered():
     """A new ClusterConfig field must be added to the tests above (honoured or refused)."""
     covered = {"ray_address", "colocate", "actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus",
                "rollout_num_gpus_per_engine", "weight_transport", "weight_bucket_mb", "dist_timeout",
-               "ray_start_timeout", "use_fault_tolerance", "update_weights_interval"}
+               "ray_start_timeout", "use_fault_tolerance", "update_weights_interval",
+               "rollout_health_check_interval", "rollout_health_check_timeout", "rollout_health_check_first_wait"}
     assert {f.name for f in dataclasses.fields(ClusterConfig)} == covered
 
 

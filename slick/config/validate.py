@@ -332,6 +332,13 @@ def critic_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--critic-load: directory not found: {cfg.critic_load}")
 
 
+def rollout_store_problems(cfg: Config, p: list[str]) -> None:
+    if cfg.rollout_store_interval < 0:
+        p.append(f"--rollout-store-interval must be >= 0 (0 = no store), got {cfg.rollout_store_interval}")
+    if cfg.rollout_store_max_mb < 0:
+        p.append(f"--rollout-store-max-mb must be >= 0 (0 = unbounded), got {cfg.rollout_store_max_mb}")
+
+
 def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
     """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
     (slick train) or "async" (slick train-async)."""
@@ -364,6 +371,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     driver_problems(cfg, driver, p)
     agent_problems(cfg, p)
     black_box_agent_problems(cfg, p)
+    rollout_store_problems(cfg, p)
     critic_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
