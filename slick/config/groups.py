@@ -161,6 +161,8 @@ class CheckpointConfig:
     save_hf: Optional[str] = F(None, "Write a Hugging Face model directory here: with every checkpoint when --save is set, otherwise once after the last step.")
     keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all).")
     keep_checkpoints_every: Optional[int] = F(None, "With --keep-checkpoints: also keep every checkpoint whose step is a multiple of N.")
+    keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all).")
+    keep_checkpoints_every: Optional[int] = F(None, "With --keep-checkpoints: also keep every checkpoint whose step is a multiple of N.")
 
 
 @dataclass

@@ -18,6 +18,7 @@ from slick.loop import debug
 from slick.loop.step import NonFiniteTrainingError, make_loss_fn, optimizer_batch_size, train_on_samples
 from slick.observe.metrics import MetricsLogger
 from slick.observe.progress import Progress
+from slick.observe.store import RolloutStore, store_step
 from slick.plugins import load_function
 from slick.reward import NonFiniteRewardError, RewardHub
 from slick.rollout.eval import evaluate
@@ -63,6 +64,10 @@ class Run:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.save:   # what interrupted checkpoint writes left behind (no other writer runs yet)
+            from slick.train.checkpoint import clean_stale_temp
+
+            clean_stale_temp(cfg.save)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         seed_everything(cfg.seed)
         # cheap things that can fail on bad input first, then the trainer, then the engines (processes)
@@ -98,6 +103,7 @@ class Run:
                                     wandb_project=cfg.wandb_project, wandb_group=cfg.wandb_group,
                                     config=cfg.to_dict())
         self.progress = Progress(self.num_steps, enabled=not cfg.no_progress, initial=self.start_step)
+        self.store = RolloutStore.from_config(cfg, self.run_dir, self.tok)   # RUN_DIR/rollouts (Parquet)
         # last: may start processes
         self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg, self.cluster, self.trainer)
         self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
@@ -193,6 +199,7 @@ class Run:
         if dump:
             debug.save_train_data(dump, step, samples, rewards, tensors, debug_logp, train_versions)
         metrics["train/nonfinite_rewards"] = float(len(bad))
+        metrics.update(store_step(self.store, step + 1, samples, rewards, train_versions))  # 1-based, as metrics
         return metrics
 
     async def train_off_loop(self, step: int, groups) -> dict:
@@ -243,7 +250,9 @@ class Run:
         if self.cfg.save:
             state = {"step": step, "data": self.data.state_dict() if self.data else None,
                      "buffer": self.buffer.state_dict()}
-            self.progress.write(f"saved checkpoint {save_checkpoint(self.cfg.save, step, self.trainer, state)}")
+            path = save_checkpoint(self.cfg.save, step, self.trainer, state, keep_last=self.cfg.keep_checkpoints,
+                                   keep_every=self.cfg.keep_checkpoints_every)
+            self.progress.write(f"saved checkpoint {path}")
         if self.cfg.save_hf:
             self.progress.write(f"wrote HF model {save_hf(self.cfg.save_hf, self.trainer)}")
 
