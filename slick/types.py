@@ -123,6 +123,9 @@ class Sample:
     status: Status = Status.PENDING
     weight_versions: list[int] = field(default_factory=list)  # policy version per response token
     timings: dict = field(default_factory=dict)
+    # verifier evidence set by the reward hub: reward_type, answer, verdict, error, seconds + extras
+    # (slick/reward/evidence.py); JSON-able, so it survives to_dict/from_dict and the debug dumps
+    evidence: dict = field(default_factory=dict)
 
     @property
     def response_length(self) -> int:

@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Any, Optional
 
 from slick.reward.errors import LabelError, label_error
+from slick.reward.evidence import Judgement, fraction_text
 
 MAX_EXPR_CHARS = 512
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -118,16 +119,29 @@ def evaluate(expr: str) -> tuple[Fraction, list[int]]:
     return value, used
 
 
-def score(response: str, label: Any, metadata: dict | None = None) -> float:
-    """1.0 when the response's expression uses each given number once and equals the target."""
+def judge(response: str, label: Any, metadata: dict | None = None) -> Judgement:
+    """The countdown verdict with evidence: ``answer`` is the expression read (``None`` when there is none);
+    extras ``target``, ``numbers``, ``value`` (its exact value as text, ``None`` when it could not be
+    evaluated), ``numbers_used`` and ``reason`` (why it failed, ``None`` when correct)."""
     target, numbers = parse_task(label, metadata)
     expr = extract_expression(response)
+    extras = {"target": target, "numbers": numbers, "value": None, "numbers_used": None}
     if expr is None:
-        return 0.0
+        return Judgement.binary(False, None, **extras, reason="no expression")
     try:
         value, used = evaluate(expr)
-    except (ValueError, ZeroDivisionError, RecursionError):
-        return 0.0
+    except ZeroDivisionError:
+        return Judgement.binary(False, expr, **extras, reason="division by zero")
+    except (ValueError, RecursionError) as e:
+        return Judgement.binary(False, expr, **extras, reason=str(e) or type(e).__name__)
+    extras.update(value=fraction_text(value), numbers_used=used)
     if Counter(used) != Counter(numbers):
-        return 0.0
-    return 1.0 if value == target else 0.0
+        return Judgement.binary(False, expr, **extras, reason="numbers not used exactly once")
+    if value != target:
+        return Judgement.binary(False, expr, **extras, reason="value is not the target")
+    return Judgement.binary(True, expr, **extras, reason=None)
+
+
+def score(response: str, label: Any, metadata: dict | None = None) -> float:
+    """1.0 when the response's expression uses each given number once and equals the target."""
+    return judge(response, label, metadata).score

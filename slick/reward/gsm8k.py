@@ -12,6 +12,7 @@ from fractions import Fraction
 from typing import Any, Optional
 
 from slick.reward.errors import LabelError, label_error
+from slick.reward.evidence import Judgement, fraction_text
 
 # An optional sign and `$`, then digits with optional thousands commas and decimals, or `.5`.
 _NUMBER = re.compile(r"[-+]?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
@@ -37,12 +38,9 @@ def extract_number(text: str) -> Optional[Fraction]:
     return _to_fraction(found[-1]) if found else None
 
 
-def score(response: str, label: Any, metadata: dict | None = None) -> float:
-    """1.0 when the response's final number equals the label's number, else 0.0.
-
-    The label must be an int, a float or a string. Raises :class:`LabelError` (a ``ValueError``)
-    for any other type and for a label that holds no number (a data problem the hub reports).
-    """
+def judge(response: str, label: Any, metadata: dict | None = None) -> Judgement:
+    """The gsm8k verdict with evidence: ``answer`` is the response's final number (``"5/2"`` for 2.5,
+    ``None`` when there is none), ``gold`` the label's. Raises :class:`LabelError` as :func:`score` does."""
     if isinstance(label, bool) or not isinstance(label, (int, float, str)):
         raise label_error("gsm8k", "a number or a string", label)
     if isinstance(label, int):
@@ -57,4 +55,13 @@ def score(response: str, label: Any, metadata: dict | None = None) -> float:
     if gold is None:
         raise LabelError(f"gsm8k reward: no number in label {str(label)[:80]!r}")
     pred = extract_number(response)
-    return 1.0 if pred is not None and pred == gold else 0.0
+    return Judgement.binary(pred is not None and pred == gold, fraction_text(pred), gold=fraction_text(gold))
+
+
+def score(response: str, label: Any, metadata: dict | None = None) -> float:
+    """1.0 when the response's final number equals the label's number, else 0.0.
+
+    The label must be an int, a float or a string. Raises :class:`LabelError` (a ``ValueError``)
+    for any other type and for a label that holds no number (a data problem the hub reports).
+    """
+    return judge(response, label, metadata).score

@@ -24,6 +24,11 @@ no NaN/inf ever reaches training. Other non-finite numeric fields of a kept dict
 Non-finite scalars count in ``reward/nonfinite`` and unusable labels
 (:class:`~slick.reward.errors.LabelError`) in ``reward/bad_labels``, both also in ``reward/failures``.
 
+Every scored sample also gets ``sample.evidence`` (:mod:`slick.reward.evidence`): the reward type, the
+extracted answer, the verdict, the error when it failed and the seconds the verifier took, plus
+reward-type extras. ``on_scored`` (when set) is called with each sample right after it got its reward and
+evidence (the Prometheus exporter counts latencies and failures per reward type with it).
+
 A timed-out synchronous function cannot be killed: its worker thread stays busy until the
 function returns (the result is then dropped).
 """
@@ -39,7 +44,8 @@ from typing import Any, Callable, Optional, Union
 
 from slick.plugins import load_function
 from slick.reward.errors import LabelError, NonFiniteRewardError
-from slick.reward.registry import REMOTE, get_score_fn
+from slick.reward.evidence import Judgement, make_evidence, reply_evidence
+from slick.reward.registry import REMOTE, get_judge_fn, get_score_fn
 from slick.reward.remote import RemoteRewardError, RemoteRM
 from slick.reward.scalar import finite_float, is_number, nonfinite_fields, scalar_reward
 
@@ -107,6 +113,7 @@ class RewardHub:
         self._counts = {"samples": 0, "calls": 0, "failures": 0, "timeouts": 0,
                         "nonfinite": 0, "bad_labels": 0, "nonfinite_fields": 0}
         self._time_total = 0.0
+        self.on_scored: Optional[Callable[[Any], None]] = None   # called with each scored sample
 
     # ------------------------------------------------------------------ public API
     async def score_group(self, group: list) -> None:
@@ -182,6 +189,14 @@ class RewardHub:
         meta = sample.metadata if isinstance(sample.metadata, dict) else {}
         return meta.get("rm_type") or self.rm_type
 
+    def _evidence_type(self, sample: Any) -> str:
+        return "custom" if self.custom_fn is not None else str(self._rm_type_of(sample))
+
+    def _reply_evidence(self, sample: Any, reply: Any, seconds: float) -> dict:
+        kind = self._evidence_type(sample)
+        extras = {"function": self.cfg.custom_rm_path} if kind == "custom" else {}
+        return reply_evidence(kind, reply, seconds, base=_own_evidence(sample), **extras)
+
     async def _reward_of(self, sample: Any) -> tuple[Any, Optional[float]]:
         """(awaitable producing the raw reward, timeout to apply) for one sample."""
         if self.custom_fn is not None:
@@ -194,59 +209,76 @@ class RewardHub:
             # the remote client bounds each attempt itself; the outer bound covers all retries
             return (self._remote.score(sample.prompt, sample.response or "", sample.label),
                     self._remote.worst_case_seconds() + 1.0)
-        fn = get_score_fn(rm_type)
+        fn = get_judge_fn(rm_type)     # the rule verifier with its evidence (a Judgement)
         meta = sample.metadata if isinstance(sample.metadata, dict) else {}
         return self._call(fn, sample.response or "", sample.label, meta), self.timeout
 
     async def _score_one(self, sample: Any) -> None:
         sample.reward = None
+        sample.evidence = {}          # a custom function may write its own entries here
+        t0 = None
+        raw: Any = None
         try:
             async with self._semaphore():
                 t0 = time.perf_counter()
                 awaitable, timeout = await self._reward_of(sample)
-                reward = check_reward(await asyncio.wait_for(awaitable, timeout),
-                                      self.cfg.reward_key, getattr(sample, "index", None))
-                sample.timings["reward_time"] = time.perf_counter() - t0
-            self._succeed(sample, reward)
+                raw = await asyncio.wait_for(awaitable, timeout)
+                value = raw.score if isinstance(raw, Judgement) else raw
+                reward = check_reward(value, self.cfg.reward_key, getattr(sample, "index", None))
+                seconds = sample.timings["reward_time"] = time.perf_counter() - t0
+            if isinstance(raw, Judgement):
+                evidence = make_evidence(self._evidence_type(sample), answer=raw.answer, verdict=raw.verdict,
+                                         seconds=seconds, extras=raw.extras)
+            else:
+                evidence = self._reply_evidence(sample, raw, seconds)
+            self._succeed(sample, reward, evidence)
         except asyncio.TimeoutError:
-            self._fail(sample, f"timed out after {self.timeout}s", timed_out=True)
+            self._fail(sample, f"timed out after {self.timeout}s", timed_out=True, t0=t0)
         except RemoteRewardError as e:
-            self._fail(sample, str(e), timed_out=e.timed_out)
+            self._fail(sample, str(e), timed_out=e.timed_out, t0=t0)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a user's reward function may raise anything
-            self._fail(sample, _describe(e), cause=e)
+            self._fail(sample, _describe(e), cause=e, t0=t0, reply=raw)
 
     async def _score_group_once(self, group: list) -> None:
         for s in group:
             s.reward = None
+            s.evidence = {}
+        t0 = None
         try:
             async with self._semaphore():
+                t0 = time.perf_counter()
                 rewards = await asyncio.wait_for(self._call(self.custom_fn, self.cfg, group), self.timeout)
         except asyncio.TimeoutError:
             for s in group:
-                self._fail(s, f"group reward timed out after {self.timeout}s", timed_out=True)
+                self._fail(s, f"group reward timed out after {self.timeout}s", timed_out=True, t0=t0)
             return
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001
             for s in group:
-                self._fail(s, f"group reward raised {_describe(e)}", cause=e)
+                self._fail(s, f"group reward raised {_describe(e)}", cause=e, t0=t0)
             return
+        seconds = time.perf_counter() - t0
         if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
             got = f"{type(rewards).__name__} of length {len(rewards)}" if hasattr(rewards, "__len__") \
                 else type(rewards).__name__
             for s in group:
-                self._fail(s, f"group reward must return a list of {len(group)} rewards, got {got}")
+                self._fail(s, f"group reward must return a list of {len(group)} rewards, got {got}", t0=t0)
             return
         for s, r in zip(group, rewards):
             try:
-                self._succeed(s, check_reward(r, self.cfg.reward_key, getattr(s, "index", None)))
+                reward = check_reward(r, self.cfg.reward_key, getattr(s, "index", None))
             except Exception as e:  # noqa: BLE001 - e.g. float() of a multi-element tensor
-                self._fail(s, _describe(e), cause=e)
+                self._fail(s, _describe(e), cause=e, t0=t0, reply=r)
+                continue
+            self._succeed(s, reward, self._reply_evidence(s, r, seconds))
 
-    def _succeed(self, sample: Any, reward: Reward) -> None:
+    def _succeed(self, sample: Any, reward: Reward, evidence: Optional[dict] = None) -> None:
         sample.reward = reward
+        sample.evidence = evidence if evidence is not None else \
+            make_evidence(self._evidence_type(sample), base=_own_evidence(sample))
         if not isinstance(sample.metadata, dict):
             sample.metadata = {}
         sample.metadata.pop("reward_error", None)
@@ -259,10 +291,22 @@ class RewardHub:
             self._counts["nonfinite_fields"] += 1
             logger.warning("reward of sample %s (group %s): %s", getattr(sample, "index", "?"),
                            getattr(sample, "group_index", "?"), message)
+        self._notify(sample)
+
+    def _notify(self, sample: Any) -> None:
+        if self.on_scored is not None:
+            try:
+                self.on_scored(sample)
+            except Exception:  # noqa: BLE001 - metrics must never fail scoring
+                logger.exception("reward observer failed for sample %s", getattr(sample, "index", "?"))
 
     def _fail(self, sample: Any, message: str, timed_out: bool = False,
-              cause: Optional[BaseException] = None) -> None:
+              cause: Optional[BaseException] = None, t0: Optional[float] = None, reply: Any = None) -> None:
         sample.reward = self.failure_reward
+        seconds = time.perf_counter() - t0 if t0 is not None else 0.0
+        extras = {"reply": reply} if reply is not None and not isinstance(reply, Judgement) else {}
+        sample.evidence = make_evidence(self._evidence_type(sample), error=message, seconds=seconds,
+                                        extras=extras, base=_own_evidence(sample))
         if not isinstance(sample.metadata, dict):
             sample.metadata = {}
         sample.metadata.pop("reward_warning", None)
@@ -277,3 +321,10 @@ class RewardHub:
         logger.warning("reward failed for sample %s (group %s): %s; using reward %g",
                        getattr(sample, "index", "?"), getattr(sample, "group_index", "?"),
                        message, self.failure_reward)
+        self._notify(sample)
+
+
+def _own_evidence(sample: Any) -> dict:
+    """Entries a custom reward function wrote into ``sample.evidence`` while it ran."""
+    ev = getattr(sample, "evidence", None)
+    return dict(ev) if isinstance(ev, dict) else {}

@@ -13,6 +13,7 @@ import numbers
 from typing import Any
 
 from slick.reward.errors import LabelError, label_error
+from slick.reward.evidence import Judgement
 from slick.reward.extract import last_boxed
 
 
@@ -53,13 +54,15 @@ def parse_answer(response: str) -> list:
     return parse(response or "", parsing_timeout=None)
 
 
-def score(response: str, label: Any, metadata: dict | None = None) -> float:
-    """1.0 when the response's answer is mathematically equivalent to ``label``, else 0.0.
+def _answer_text(parsed: list) -> str:
+    """The string math-verify extracted (its last element), else the first parsed object as text."""
+    strings = [x for x in parsed if isinstance(x, str)]
+    return strings[-1] if strings else str(parsed[0])
 
-    The label must be a string or a number (not a bool). Raises :class:`LabelError` (a
-    ``ValueError``) when it is not, or cannot be parsed: a data problem, reported by the hub as a
-    reward failure rather than silently scored 0.
-    """
+
+def judge(response: str, label: Any, metadata: dict | None = None) -> Judgement:
+    """The math verdict with evidence: ``answer`` is the extracted answer text (``None`` when math-verify
+    found none), ``gold`` the label as parsed. Raises :class:`LabelError` as :func:`score` does."""
     from math_verify import verify
 
     if isinstance(label, bool) or not isinstance(label, (str, numbers.Real)):
@@ -69,5 +72,16 @@ def score(response: str, label: Any, metadata: dict | None = None) -> float:
         raise LabelError(f"math reward: cannot parse label {str(label)[:80]!r}")
     pred = parse_answer(response)
     if not pred:
-        return 0.0
-    return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+        return Judgement.binary(False, None, gold=_answer_text(gold))
+    return Judgement.binary(bool(verify(gold, pred, timeout_seconds=None)), _answer_text(pred),
+                            gold=_answer_text(gold))
+
+
+def score(response: str, label: Any, metadata: dict | None = None) -> float:
+    """1.0 when the response's answer is mathematically equivalent to ``label``, else 0.0.
+
+    The label must be a string or a number (not a bool). Raises :class:`LabelError` (a
+    ``ValueError``) when it is not, or cannot be parsed: a data problem, reported by the hub as a
+    reward failure rather than silently scored 0.
+    """
+    return judge(response, label, metadata).score

@@ -10,9 +10,20 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from slick.reward import countdown, gsm8k, math as math_rm, text
+from slick.reward.evidence import Judgement
 from slick.reward.extract import last_boxed
 
 ScoreFn = Callable[[str, Any, dict], float]
+JudgeFn = Callable[[str, Any, dict], Judgement]
+
+# the same verifiers with their evidence (slick.reward.evidence); each ``score`` is ``judge(...).score``
+JUDGES: dict[str, JudgeFn] = {
+    "math": math_rm.judge,
+    "gsm8k": gsm8k.judge,
+    "exact": text.judge_exact,
+    "f1": text.judge_f1,
+    "countdown": countdown.judge,
+}
 
 BUILTIN: dict[str, ScoreFn] = {
     "math": math_rm.score,
@@ -48,6 +59,29 @@ def get_score_fn(rm_type: str) -> ScoreFn:
         return boxed_score
     raise ValueError(f"unknown reward type {rm_type!r} (choose from {', '.join(known_types())}, "
                      f"or boxed_<type> for the rule types)")
+
+
+def get_judge_fn(rm_type: str) -> JudgeFn:
+    """Like :func:`get_score_fn`, but the function returns a :class:`Judgement` (score, extracted answer,
+    verdict, extras); ``boxed_<type>`` adds the extra ``box`` (the box content, ``None`` without a box)."""
+    if rm_type in JUDGES:
+        return JUDGES[rm_type]
+    if rm_type.startswith(BOXED_PREFIX) and rm_type[len(BOXED_PREFIX):] in JUDGES:
+        inner = JUDGES[rm_type[len(BOXED_PREFIX):]]
+
+        def boxed_judge(response: str, label: Any, metadata: dict | None = None) -> Judgement:
+            box = last_boxed(response)
+            if box is None:
+                inner("", label, metadata)   # only to check the label: a bad one raises LabelError
+                return Judgement.binary(False, None, box=None)
+            j = inner(box, label, metadata)
+            j.extras["box"] = box
+            return j
+
+        boxed_judge.__name__ = f"judge_{rm_type}"
+        return boxed_judge
+    get_score_fn(rm_type)      # raises the ValueError naming the unknown type
+    raise AssertionError(rm_type)
 
 
 def builtin_score(rm_type: str, response: str, label: Any, metadata: dict | None = None) -> float:

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from slick.reward.errors import label_error
+from slick.reward.evidence import Judgement
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -54,12 +55,27 @@ def token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def judge_exact(response: str, label: Any, metadata: dict | None = None) -> Judgement:
+    """The exact-match verdict; ``answer`` is the stripped response."""
+    resp = (response or "").strip()
+    return Judgement.binary(any(resp == a.strip() for a in _answers(label)), resp)
+
+
+def judge_f1(response: str, label: Any, metadata: dict | None = None) -> Judgement:
+    """Best token F1 over the labels; verdict: an exact match after normalisation (F1 == 1); extras ``f1``
+    and ``best_label``."""
+    answers = _answers(label)
+    f1s = [token_f1(response or "", a) for a in answers]
+    best = max(range(len(answers)), key=f1s.__getitem__)
+    return Judgement(f1s[best], (response or "").strip(), f1s[best] == 1.0,
+                     {"f1": f1s[best], "best_label": answers[best]})
+
+
 def score_exact(response: str, label: Any, metadata: dict | None = None) -> float:
     """1.0 when ``response.strip()`` equals (one of) the stripped label(s), else 0.0."""
-    resp = (response or "").strip()
-    return 1.0 if any(resp == a.strip() for a in _answers(label)) else 0.0
+    return judge_exact(response, label, metadata).score
 
 
 def score_f1(response: str, label: Any, metadata: dict | None = None) -> float:
     """Best token F1 between the response and (each of) the label(s), in [0, 1]."""
-    return max(token_f1(response or "", a) for a in _answers(label))
+    return judge_f1(response, label, metadata).score

@@ -56,6 +56,7 @@ from typing import Any, Optional
 from slick.engine.openai_api import OpenAIEndpoint
 from slick.engine.openai_protocol import Call, OpenAIError, render_chat, template_messages
 from slick.plugins import load_function
+from slick.reward.evidence import reply_evidence
 from slick.types import FINISH_TO_STATUS, SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.agent")
@@ -324,6 +325,7 @@ class AgentRollout:
                     continue
                 if result is not None:
                     x.reward = copy.deepcopy(result)
+                    x.evidence = reply_evidence("agent", copy.deepcopy(result), 0.0)   # the agent's own reward
                 else:
                     to_score.append(x)
         if to_score:
