@@ -66,7 +66,7 @@ class TrainerRank:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.threads = set_actor_threads(slots_on_node)
-        self.trainer = None
+        self.trainer = self.critic = None
         self.host = None      # the colocated engine (EngineHost) of this rank
         self._transport, self._engines = None, []
         self._loop = asyncio.new_event_loop()   # weight transports' calls (actor methods run on one thread)
@@ -94,6 +94,9 @@ class TrainerRank:
             init_process_group(backend, self.rank, self.world_size, master_addr, master_port, timeout_s)
         seed_everything(self.cfg.seed)
         self.trainer = Trainer(self.cfg)
+        from slick.train.critic import Critic, needs_critic
+
+        self.critic = Critic(self.cfg) if needs_critic(self.cfg) else None   # PPO: the same ranks, same group
         return self.state()
 
     def state(self) -> dict:
@@ -102,8 +105,14 @@ class TrainerRank:
                 "device": str(t.device), "threads": self.threads}
 
     def call(self, method: str, *args, **kwargs):
-        """``trainer.method(*args, **kwargs)`` (collective on every rank); returns (result, state)."""
-        result = getattr(self.trainer, method)(*args, **kwargs)
+        """``trainer.method(*args, **kwargs)`` (collective on every rank); returns (result, state).
+        ``critic.METHOD`` calls this rank's critic (slick.cluster.critic_group)."""
+        target = self.trainer
+        if method.startswith("critic."):
+            if self.critic is None:
+                raise RuntimeError(f"trainer rank {self.rank}: {method} called but this run has no critic")
+            target, method = self.critic, method[len("critic."):]
+        result = getattr(target, method)(*args, **kwargs)
         if method == "named_weights":   # a generator of collectives: every rank walks it to the end
             result = [(n, t.cpu()) for n, t in result]
             result = result if self.rank == 0 else None

@@ -46,7 +46,7 @@ class Run:
     the same time (slick train-async), which changes how CPU threads are split (:func:`thread_split`)."""
 
     def __init__(self, cfg, overlap: bool = False):
-        self.cluster = self.trainer = self.engines = None
+        self.cluster = self.trainer = self.critic = self.engines = None
         self._engines_closed = False
         self._transport = None      # the weight transport of the driver-side engines, connected on first use
         try:
@@ -59,6 +59,7 @@ class Run:
         import torch
 
         from slick.cluster import start_cluster
+        from slick.train.critic import make_critic
         from slick.train.factory import make_trainer
 
         self.cfg = cfg
@@ -84,6 +85,7 @@ class Run:
         self.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
         self.cluster = start_cluster(cfg)   # None unless the run asks for Ray (slick.cluster.uses_ray)
         self.trainer = None if cfg.debug_rollout_only else make_trainer(cfg, self.cluster)
+        self.critic = make_critic(cfg, self.cluster, self.trainer)   # PPO's value model (None otherwise)
         cpu = self.trainer is None or self.trainer.device.type == "cpu"
         self.cores = torch.get_num_threads()
         self.train_threads, self.rollout_threads = thread_split(cfg, overlap, cpu)
@@ -117,6 +119,8 @@ class Run:
                 self.engines.close_sync()
         finally:
             try:
+                if hasattr(self.critic, "close"):
+                    self.critic.close()
                 if hasattr(self.trainer, "close"):
                     self.trainer.close()
             finally:
@@ -132,8 +136,9 @@ class Run:
         if not self.cfg.load:
             return 0
         from slick.train.checkpoint import load_checkpoint
+        from slick.train.critic import with_critic
 
-        step, state = load_checkpoint(self.cfg.load, self.trainer)
+        step, state = load_checkpoint(self.cfg.load, with_critic(self.trainer, self.critic))
         if self.data and state.get("data"):
             self.data.load_state_dict(state["data"])
         if state.get("buffer"):
@@ -226,6 +231,8 @@ class Run:
 
         if not self.engines or self.cfg.debug_train_only:
             return {}
+        if self.critic is not None and self.cfg.num_critic_only_steps and self.trainer.version == 0:
+            return {}   # critic-only steps: the actor has not stepped, the engines hold its weights already
         cfg, name, disk_dir = self.cfg, self.weight_transport(), str(self.run_dir / "weights")
         bucket = int(cfg.weight_bucket_mb) << 20
         if self.engines.sync_mode == "ray" and name != "disk":   # broadcast from rank 0, or colocated per rank
@@ -246,11 +253,12 @@ class Run:
     def save(self, step: int) -> None:
         """A checkpoint into --save (when set) and the HF export into --save-hf (when set)."""
         from slick.train.checkpoint import save_checkpoint, save_hf
+        from slick.train.critic import with_critic
 
         if self.cfg.save:
             state = {"step": step, "data": self.data.state_dict() if self.data else None,
                      "buffer": self.buffer.state_dict()}
-            path = save_checkpoint(self.cfg.save, step, self.trainer, state, keep_last=self.cfg.keep_checkpoints,
+            path = save_checkpoint(self.cfg.save, step, with_critic(self.trainer, self.critic), state, keep_last=self.cfg.keep_checkpoints,
                                    keep_every=self.cfg.keep_checkpoints_every)
             self.progress.write(f"saved checkpoint {path}")
         if self.cfg.save_hf:

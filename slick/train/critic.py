@@ -1,0 +1,376 @@
+"""PPO's critic: a value model (the policy's backbone + a scalar head) trained with the clipped value loss.
+
+The critic is a :class:`~slick.train.trainer.Trainer` whose forward returns one value per response token instead
+of logprobs, so it shares the trainer's machinery unchanged: packed micro-batches (``slick.train.packing``, prompt
+sharing included), the precision schemes (``slick.train.precision``), FSDP2 ranks and their work split and gathers
+(``slick.train.fsdp``, ``slick.train.dist``), gradient clipping with ``--clip-grad`` and the skipped-step rules of
+``optimizer_step``. What differs: the model (``AutoModel`` backbone of the checkpoint, no LM head, plus
+``Linear(hidden, 1)`` initialised to ZERO, weight and bias, so a fresh critic predicts 0 everywhere and its first
+GAE equals the lambda-return), its own AdamW (``--critic-lr``, warm-up ``--critic-lr-warmup-iters``), the loss
+(``slick.algo.value.value_loss``) and its checkpoint format.
+
+The value of response token ``j`` is read from the hidden state that predicts it (the state *before* the token,
+row position ``offset + P - 1 + j`` of the packed row), i.e. ``V(s_t)`` for the state the token is sampled in.
+
+One-process critic directory (``save``)::
+
+    critic/
+      backbone/               HF model dir of the backbone (AutoModel-loadable: config.json + safetensors)
+      value_head.safetensors  head.weight [1, H], head.bias [1]
+      optimizer.pt scheduler.pt trainer_state.json
+
+Sharded (FSDP) critics write ``slick.train.dcp``'s layout into the same directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from slick.train import dist as D
+from slick.train.fsdp import make_mesh, shard
+from slick.train.packing import pad_stack
+from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
+from slick.train.trainer import Trainer, _loss_mask
+
+HEAD_FILE = "value_head.safetensors"
+log = logging.getLogger(__name__)
+
+
+def needs_critic(cfg) -> bool:
+    """True when the run trains a critic (``--advantage-estimator ppo`` always does)."""
+    return cfg.advantage_estimator == "ppo" and not cfg.debug_rollout_only
+
+
+class ValueModel(nn.Module):
+    """``forward(packed batch) -> (values [R], None)``: the packing forward of ``LogprobForward`` with a value head.
+
+    The extra positional arguments (targets, temperature, chunk size, entropy flags) are those of the trainer's
+    forward; the critic ignores them, so the trainer's micro-batch loops drive it unchanged.
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @property
+    def generation_config(self):
+        return None
+
+    def forward(self, input_ids, position_ids, attention_mask, gather_index, targets=None, temperature=1.0,
+                chunk_size=0, with_entropy=False, entropy_grad=False):
+        out = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                            attention_mask=attention_mask)
+        hidden = out.last_hidden_state[0].index_select(0, gather_index)
+        return self.head(hidden).squeeze(-1).float(), None
+
+
+def critic_source(path) -> tuple[Path, Optional[Path]]:
+    """(backbone HF dir, value head file or None) of a ``--critic-load`` directory: an HF model dir, a critic dir
+    slick wrote (``backbone/`` + ``value_head.safetensors``) or a checkpoint step dir holding ``critic/``."""
+    d = Path(path)
+    if (d / "critic").is_dir():
+        d = d / "critic"
+    if (d / HEAD_FILE).is_file() and (d / "backbone" / "config.json").is_file():
+        return d / "backbone", d / HEAD_FILE
+    if (d / "dcp").is_dir():
+        raise ValueError(f"--critic-load {path}: a sharded (multi-rank) critic checkpoint cannot initialise a new "
+                         f"critic; resume the run with --load instead")
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"--critic-load {path}: neither a Hugging Face model directory (config.json) nor "
+                                f"a critic saved by slick (backbone/ + {HEAD_FILE})")
+    return d, None
+
+
+class Critic(Trainer):
+    """The value model, its AdamW and warm-up; collective over FSDP ranks like the Trainer (same rules)."""
+
+    def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
+        from transformers import AutoModel, AutoTokenizer
+
+        self.cfg = cfg
+        self.model_path = str(model_path or cfg.critic_load or cfg.hf_checkpoint or "")
+        if not self.model_path:
+            raise ValueError("Critic needs a model: set --critic-load or --hf-checkpoint")
+        backbone_dir, head_file = critic_source(self.model_path)
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if precision is None and self.dtype != torch.float32:
+            precision = cfg.train_precision
+        self.scheme = resolve_scheme(self.dtype, precision)
+        self.rank, self.world_size = D.world()
+        self.fsdp = self.world_size > 1
+        weight_dtype = torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32
+        backbone = AutoModel.from_pretrained(str(backbone_dir), dtype=weight_dtype, attn_implementation="sdpa")
+        backbone.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        head = nn.Linear(backbone.config.hidden_size, 1, dtype=weight_dtype)
+        with torch.no_grad():
+            if head_file is None:   # a fresh critic predicts 0: its first GAE is the lambda-return
+                head.weight.zero_()
+                head.bias.zero_()
+            else:
+                from safetensors.torch import load_file
+
+                saved = load_file(str(head_file))
+                head.weight.copy_(saved["weight"])
+                head.bias.copy_(saved["bias"])
+        self.model = ValueModel(backbone, head).to(self.device)
+        self.model.train()
+        tok_dir = cfg.hf_checkpoint if cfg.hf_checkpoint and Path(cfg.hf_checkpoint).is_dir() else backbone_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        self.mesh = make_mesh(self.device) if self.fsdp else None
+        if self.fsdp:
+            with D.named_errors("sharding the critic"):
+                self._fwd = shard(backbone, self.mesh, torch.bfloat16 if self.scheme == "bf16" else None,
+                                  root=self.model)
+        else:
+            self._fwd = self.model
+        self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.scheme == "bf16" and not self.fsdp:
+            self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        else:
+            self.master = self.params
+        lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
+        self.optimizer = torch.optim.AdamW(self.master, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                           weight_decay=cfg.weight_decay, fused=True)
+        warm = int(cfg.critic_lr_warmup_iters or 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        self.version = 0
+        self.skipped_steps = 0
+        self.thread_budget = None
+        self._nonfinite_losses = 0
+        self.ref_model = None
+        self._ref_fwd = None
+
+    @property
+    def has_ref(self) -> bool:
+        return False
+
+    def _forward(self, fwd, mb, with_entropy: bool, entropy_grad: bool):
+        """Per-sample value lists for one packed micro-batch (the trainer's loops call this)."""
+        mb = mb.to(self.device)
+        with self._autocast():
+            values, _ = fwd(mb.input_ids, mb.position_ids, mb.attention_mask, mb.gather_index, mb.targets)
+        return list(values.split(mb.response_lengths)), None
+
+    @torch.no_grad()
+    def compute_values(self, samples: Sequence) -> list[torch.Tensor]:
+        """fp32 CPU tensors ``[T_i]``: the critic's value at each response token of each sample."""
+        return self.compute_logprobs(samples, "actor")   # the trainer's loop over this class's forward
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, samples: Sequence, returns: Sequence, old_values: Sequence) -> dict:
+        """One critic optimizer step on ``samples``: clipped value loss of the new values against ``returns``
+        (values clipped to ``old_values`` +- --value-clip). Prefix-free metrics: value_loss, vf_clipfrac,
+        values_mean, returns_mean (global-batch reductions), grad_norm, lr, skipped_steps, step_time."""
+        from slick.algo.value import value_loss
+
+        if not len(returns) == len(old_values) == len(samples):
+            raise ValueError(f"critic train_step: {len(samples)} samples, {len(returns)} returns and "
+                             f"{len(old_values)} old values")
+        t0 = time.perf_counter()
+        masks = [_loss_mask(s) for s in samples]
+        num_samples, num_tokens = len(samples), int(sum(sum(m) for m in masks))
+        clip, per_token = float(self.cfg.value_clip), bool(self.cfg.calculate_per_token_loss)
+        dev = self.device
+        sums: dict[str, float] = {}
+        nonfinite = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        self._nonfinite_losses = 0
+        plan = self._plan(samples)
+        with self._collective("critic train_step forward/backward"):
+            for idx in self._micro_batches(plan):
+                if idx is None:
+                    self._pad_pass(self._fwd, backward=True)
+                    continue
+                vals, _ = self._forward(self._fwd, self._pack(samples, idx), False, False)
+                T = max(len(samples[i].response_ids) for i in idx)
+                values = pad_stack(vals, T, dtype=torch.float32)
+
+                def stack(rows):
+                    return pad_stack([torch.as_tensor(r, dtype=torch.float32, device=dev) for r in rows], T,
+                                     dtype=torch.float32)
+
+                mask = stack([masks[i] for i in idx])
+                loss, metrics = value_loss(values, stack([old_values[i] for i in idx]),
+                                           stack([returns[i] for i in idx]), mask, clip, per_token,
+                                           num_samples=num_samples, num_tokens=num_tokens)
+                if math.isfinite(float(loss.detach())):
+                    loss.backward()
+                    if self.scheme == "bf16" and not self.fsdp:
+                        self._accumulate_master_grads()
+                else:
+                    nonfinite += 1
+                    if self.fsdp:
+                        (values.sum() * 0.0).backward()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        if self.fsdp:
+            keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "critic metric names")))
+            vals = D.all_reduce_values([nonfinite] + [sums.get(k, 0.0) for k in keys], "sum", "critic metrics")
+            nonfinite, sums = vals[0], dict(zip(keys, vals[1:]))
+        self._nonfinite_losses = int(nonfinite)
+        out = dict(sums)
+        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        skipped_before = self.skipped_steps
+        out["grad_norm"] = self.optimizer_step()
+        out["skipped_steps"] = float(self.skipped_steps - skipped_before)
+        out["step_time"] = time.perf_counter() - t0
+        return out
+
+    # ------------------------------------------------------------------ save / load
+    def save_hf_files(self, out_dir) -> None:
+        raise NotImplementedError("the critic is not exported as an HF model (`slick export` exports the actor)")
+
+    def save(self, out_dir) -> None:
+        """Weights (full precision), optimizer, scheduler and version into ``out_dir`` (layout in the module doc).
+        Sharded: ``slick.train.dcp``'s layout, collective. RNG states are the trainer's to save."""
+        if self.fsdp:
+            from slick.train.dcp import save_sharded
+
+            save_sharded(self, out_dir)
+            return
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        sd = {k: v.float().contiguous().cpu() for k, v in self.full_precision_state_dict().items()}
+        backbone = {k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")}
+        dtype_before = self.model.backbone.config.dtype
+        self.model.backbone.config.dtype = torch.float32
+        try:
+            self.model.backbone.save_pretrained(out / "backbone", state_dict=backbone)
+        finally:
+            self.model.backbone.config.dtype = dtype_before
+        save_file({"weight": sd["head.weight"], "bias": sd["head.bias"]}, str(out / HEAD_FILE))
+        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), out / "scheduler.pt")
+        (out / "trainer_state.json").write_text(json.dumps(
+            {"version": self.version, "scheme": self.scheme, "model_path": self.model_path, "kind": "critic"}))
+
+    def load(self, in_dir) -> None:
+        """Restore what :meth:`save` wrote (either layout, any number of ranks that wrote it). Collective when
+        sharded. Does not touch the RNG state (the trainer's checkpoint restores it)."""
+        from safetensors.torch import load_file
+
+        from slick.train.dcp import is_sharded, load_sharded
+        from slick.train.rng import rng_state, set_rng_state
+
+        d = Path(in_dir)
+        if not (d / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"{d}: not a critic checkpoint (trainer_state.json missing); was the run saved "
+                                    f"without --advantage-estimator ppo?")
+        if is_sharded(d):
+            rng = rng_state()    # load_sharded restores the RNG files it finds; the trainer's load owns them
+            load_sharded(self, d)
+            set_rng_state(rng)
+            return
+        if self.fsdp:
+            raise ValueError(f"{d}: a one-process critic checkpoint cannot be loaded by {self.world_size} critic "
+                             f"ranks (resume with the same layout)")
+        sd = {}
+        for f in sorted((d / "backbone").glob("*.safetensors")):
+            sd.update({f"backbone.{k}": v for k, v in load_file(str(f)).items()})
+        sd.update({f"head.{k}": v for k, v in load_file(str(d / HEAD_FILE)).items()})
+        master = dict(zip([id(p) for p in self.params], self.master))
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                if n not in sd:
+                    raise KeyError(f"{d}: critic checkpoint lacks weight {n}")
+                p.copy_(sd[n])
+                if id(p) in master and master[id(p)] is not p:
+                    master[id(p)].copy_(sd[n])
+        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location=self.device))
+        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
+        self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+
+
+def make_critic(cfg, cluster=None, trainer=None):
+    """The run's critic, or None when the estimator needs none: ``Critic(cfg)`` in this process, or, when the
+    trainer runs as Ray ranks, a :class:`slick.cluster.critic_group.RayCriticGroup` (one critic inside each
+    trainer rank's actor: placed exactly like the trainer, same FSDP ranks)."""
+    if not needs_critic(cfg):
+        return None
+    if getattr(trainer, "remote", False):
+        from slick.cluster.critic_group import RayCriticGroup
+
+        return RayCriticGroup(trainer)
+    return Critic(cfg)
+
+
+class CheckpointPair:
+    """The trainer as checkpoints see it, with the critic in ``critic/`` of the same step directory: written inside
+    the same temp dir + rename (``slick.train.checkpoint``), restored with it. Everything else is the trainer's."""
+
+    def __init__(self, trainer, critic):
+        self.trainer, self.critic = trainer, critic
+
+    def __getattr__(self, name):
+        return getattr(self.trainer, name)
+
+    def save(self, out_dir) -> None:
+        self.trainer.save(out_dir)
+        self.critic.save(str(Path(out_dir) / "critic"))
+
+    def load(self, in_dir) -> None:
+        d = Path(in_dir)
+        if not (d / "critic").is_dir():
+            raise FileNotFoundError(f"{d}: the checkpoint has no critic/ (saved by a run without "
+                                    f"--advantage-estimator ppo); a PPO run resumes only from a PPO checkpoint")
+        self.trainer.load(d)
+        self.critic.load(str(d / "critic"))
+
+
+def with_critic(trainer, critic):
+    """``trainer``, or a :class:`CheckpointPair` of it and ``critic`` when the run has one."""
+    return trainer if critic is None else CheckpointPair(trainer, critic)
+
+
+def train_critic(cfg, critic, samples: Sequence, returns: Sequence, values: Sequence) -> dict:
+    """``--critic-num-steps-per-rollout`` critic optimizer steps over ``samples`` (consecutive equal slices), each
+    with the clipped value loss against ``returns`` around the rollout's ``values``. Returns ``critic/*`` metrics:
+    value_loss, vf_clipfrac, values_mean, returns_mean, grad_norm, lr averaged over the applied steps (skipped
+    ones are counted in critic/skipped_steps), and critic/explained_variance of ``values`` for ``returns``."""
+    from slick.algo.value import explained_variance
+
+    from slick.loop.step import pad
+
+    k = int(cfg.critic_num_steps_per_rollout or cfg.num_steps_per_rollout or 1)
+    size = -(-len(samples) // k)
+    applied, skipped = [], 0.0
+    for j in range(k):
+        sl = slice(j * size, (j + 1) * size)
+        if not samples[sl]:
+            break
+        m = critic.train_step(samples[sl], returns[sl], values[sl])
+        s = float(m.pop("skipped_steps"))
+        skipped += s
+        if s == 0:
+            applied.append(m)
+    if skipped:
+        log.warning("critic: %d of %d optimizer step(s) skipped (non-finite value loss or gradient norm)",
+                    int(skipped), int(skipped) + len(applied))
+    out: dict = {}
+    for m in applied:
+        for key, v in m.items():
+            out[f"critic/{key}"] = out.get(f"critic/{key}", 0.0) + float(v) / len(applied)
+    out["critic/skipped_steps"] = skipped
+    width = max([len(s.response_ids) for s in samples] + [1])
+    mask = pad([_loss_mask(s) for s in samples], width)
+    out["critic/explained_variance"] = float(explained_variance(pad(values, width), pad(returns, width), mask))
+    return out
