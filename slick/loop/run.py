@@ -196,7 +196,8 @@ class Run:
         v0, gbs = self.trainer.version, optimizer_batch_size(self.cfg, len(samples))
         train_versions = [v0 + i // gbs for i in range(len(samples))]
         try:
-            metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn, step)
+            metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn, step,
+                                                critic=self.critic)
         except NonFiniteTrainingError as e:
             if dump:
                 debug.save_train_data(dump, step, samples, rewards, e.tensors, debug_logp, train_versions)

@@ -70,7 +70,8 @@ def optimizer_batch_size(cfg, num_samples: int) -> int:
     return max(cfg.global_batch_size, -(-num_samples // cfg.num_steps_per_rollout))
 
 
-def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step: int) -> tuple[dict, dict]:
+def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step: int,
+                     critic=None) -> tuple[dict, dict]:
     """Compute advantages and run ``num_steps_per_rollout`` optimizer steps for rollout step ``step``.
 
     Returns (metrics, tensors) where tensors holds the per-sample advantages and logprobs for debugging.
@@ -79,6 +80,10 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     Metrics are averaged over the optimizer steps that were applied; ``train/skipped_steps`` and
     ``train/nonfinite_losses`` are summed. When every optimizer step was skipped (non-finite loss or
     gradient norm), raises :class:`NonFiniteTrainingError` naming the step.
+
+    With a ``critic`` (PPO): its values for these samples (as trained) feed GAE, the critic takes
+    --critic-num-steps-per-rollout steps on the returns (``slick.train.critic.train_critic``, ``critic/*``
+    metrics), and during the first --num-critic-only-steps rollout steps the actor takes none.
     """
     t0 = time.perf_counter()
     old = ref = None
@@ -88,15 +93,26 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
         old = trainer.compute_logprobs(samples, "actor")
     if trainer.has_ref:
         ref = trainer.compute_logprobs(samples, "ref")
+    values = critic.compute_values(samples) if critic is not None else None
     t_logp = time.perf_counter() - t0
     t0 = time.perf_counter()
-    advantages = compute_advantages(cfg, samples, rewards, old, ref)
+    critic_metrics: dict = {}
+    if critic is None:
+        advantages = compute_advantages(cfg, samples, rewards, old, ref)
+    else:
+        from slick.train.critic import train_critic
+
+        advantages, returns = compute_advantages(cfg, samples, rewards, old, ref, values=values, with_returns=True)
+        critic_metrics = train_critic(cfg, critic, samples, returns, values)
     tensors = {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}
+    actor_steps = cfg.num_steps_per_rollout
+    if critic is not None and step < cfg.num_critic_only_steps:
+        actor_steps = 0   # critic-only warm-up: the actor does not step
     applied: list[dict] = []
     counts = dict.fromkeys(COUNTS, 0.0)
     skipped_norms: list[float] = []
     gbs = optimizer_batch_size(cfg, len(samples))
-    for k in range(cfg.num_steps_per_rollout):
+    for k in range(actor_steps):
         sl = slice(k * gbs, (k + 1) * gbs)
         if not samples[sl]:
             break
@@ -126,6 +142,7 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
             metrics[key] = metrics.get(key, 0.0) + float(v) / len(applied)
     metrics.update(counts)
     out = {f"train/{k}": v for k, v in metrics.items()}
+    out.update(critic_metrics)
     out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
     return out, tensors
