@@ -101,8 +101,11 @@ class TrainerRank:
 
     def state(self) -> dict:
         t = self.trainer
+        from slick.observe.prometheus import rss_bytes
+
         return {"pid": os.getpid(), "version": t.version, "skipped_steps": t.skipped_steps, "has_ref": t.has_ref,
-                "device": str(t.device), "threads": self.threads}
+                "device": str(t.device), "threads": self.threads, "rss_bytes": rss_bytes(),
+                "seconds": dict(getattr(self, "call_seconds", {}))}   # the driver's /metrics exports these per rank
 
     def call(self, method: str, *args, **kwargs):
         """``trainer.method(*args, **kwargs)`` (collective on every rank); returns (result, state).
@@ -112,12 +115,14 @@ class TrainerRank:
             if self.critic is None:
                 raise RuntimeError(f"trainer rank {self.rank}: {method} called but this run has no critic")
             target, method = self.critic, method[len("critic."):]
+        t0, called = time.perf_counter(), method
         result = getattr(target, method)(*args, **kwargs)
         if method == "named_weights":   # a generator of collectives: every rank walks it to the end
             result = [(n, t.cpu()) for n, t in result]
             result = result if self.rank == 0 else None
         elif self.rank != 0:
             result = None     # every rank computed the same answer; only rank 0's travels back
+        self.call_seconds = {**getattr(self, "call_seconds", {}), called: time.perf_counter() - t0}
         return result, self.state()
 
     def call_packed(self, method: str, packed: tuple):
@@ -248,6 +253,7 @@ class RayTrainerGroup:
         refs = [a.call_packed.remote(method, packed) for a in self.actors]
         results = wait_all(refs, self._named(), self.timeout_s, what or method)
         result, self._state = results[0]
+        self.rank_states = [st for _, st in results]   # every rank's state (RSS, call seconds) for the metrics
         return result
 
     def _named(self) -> list:

@@ -44,6 +44,7 @@ class RolloutBuffer:
         self.args = args
         self.num_dropped_stale = 0          # groups dropped for staleness since start
         self.num_dropped_stale_samples = 0
+        self.num_put = 0                    # groups put since start (the producer's rate, for metrics)
         self._groups: deque[list[Sample]] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -64,7 +65,12 @@ class RolloutBuffer:
         for g in groups:
             if not isinstance(g, (list, tuple)) or not all(isinstance(s, Sample) for s in g):
                 raise TypeError("RolloutBuffer.put expects a list of groups, each a list of Sample")
+        now = time.time()
+        for g in groups:        # when the group first entered the buffer (oldest_age); kept if it comes back
+            if g:
+                g[0].timings.setdefault("buffered_at", now)
         with self._cond:
+            self.num_put += len(groups)
             self._groups.extend(list(g) for g in groups)
             self._cond.notify_all()
             waiters, self._waiters = self._waiters, []
@@ -150,6 +156,12 @@ class RolloutBuffer:
     def num_samples(self) -> int:
         with self._cond:
             return sum(len(g) for g in self._groups)
+
+    def oldest_age(self) -> float:
+        """Seconds since the oldest group now in the buffer was first put (0.0 when empty)."""
+        with self._cond:
+            stamps = [g[0].timings["buffered_at"] for g in self._groups if g and "buffered_at" in g[0].timings]
+        return max(time.time() - min(stamps), 0.0) if stamps else 0.0
 
     def clear(self) -> list[list[Sample]]:
         """Remove and return every group."""
