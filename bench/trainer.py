@@ -67,10 +67,10 @@ def make_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int
     return out
 
 
-def loss_fn(logprobs, entropy, mask, advantages, num_samples=None, **_):
-    """Sample-mean policy-gradient loss (the on-policy GRPO gradient)."""
-    per = (advantages * logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    loss = -per.sum() / num_samples
+def loss_fn(x):
+    """Sample-mean policy-gradient loss (the on-policy GRPO gradient); ``x`` is a slick.algo.LossInputs."""
+    per = (x.advantages * x.logprobs * x.mask).sum(-1) / x.mask.sum(-1).clamp(min=1)
+    loss = -per.sum() / x.num_samples
     return loss, {"pg_loss": float(loss.detach())}
 
 

@@ -7,6 +7,7 @@ import torch
 
 from slick.algo import (
     ESTIMATORS,
+    AdvantageInputs,
     get_estimator,
     grpo,
     gspo,
@@ -20,6 +21,12 @@ from slick.algo import (
 )
 
 EPS = 1e-6  # GRPO's std epsilon
+
+
+def run(estimator, rewards, mask, **kw):
+    """Call an estimator with AdvantageInputs; return (advantages, returns)."""
+    out = estimator(AdvantageInputs(rewards, mask, **kw))
+    return out.advantages, out.returns
 
 
 def close(a, b, tol=1e-5):
@@ -37,7 +44,7 @@ def test_grpo_hand_values():
     # group 1: mean 0.25, deviations (0.75, -0.25, -0.25, -0.25),
     # unbiased var = (0.5625 + 3 * 0.0625) / 3 = 0.25 -> std 0.5
     # adv = dev / (0.5 + 1e-6); group 2 (all equal) -> 0 everywhere.
-    adv, ret = grpo(REWARDS, MASK, group_size=4)
+    adv, ret = run(grpo, REWARDS, MASK, group_size=4)
     s = 0.5 + EPS
     a, b = 0.75 / s, -0.25 / s
     expected = [[a, a, 0], [b, 0, 0], [b, b, b], [0, b, b]] + [[0, 0, 0]] * 4
@@ -47,19 +54,19 @@ def test_grpo_hand_values():
 
 
 def test_gspo_equals_grpo():
-    adv_g, _ = grpo(REWARDS, MASK, group_size=4)
-    adv_s, _ = gspo(REWARDS, MASK, group_size=4)
+    adv_g, _ = run(grpo, REWARDS, MASK, group_size=4)
+    adv_s, _ = run(gspo, REWARDS, MASK, group_size=4)
     close(adv_s, adv_g.tolist())
 
 
 def test_dr_grpo_and_raw_rewards():
     # no std division: deviations themselves; raw: the reward itself on every masked token
     cfg = SimpleNamespace(disable_grpo_std_normalization=True)
-    adv, _ = grpo(REWARDS, MASK, group_size=4, cfg=cfg)
+    adv, _ = run(grpo, REWARDS, MASK, group_size=4, cfg=cfg)
     expected = [[0.75, 0.75, 0], [-0.25, 0, 0], [-0.25] * 3, [0, -0.25, -0.25]] + [[0, 0, 0]] * 4
     close(adv, expected)
     cfg = SimpleNamespace(disable_rewards_normalization=True)
-    adv, _ = grpo(REWARDS, MASK, group_size=4, cfg=cfg)
+    adv, _ = run(grpo, REWARDS, MASK, group_size=4, cfg=cfg)
     close(adv, (REWARDS[:, None] * MASK).tolist())
 
 
@@ -67,21 +74,21 @@ def test_group_of_one_is_zero_not_nan():
     r = torch.tensor([3.0, -1.0])
     m = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     for fn in (grpo, gspo, rloo):
-        adv, _ = fn(r, m, group_size=1)
+        adv, _ = run(fn, r, m, group_size=1)
         close(adv, [[0, 0], [0, 0]])
-    adv, _ = grpo(r, m, group_size=1, cfg=SimpleNamespace(disable_grpo_std_normalization=True))
+    adv, _ = run(grpo, r, m, group_size=1, cfg=SimpleNamespace(disable_grpo_std_normalization=True))
     close(adv, [[0, 0], [0, 0]])
 
 
 def test_rloo_hand_values():
     # group [1, 0, 0, 0]: 1 - 0 = 1; 0 - (1 + 0 + 0) / 3 = -1/3 ; group all 2 -> 0
-    adv, ret = rloo(REWARDS, MASK, group_size=4)
+    adv, ret = run(rloo, REWARDS, MASK, group_size=4)
     c = -1.0 / 3.0
     expected = [[1, 1, 0], [c, 0, 0], [c, c, c], [0, c, c]] + [[0, 0, 0]] * 4
     close(adv, expected)
     close(ret, expected)
     # group [3, 1]: 3 - 1 = 2, 1 - 3 = -2
-    adv, _ = rloo(torch.tensor([3.0, 1.0]), torch.ones(2, 1), group_size=2)
+    adv, _ = run(rloo, torch.tensor([3.0, 1.0]), torch.ones(2, 1), group_size=2)
     close(adv, [[2.0], [-2.0]])
 
 
@@ -105,8 +112,8 @@ def test_reinforce_plus_plus_hand_values():
     # returns, gamma 0.5, over masked tokens: row0 t1 = 1.1, t0 = -0.05 + 0.5*1.1 = 0.5
     #   row1 t2 = 2.1, t1 skipped, t0 = 0 + 0.5*2.1 = 1.05
     # whitened over (0.5, 1.1, 1.05, 2.1): mean 1.1875, var (pop.) 0.33296875
-    adv, ret = reinforce_plus_plus(
-        torch.tensor([1.0, 2.0]), RP_MASK, group_size=1, cfg=RP_CFG, old_logprobs=RP_OLD, ref_logprobs=RP_REF
+    adv, ret = run(
+        reinforce_plus_plus, torch.tensor([1.0, 2.0]), RP_MASK, group_size=1, cfg=RP_CFG, old_logprobs=RP_OLD, ref_logprobs=RP_REF
     )
     close(ret, [[0.5, 1.1, 0.0], [1.05, 0.0, 2.1]])
     sd = math.sqrt(0.33296875 + 1e-8)
@@ -122,8 +129,8 @@ def test_reinforce_plus_plus_baseline_hand_values():
     # returns: row0 t1 = -0.4, t0 = -0.05 + 0.5*(-0.4) = -0.25; row1 t2 = 0.6, t0 = 0.3
     # whitened over (-0.25, -0.4, 0.3, 0.6): mean 0.0625,
     #   deviations (-0.3125, -0.4625, 0.2375, 0.5375), pop. var 0.656875 / 4 = 0.16421875
-    adv, ret = reinforce_plus_plus_baseline(
-        torch.tensor([1.0, 2.0]), RP_MASK, group_size=2, cfg=RP_CFG, old_logprobs=RP_OLD, ref_logprobs=RP_REF
+    adv, ret = run(
+        reinforce_plus_plus_baseline, torch.tensor([1.0, 2.0]), RP_MASK, group_size=2, cfg=RP_CFG, old_logprobs=RP_OLD, ref_logprobs=RP_REF
     )
     close(ret, [[-0.25, -0.4, 0.0], [0.3, 0.0, 0.6]])
     sd = math.sqrt(0.16421875 + 1e-8)
@@ -132,11 +139,11 @@ def test_reinforce_plus_plus_baseline_hand_values():
 
 def test_reinforce_without_kl_and_missing_logprobs():
     # kl_coef 0: gamma 1 -> returns are the reward on every masked token; all equal -> whitened 0
-    adv, ret = reinforce_plus_plus(torch.tensor([1.0, 1.0]), RP_MASK, group_size=1)
+    adv, ret = run(reinforce_plus_plus, torch.tensor([1.0, 1.0]), RP_MASK, group_size=1)
     close(ret, [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
     close(adv, [[0.0] * 3, [0.0] * 3])
     with pytest.raises(ValueError, match="old_logprobs and ref_logprobs"):
-        reinforce_plus_plus(torch.tensor([1.0, 1.0]), RP_MASK, group_size=1, cfg=RP_CFG)
+        run(reinforce_plus_plus, torch.tensor([1.0, 1.0]), RP_MASK, group_size=1, cfg=RP_CFG)
 
 
 def test_ppo_gae_hand_values():
@@ -148,7 +155,7 @@ def test_ppo_gae_hand_values():
     #   t0 delta = 0 + 0.5*1 - 0.5 = 0, A0 = 0.25*(-0.25) = -0.0625
     # row1 rewards [0, -, 2]: t2 delta = 2 - 0.5 = 1.5; t0 delta = 0.5*0.5 - 1 = -0.75,
     #   A0 = -0.75 + 0.25*1.5 = -0.375
-    adv, ret = ppo(torch.tensor([1.0, 2.0]), mask, group_size=1, cfg=cfg, values=values)
+    adv, ret = run(ppo, torch.tensor([1.0, 2.0]), mask, group_size=1, cfg=cfg, values=values)
     close(adv, [[-0.0625, -0.25, -1.0], [-0.375, 0.0, 1.5]])
     close(ret, [[0.4375, 0.75, 1.0], [0.625, 0.0, 2.0]])
 
@@ -162,13 +169,13 @@ def test_ppo_with_kl_rewards():
     # token rewards (-0.1, 0, 0.1 + 1): t2 delta = 1.1 - 2 = -0.9
     #   t1 delta = 0 + 1 - 1 = 0, A1 = 0.25 * -0.9 = -0.225
     #   t0 delta = -0.1 + 0.5 - 0.5 = -0.1, A0 = -0.1 + 0.25 * -0.225 = -0.15625
-    adv, _ = ppo(torch.tensor([1.0]), mask, group_size=1, cfg=cfg, values=values, old_logprobs=old, ref_logprobs=ref)
+    adv, _ = run(ppo, torch.tensor([1.0]), mask, group_size=1, cfg=cfg, values=values, old_logprobs=old, ref_logprobs=ref)
     close(adv, [[-0.15625, -0.225, -0.9]])
 
 
 def test_ppo_needs_values():
     with pytest.raises(ValueError, match="needs values"):
-        ppo(torch.tensor([1.0]), torch.ones(1, 2), group_size=1)
+        run(ppo, torch.tensor([1.0]), torch.ones(1, 2), group_size=1)
 
 
 def test_normalize_advantages_and_whiten():
@@ -187,6 +194,6 @@ def test_registry_and_errors():
     with pytest.raises(ValueError, match="unknown advantage estimator 'foo'.*grpo.*rloo"):
         get_estimator("foo")
     with pytest.raises(ValueError, match="group_size=3"):
-        grpo(torch.ones(4), torch.ones(4, 2), group_size=3)
+        run(grpo, torch.ones(4), torch.ones(4, 2), group_size=3)
     with pytest.raises(ValueError, match="mask must be"):
-        grpo(torch.ones(4), torch.ones(3, 2), group_size=2)
+        run(grpo, torch.ones(4), torch.ones(3, 2), group_size=2)

@@ -5,9 +5,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from slick.algo import compute_policy_objective, kl, policy_loss, reduce, tis_weights
+from slick.algo import LossInputs, compute_policy_objective, kl, policy_loss, reduce, tis_weights
 
 E = math.exp
+
+
+def obj(cfg, logprobs, entropy, mask, advantages, **kw):
+    """compute_policy_objective with the inputs as one LossInputs."""
+    return compute_policy_objective(cfg, LossInputs(logprobs, entropy, mask, advantages, **kw))
 
 
 def close(a, b, tol=1e-5):
@@ -133,7 +138,7 @@ def _onpolicy():
 def test_onpolicy_gradient_is_minus_advantage_over_normaliser():
     logp, adv, mask = _onpolicy()
     cfg = SimpleNamespace(eps_clip=0.2)
-    loss, m = compute_policy_objective(cfg, logp, None, mask, adv)
+    loss, m = obj(cfg, logp, None, mask, adv)
     # ratio 1: per-sample means -1.5 and +0.5 -> loss = (-1.5 + 0.5) / 2 = -0.5
     assert float(loss.detach()) == pytest.approx(-0.5)
     assert m["pg_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0
@@ -142,7 +147,7 @@ def test_onpolicy_gradient_is_minus_advantage_over_normaliser():
     close(g, [[-0.375, -0.375, 0.0], [0.5 / 6, 0.5 / 6, 0.5 / 6]])
 
     cfg = SimpleNamespace(eps_clip=0.2, calculate_per_token_loss=True)
-    loss, _ = compute_policy_objective(cfg, logp, None, mask, adv)
+    loss, _ = obj(cfg, logp, None, mask, adv)
     assert float(loss.detach()) == pytest.approx((-3.0 + 1.5) / 5)
     (g,) = torch.autograd.grad(loss, logp)
     close(g, [[-0.3, -0.3, 0.0], [0.1, 0.1, 0.1]])
@@ -152,10 +157,10 @@ def test_objective_microbatch_sum_matches_global():
     logp, adv, mask = _onpolicy()
     for per_token in (False, True):
         cfg = SimpleNamespace(calculate_per_token_loss=per_token)
-        full, fm = compute_policy_objective(cfg, logp, None, mask, adv)
+        full, fm = obj(cfg, logp, None, mask, adv)
         kw = dict(num_samples=2, num_tokens=5)
-        a, am = compute_policy_objective(cfg, logp[:1], None, mask[:1], adv[:1], **kw)
-        b, bm = compute_policy_objective(cfg, logp[1:], None, mask[1:], adv[1:], **kw)
+        a, am = obj(cfg, logp[:1], None, mask[:1], adv[:1], **kw)
+        b, bm = obj(cfg, logp[1:], None, mask[1:], adv[1:], **kw)
         assert float((a + b).detach()) == pytest.approx(float(full.detach()))
         assert am["pg_loss"] + bm["pg_loss"] == pytest.approx(fm["pg_loss"])
 
@@ -167,7 +172,7 @@ def test_objective_entropy_kl_and_metrics():
     mask = torch.ones(1, 2)
     adv = torch.ones(1, 2)
     cfg = SimpleNamespace(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="k1")
-    loss, m = compute_policy_objective(cfg, logp, ent, mask, adv, ref_logprobs=ref)
+    loss, m = obj(cfg, logp, ent, mask, adv, ref_logprobs=ref)
     # pg = -1; entropy mean 1.0; k1 = (0.5, 0.5) mean 0.5 -> loss = -1 - 0.01*1 + 0.5*0.5 = -0.76
     assert float(loss.detach()) == pytest.approx(-0.76)
     assert m == pytest.approx(
@@ -184,7 +189,7 @@ def test_objective_tis_and_gspo():
     rollout = old - torch.tensor([[0.0, 1.0, -3.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # old - rollout as in TIS test
     cfg = SimpleNamespace(advantage_estimator="gspo", eps_clip=0.2, eps_clip_high=0.28, use_tis=True, tis_clip=2.0,
                           tis_clip_low=0.1)
-    loss, m = compute_policy_objective(cfg, new, None, mask, adv, old_logprobs=old, rollout_logprobs=rollout)
+    loss, m = obj(cfg, new, None, mask, adv, old_logprobs=old, rollout_logprobs=rollout)
     s0 = E(0.2)
     # row0 per-token loss -s0 * w with w = (1, 2, 0.1); row1 -2.56 * 1 per token
     # sample mode: ((-s0 * 3.1) / 3 + (-2.56)) / 2
@@ -193,14 +198,14 @@ def test_objective_tis_and_gspo():
     # tis_clipfrac per sample: row0 2/3 clamped, row1 0 -> mean 1/3
     assert m["tis_clipfrac"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="rollout_logprobs"):
-        compute_policy_objective(cfg, new, None, mask, adv, old_logprobs=old)
+        obj(cfg, new, None, mask, adv, old_logprobs=old)
     with pytest.raises(ValueError, match="entropy"):
-        compute_policy_objective(SimpleNamespace(entropy_coef=0.1), new, None, mask, adv)
+        obj(SimpleNamespace(entropy_coef=0.1), new, None, mask, adv)
 
 
 def test_bf16_inputs_get_fp32_loss_and_gradients():
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16, requires_grad=True)
-    loss, _ = compute_policy_objective(SimpleNamespace(), logp, None, torch.ones(1, 2), torch.tensor([[2.0, -4.0]]))
+    loss, _ = obj(SimpleNamespace(), logp, None, torch.ones(1, 2), torch.tensor([[2.0, -4.0]]))
     assert loss.dtype == torch.float32
     (g,) = torch.autograd.grad(loss, logp)
     # on-policy, one sample of 2 tokens: -A / 2

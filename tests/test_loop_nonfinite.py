@@ -16,13 +16,14 @@ from tests.test_loop import REWARD_MODULE, make_cfg, read_jsonl
 
 NAN_ADVANTAGE = '''
 import torch
+from slick.algo import AdvantageOutputs
 CALLS = [0]
 
-def advantage(rewards, mask, *, group_size, cfg=None, **kw):
+def advantage(inputs):
     """reward - 0.5 on every token, except on the second call (rollout step 1): NaN everywhere."""
     CALLS[0] += 1
-    adv = (rewards.view(-1, 1) - 0.5) * mask
-    return (adv * float("nan") if CALLS[0] == 2 else adv), adv
+    adv = (inputs.rewards.view(-1, 1) - 0.5) * inputs.mask
+    return AdvantageOutputs(adv * float("nan") if CALLS[0] == 2 else adv, adv)
 '''
 
 

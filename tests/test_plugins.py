@@ -13,6 +13,7 @@ from tests.test_loop import REWARD_MODULE, make_cfg, read_jsonl
 PLUGINS = REWARD_MODULE + '''
 import torch
 from slick.rollout.manager import default_generate
+from slick.algo import AdvantageOutputs
 from slick.algo.objective import compute_policy_objective
 CALLS = {"generate": 0, "loss": 0, "advantage": 0, "rollout": 0}
 
@@ -22,17 +23,17 @@ async def generate(args, sample, sampling_params, engine):
     sample.metadata["custom"] = True
     return await default_generate(args, sample, sampling_params, engine, engine.tokenizer)
 
-def loss(args, logprobs, entropy, mask, advantages, **kw):
+def loss(args, inputs):
     CALLS["loss"] += 1
-    out, metrics = compute_policy_objective(args, logprobs, entropy, mask, advantages, **kw)
+    out, metrics = compute_policy_objective(args, inputs)
     metrics["custom_loss_calls"] = 1.0
     return out, metrics
 
-def advantage(rewards, mask, *, group_size, cfg=None, **kw):
+def advantage(inputs):
     """Every token gets its sample's raw reward minus 0.5."""
     CALLS["advantage"] += 1
-    adv = (rewards.view(-1, 1) - 0.5) * mask
-    return adv, adv
+    adv = (inputs.rewards.view(-1, 1) - 0.5) * inputs.mask
+    return AdvantageOutputs(adv, adv)
 
 async def rollout(args, manager, step):
     """A whole-step replacement: one round of the default rollout, with an extra metric."""

@@ -43,11 +43,11 @@ def reference_logprobs(model, s, temperature=1.0):
     return lp[P - 1:P - 1 + len(tgt)].gather(-1, tgt[:, None]).squeeze(-1)
 
 
-def simple_loss(logprobs, entropy, mask, advantages, old_logprobs=None, ref_logprobs=None,
-                rollout_logprobs=None, num_samples=None, num_tokens=None):
-    loss = -(advantages * logprobs * mask).sum() / num_samples
+def simple_loss(x):
+    """A loss_fn for the trainer: takes one slick.algo.LossInputs."""
+    loss = -(x.advantages * x.logprobs * x.mask).sum() / x.num_samples
     return loss, {"loss": float(loss.detach()), "pg_loss": float(loss.detach()),
-                  "entropy_loss": float((entropy * mask).sum() / num_samples)}
+                  "entropy_loss": float((x.entropy * x.mask).sum() / x.num_samples)}
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +189,8 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir):
     g = torch.Generator().manual_seed(1)
     adv = [torch.randn(len(s.response_ids), generator=g) for s in samples]
 
-    def token_loss(logprobs, entropy, mask, advantages, num_tokens=None, **_):
-        loss = -(advantages * logprobs * mask).sum() / num_tokens + 0.01 * (entropy * mask).sum() / num_tokens
+    def token_loss(x):
+        loss = -(x.advantages * x.logprobs * x.mask).sum() / x.num_tokens + 0.01 * (x.entropy * x.mask).sum() / x.num_tokens
         return loss, {"pg_loss": float(loss)}
 
     grads, metrics = [], []

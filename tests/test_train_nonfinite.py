@@ -50,8 +50,8 @@ def test_nan_advantage_skips_the_step_and_leaves_nothing_behind(tiny_model_dir, 
 
 def test_nan_gradient_with_finite_loss_skips_the_step(tiny_model_dir):
     """sqrt at 0: the loss is 0.0, its gradient is inf * 0 = NaN in every parameter the logprobs reach."""
-    def nan_grad_loss(logprobs, entropy, mask, advantages, **_):
-        loss = torch.sqrt((logprobs * 0.0).sum())
+    def nan_grad_loss(x):
+        loss = torch.sqrt((x.logprobs * 0.0).sum())
         return loss, {"pg_loss": float(loss.detach())}
 
     for clip in (0.0, 1.0):

@@ -7,6 +7,7 @@ that count and 0.0 elsewhere. See docs/algorithms.md.
 """
 from .estimators import ESTIMATORS, get_estimator, normalize_advantages
 from .grpo import grpo, gspo
+from .inputs import AdvantageInputs, AdvantageOutputs, LossInputs, check_plugin_signature
 from .kl import KL_KINDS, kl
 from .objective import compute_policy_objective
 from .policy_loss import policy_loss, tis_weights
@@ -18,6 +19,10 @@ from .rloo import rloo
 from .utils import masked_mean, masked_sum, masked_whiten
 
 __all__ = [
+    "AdvantageInputs",
+    "AdvantageOutputs",
+    "LossInputs",
+    "check_plugin_signature",
     "ESTIMATORS",
     "KL_KINDS",
     "compute_policy_objective",

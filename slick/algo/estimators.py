@@ -1,12 +1,12 @@
 """Registry of advantage estimators and batch-level advantage normalisation.
 
-Every estimator has the signature::
+Every estimator has the signature (see ``inputs.py``)::
 
-    estimator(rewards: Tensor[B], mask: Tensor[B, T], *, group_size: int, cfg=None,
-              old_logprobs=None, ref_logprobs=None, values=None) -> (advantages[B, T], returns[B, T])
+    estimator(inputs: AdvantageInputs) -> AdvantageOutputs(advantages[B, T], returns[B, T])
 
-A custom advantage function (``--custom-advantage-function-path``) should
-follow the same signature; the caller resolves the dotted path.
+A custom advantage function (``--custom-advantage-function-path``) follows the
+same signature; the caller resolves the dotted path and checks the signature
+(``inputs.check_plugin_signature``).
 
 ``ESTIMATORS`` is the one list of estimator names: its keys are the choices of
 ``--advantage-estimator`` (``slick.config`` reads them from here when it builds the
@@ -19,12 +19,13 @@ from typing import Callable
 from torch import Tensor
 
 from .grpo import grpo, gspo
+from .inputs import AdvantageInputs, AdvantageOutputs
 from .ppo import ppo
 from .reinforce import reinforce_plus_plus, reinforce_plus_plus_baseline
 from .rloo import rloo
 from .utils import masked_whiten
 
-Estimator = Callable[..., "tuple[Tensor, Tensor]"]
+Estimator = Callable[[AdvantageInputs], AdvantageOutputs]
 
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo,

@@ -19,11 +19,10 @@ differs only in the sequence-level ratio of its loss (see ``policy_loss``).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
 import torch
 from torch import Tensor
 
+from .inputs import AdvantageInputs, AdvantageOutputs
 from .utils import broadcast_to_tokens, check_groups, opt
 
 STD_EPS = 1e-6
@@ -42,38 +41,21 @@ def group_normalized_rewards(rewards: Tensor, group_size: int, *, divide_by_std:
     return centered.reshape(-1)
 
 
-def grpo(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    group_size: int,
-    cfg: Any = None,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
+def grpo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """GRPO advantages [B, T] and returns [B, T] (returns == advantages)."""
-    grouped = check_groups(rewards, mask, group_size)
+    cfg, mask = inputs.cfg, inputs.mask
+    grouped = check_groups(inputs.rewards, mask, inputs.group_size)
     flat = grouped.reshape(-1)
     if opt(cfg, "disable_rewards_normalization", False):
         per_sample = flat
     else:
         per_sample = group_normalized_rewards(
-            flat, group_size, divide_by_std=not opt(cfg, "disable_grpo_std_normalization", False)
+            flat, inputs.group_size, divide_by_std=not opt(cfg, "disable_grpo_std_normalization", False)
         )
     adv = broadcast_to_tokens(per_sample, mask.float())
-    return adv, adv.clone()
+    return AdvantageOutputs(adv, adv.clone())
 
 
-def gspo(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    group_size: int,
-    cfg: Any = None,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
+def gspo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """GSPO advantages: identical to :func:`grpo` (the difference lives in the loss)."""
-    return grpo(rewards, mask, group_size=group_size, cfg=cfg)
+    return grpo(inputs)

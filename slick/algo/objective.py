@@ -8,39 +8,29 @@
                                                                # only with cfg.use_kl_loss and ref given
 
 ``reduce`` is sample mode, or token mode when ``cfg.calculate_per_token_loss``;
-``num_samples``/``num_tokens`` are the global normalisers for micro-batching.
+``inputs.num_samples``/``inputs.num_tokens`` are the global normalisers for micro-batching.
 Every metric is reduced the same way, so with global normalisers the metrics
 of the micro-batches also sum to the global value.
 
-A custom loss (``--custom-loss-function-path``, resolved by the caller) should
-have the same signature as :func:`compute_policy_objective` and return
-``(loss scalar Tensor, metrics dict[str, float])``.
+A custom loss (``--custom-loss-function-path``, resolved by the caller) has the
+same signature as :func:`compute_policy_objective`, ``fn(cfg, inputs: LossInputs)``,
+and returns ``(loss scalar Tensor, metrics dict[str, float])``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from .inputs import LossInputs
 from .kl import kl
 from .policy_loss import policy_terms, tis_terms
 from .reduce import reduce
 from .utils import opt
 
 
-def compute_policy_objective(
-    cfg: Any,
-    logprobs: Tensor,
-    entropy: Optional[Tensor],
-    mask: Tensor,
-    advantages: Tensor,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    rollout_logprobs: Optional[Tensor] = None,
-    num_samples: Optional[float] = None,
-    num_tokens: Optional[float] = None,
-) -> tuple[Tensor, dict[str, float]]:
+def compute_policy_objective(cfg: Any, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
     """Scalar training loss and metrics ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl_loss",
     "entropy_loss", and "tis_mean"/"tis_clipfrac" when ``cfg.use_tis``).
 
@@ -48,6 +38,13 @@ def compute_policy_objective(
     gradient ``-A``). ``entropy`` may be None when ``cfg.entropy_coef`` is 0
     ("entropy_loss" is then 0.0); "kl_loss" is 0.0 when no KL loss is computed.
     """
+    if not isinstance(inputs, LossInputs):
+        raise TypeError(f"compute_policy_objective(cfg, inputs): inputs must be a slick.algo.LossInputs, "
+                        f"got {type(inputs).__name__}; see docs/algorithms.md")
+    entropy, advantages = inputs.entropy, inputs.advantages
+    old_logprobs, ref_logprobs, rollout_logprobs = inputs.old_logprobs, inputs.ref_logprobs, inputs.rollout_logprobs
+    num_samples, num_tokens = inputs.num_samples, inputs.num_tokens
+    logprobs, mask = inputs.logprobs, inputs.mask
     logprobs = logprobs.float()  # all loss arithmetic in fp32; gradients flow back to bf16 inputs
     mask = mask.to(logprobs.dtype)
     per_token = bool(opt(cfg, "calculate_per_token_loss", False))

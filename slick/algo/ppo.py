@@ -9,34 +9,21 @@ Advantages are *not* whitened here: use ``normalize_advantages`` for that
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
-from torch import Tensor
-
+from .inputs import AdvantageInputs, AdvantageOutputs
 from .returns import gae, kl_token_rewards
 from .utils import check_groups, opt
 
 
-def ppo(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    group_size: int,
-    cfg: Any = None,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
+def ppo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """PPO/GAE advantages [B, T] and returns [B, T] (= advantages + values)."""
-    grouped = check_groups(rewards, mask, group_size)
+    cfg, values = inputs.cfg, inputs.values
+    grouped = check_groups(inputs.rewards, inputs.mask, inputs.group_size)
     if values is None:
         raise ValueError("advantage estimator 'ppo' needs values [B, T] from a critic; got values=None")
-    if values.shape != mask.shape:
-        raise ValueError(f"values shape {tuple(values.shape)} must match mask shape {tuple(mask.shape)}")
-    mask = mask.float()
+    mask = inputs.mask.float()
     token_r = kl_token_rewards(
-        grouped.reshape(-1), mask, float(opt(cfg, "kl_coef", 0.0)), old_logprobs, ref_logprobs
+        grouped.reshape(-1), mask, float(opt(cfg, "kl_coef", 0.0)), inputs.old_logprobs, inputs.ref_logprobs
     )
     adv = gae(token_r, values, mask, float(opt(cfg, "gamma", 1.0)), float(opt(cfg, "lambd", 1.0)))
     returns = (adv + values.detach().float()) * mask
-    return adv, returns
+    return AdvantageOutputs(adv, returns)

@@ -16,47 +16,28 @@ discounted returns. ``cfg`` attributes read: ``kl_coef`` (0), ``gamma`` (1.0).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
 from torch import Tensor
 
+from .inputs import AdvantageInputs, AdvantageOutputs
 from .returns import discounted_returns, kl_token_rewards
 from .utils import check_groups, masked_whiten, opt
 
 
-def _reinforce(rewards: Tensor, mask: Tensor, cfg: Any, old_logprobs, ref_logprobs) -> tuple[Tensor, Tensor]:
-    mask = mask.float()
-    token_r = kl_token_rewards(rewards, mask, float(opt(cfg, "kl_coef", 0.0)), old_logprobs, ref_logprobs)
+def _reinforce(rewards: Tensor, inputs: AdvantageInputs) -> AdvantageOutputs:
+    mask, cfg = inputs.mask.float(), inputs.cfg
+    token_r = kl_token_rewards(rewards, mask, float(opt(cfg, "kl_coef", 0.0)), inputs.old_logprobs, inputs.ref_logprobs)
     ret = discounted_returns(token_r, mask, float(opt(cfg, "gamma", 1.0)))
-    return masked_whiten(ret, mask), ret
+    return AdvantageOutputs(masked_whiten(ret, mask), ret)
 
 
-def reinforce_plus_plus(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    group_size: int,
-    cfg: Any = None,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
+def reinforce_plus_plus(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE++ advantages [B, T] (whitened) and returns [B, T] (discounted)."""
-    grouped = check_groups(rewards, mask, group_size)
-    return _reinforce(grouped.reshape(-1), mask, cfg, old_logprobs, ref_logprobs)
+    grouped = check_groups(inputs.rewards, inputs.mask, inputs.group_size)
+    return _reinforce(grouped.reshape(-1), inputs)
 
 
-def reinforce_plus_plus_baseline(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    group_size: int,
-    cfg: Any = None,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
+def reinforce_plus_plus_baseline(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE++ with the group mean reward subtracted first (whitened advantages, raw returns)."""
-    grouped = check_groups(rewards, mask, group_size)
+    grouped = check_groups(inputs.rewards, inputs.mask, inputs.group_size)
     centered = (grouped - grouped.mean(dim=-1, keepdim=True)).reshape(-1)
-    return _reinforce(centered, mask, cfg, old_logprobs, ref_logprobs)
+    return _reinforce(centered, inputs)

@@ -9,30 +9,20 @@ on every masked token; returns equal the advantages. ``cfg`` is not read.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
 import torch
-from torch import Tensor
 
+from .inputs import AdvantageInputs, AdvantageOutputs
 from .utils import broadcast_to_tokens, check_groups
 
 
-def rloo(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    group_size: int,
-    cfg: Any = None,
-    old_logprobs: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
+def rloo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """RLOO advantages [B, T] and returns [B, T] (returns == advantages)."""
-    grouped = check_groups(rewards, mask, group_size)
+    group_size = inputs.group_size
+    grouped = check_groups(inputs.rewards, inputs.mask, group_size)
     if group_size == 1:
         per_sample = torch.zeros(grouped.numel(), dtype=grouped.dtype, device=grouped.device)
     else:
         others = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
         per_sample = (grouped - others).reshape(-1)
-    adv = broadcast_to_tokens(per_sample, mask.float())
-    return adv, adv.clone()
+    adv = broadcast_to_tokens(per_sample, inputs.mask.float())
+    return AdvantageOutputs(adv, adv.clone())

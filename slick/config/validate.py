@@ -344,6 +344,22 @@ def critic_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--critic-load: directory not found: {cfg.critic_load}")
 
 
+def algo_plugin_problems(cfg: Config, p: list[str]) -> None:
+    """--custom-advantage-function-path / --custom-loss-function-path load and take the dataclass signature
+    (slick.algo.inputs), before any model loads."""
+    from slick.algo.inputs import check_plugin_signature
+    from slick.plugins import load_function
+
+    for which in ("advantage", "loss"):
+        flag = f"--custom-{which}-function-path"
+        try:
+            fn = load_function(getattr(cfg, f"custom_{which}_function_path"), flag)
+            if fn is not None:
+                check_plugin_signature(fn, flag)
+        except ValueError as e:
+            p.append(str(e))
+
+
 def rollout_store_problems(cfg: Config, p: list[str]) -> None:
     if cfg.rollout_store_interval < 0:
         p.append(f"--rollout-store-interval must be >= 0 (0 = no store), got {cfg.rollout_store_interval}")
@@ -385,6 +401,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     black_box_agent_problems(cfg, p)
     rollout_store_problems(cfg, p)
     critic_problems(cfg, p)
+    algo_plugin_problems(cfg, p)
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
     elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:

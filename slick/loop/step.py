@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from slick.algo import get_estimator, normalize_advantages
+from slick.algo import AdvantageInputs, AdvantageOutputs, check_plugin_signature, get_estimator, normalize_advantages
 from slick.algo.objective import compute_policy_objective
 from slick.plugins import load_function
 from slick.rollout.agent import session_advantages, split_sessions
@@ -36,32 +36,62 @@ def pad(rows: list, width: int) -> torch.Tensor:
     return out
 
 
+def load_custom(cfg, which: str):
+    """The custom ``advantage`` or ``loss`` function of ``cfg`` (None when unset), its signature checked:
+    one written for the old positional signature is refused with a ValueError naming the flag."""
+    flag = f"--custom-{which}-function-path"
+    fn = load_function(getattr(cfg, f"custom_{which}_function_path"), flag)
+    return None if fn is None else check_plugin_signature(fn, flag)
+
+
 def make_loss_fn(cfg):
-    custom = load_function(cfg.custom_loss_function_path, "--custom-loss-function-path")
-    return functools.partial(custom or compute_policy_objective, cfg)
+    """``loss_fn(inputs: LossInputs) -> (loss, metrics)`` for the trainer: the policy objective or the custom loss."""
+    return functools.partial(load_custom(cfg, "loss") or compute_policy_objective, cfg)
 
 
-def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=None) -> list[torch.Tensor]:
-    """Per-sample advantage tensors (one value per response token) from the configured estimator."""
+def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=None, values=None,
+                       with_returns: bool = False):
+    """Per-sample advantage tensors (one value per response token) from the configured estimator.
+
+    ``old_logprobs``/``ref_logprobs``/``values`` are optional lists of 1-D per-token tensors, one per sample
+    (``values``: the critic's values of the response tokens). With ``with_returns`` the result is
+    ``(advantages, returns)``, both per-sample lists (returns: the critic's targets).
+    """
     sessions = split_sessions(samples)   # agent sessions that became several samples (slick/rollout/agent.py)
     if sessions is not None:
+        if with_returns or values is not None:
+            raise ValueError("agent sessions split into several samples support only outcome-level estimators, "
+                             "which use no critic values or returns (docs/agents.md)")
         return session_advantages(cfg, samples, rewards, sessions, compute_advantages)
     lengths = [len(s.response_ids) for s in samples]
     width = max(lengths + [1])
     mask = pad([s.loss_mask for s in samples], width)
-    kw = {"group_size": cfg.n_samples_per_prompt, "cfg": cfg}
-    if old_logprobs is not None:
-        kw["old_logprobs"] = pad(old_logprobs, width)
-    if ref_logprobs is not None:
-        kw["ref_logprobs"] = pad(ref_logprobs, width)
-    if cfg.advantage_estimator == "ppo":  # no critic yet: zero values make GAE a lambda-return
-        kw["values"] = torch.zeros_like(mask)
-    custom = load_function(cfg.custom_advantage_function_path, "--custom-advantage-function-path")
-    estimator = custom or get_estimator(cfg.advantage_estimator)
-    adv, _ = estimator(torch.tensor(rewards, dtype=torch.float32), mask, **kw)
+    for name, seq in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("values", values)):
+        if seq is not None and len(seq) != len(samples):
+            raise ValueError(f"compute_advantages: {len(samples)} samples but {len(seq)} {name}")
+        bad = [] if seq is None else [i for i, (x, n) in enumerate(zip(seq, lengths)) if len(x) != n]
+        if bad:
+            raise ValueError(f"compute_advantages: {name}[{bad[0]}] has {len(seq[bad[0]])} values for a response "
+                             f"of {lengths[bad[0]]} tokens")
+    if values is None and cfg.advantage_estimator == "ppo":
+        values = [torch.zeros(n) for n in lengths]  # no critic: zero values make GAE a lambda-return
+    inputs = AdvantageInputs(
+        rewards=torch.tensor(rewards, dtype=torch.float32), mask=mask, group_size=cfg.n_samples_per_prompt, cfg=cfg,
+        old_logprobs=None if old_logprobs is None else pad(old_logprobs, width),
+        ref_logprobs=None if ref_logprobs is None else pad(ref_logprobs, width),
+        values=None if values is None else pad([v.detach().float().cpu() for v in values], width))
+    estimator = load_custom(cfg, "advantage") or get_estimator(cfg.advantage_estimator)
+    out = estimator(inputs)
+    if not isinstance(out, AdvantageOutputs):
+        raise TypeError(f"advantage estimator {getattr(estimator, '__qualname__', estimator)} returned "
+                        f"{type(out).__name__}; it must return slick.algo.AdvantageOutputs(advantages, returns)")
+    adv = out.advantages
     if cfg.normalize_advantages:
         adv = normalize_advantages(adv, mask)
-    return [adv[i, :n] for i, n in enumerate(lengths)]
+    advantages = [adv[i, :n] for i, n in enumerate(lengths)]
+    if with_returns:
+        return advantages, [out.returns[i, :n] for i, n in enumerate(lengths)]
+    return advantages
 
 
 def optimizer_batch_size(cfg, num_samples: int) -> int:

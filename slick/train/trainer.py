@@ -1,11 +1,11 @@
 """The Trainer: HF causal LM + AdamW, packed micro-batches, chunked logprobs, one optimizer step per call.
 
 The trainer does not know the RL algorithm: ``train_step`` receives a ``loss_fn`` with the signature of
-``slick.algo.objective.compute_policy_objective`` minus ``cfg``::
+``slick.algo.objective.compute_policy_objective`` minus ``cfg``, taking one ``slick.algo.LossInputs``::
 
-    loss, metrics = loss_fn(logprobs[B,T], entropy[B,T], mask[B,T], advantages[B,T],
-                            old_logprobs=None|[B,T], ref_logprobs=None|[B,T], rollout_logprobs=None|[B,T],
-                            num_samples=int, num_tokens=int)
+    loss, metrics = loss_fn(LossInputs(logprobs[B,T], entropy[B,T], mask[B,T], advantages[B,T],
+                                       old_logprobs=None|[B,T], ref_logprobs=None|[B,T],
+                                       rollout_logprobs=None|[B,T], num_samples=int, num_tokens=int))
 
 called once per packed micro-batch with the *global* normalisers, so summing the micro-batch losses gives
 the global-batch loss and accumulated gradients equal the one-big-batch gradient. The metrics a loss_fn
@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
+from slick.algo.inputs import LossInputs
 from slick.train import dist as D
 from slick.train.fsdp import LogprobForward, full_tensor, make_mesh, shard, total_norm
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
@@ -296,8 +297,9 @@ class Trainer:
                     d = ((logprobs.detach() - roll).abs() * mask)
                     diff_sum += float(d.sum())
                     diff_n += int(mask.sum())
-                loss, metrics = loss_fn(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
-                                        rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
+                loss, metrics = loss_fn(LossInputs(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
+                                                   rollout_logprobs=roll, num_samples=num_samples,
+                                                   num_tokens=num_tokens))
                 loss_value = float(loss.detach())
                 if math.isfinite(loss_value):
                     loss.backward()
