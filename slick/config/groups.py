@@ -300,6 +300,9 @@ class LoggingConfig:
     wandb_project: Optional[str] = F(None, "wandb project.")
     wandb_group: Optional[str] = F(None, "wandb group.")
     no_progress: bool = F(False, "Disable the progress bar.")
+    prometheus_port: Optional[int] = F(None, "Serve the run's Prometheus /metrics on this port (0: a free port, "
+                                             "logged and written to RUN_DIR/prometheus_targets.json); unset: off.")
+    prometheus_host: str = F("127.0.0.1", "Address the --prometheus-port endpoint binds (default loopback only).")
 
 
 @dataclass

@@ -367,6 +367,13 @@ def rollout_store_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--rollout-store-max-mb must be >= 0 (0 = unbounded), got {cfg.rollout_store_max_mb}")
 
 
+def prometheus_problems(cfg: Config, p: list[str]) -> None:
+    if cfg.prometheus_port is not None and not 0 <= cfg.prometheus_port <= 65535:
+        p.append(f"--prometheus-port must be in 0..65535 (0 = a free port), got {cfg.prometheus_port}")
+    if not cfg.prometheus_host:
+        p.append("--prometheus-host must not be empty")
+
+
 def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
     """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
     (slick train) or "async" (slick train-async)."""
@@ -400,6 +407,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     agent_problems(cfg, p)
     black_box_agent_problems(cfg, p)
     rollout_store_problems(cfg, p)
+    prometheus_problems(cfg, p)
     critic_problems(cfg, p)
     algo_plugin_problems(cfg, p)
     if cfg.update_weights_interval < 1:
