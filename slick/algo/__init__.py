@@ -17,6 +17,7 @@ from .reinforce import reinforce_plus_plus, reinforce_plus_plus_baseline
 from .returns import discounted_returns, gae, kl_token_rewards
 from .rloo import rloo
 from .utils import masked_mean, masked_sum, masked_whiten
+from .value import explained_variance, value_loss
 
 __all__ = [
     "AdvantageInputs",
@@ -27,6 +28,7 @@ __all__ = [
     "KL_KINDS",
     "compute_policy_objective",
     "discounted_returns",
+    "explained_variance",
     "gae",
     "get_estimator",
     "grpo",
@@ -44,4 +46,5 @@ __all__ = [
     "reinforce_plus_plus_baseline",
     "rloo",
     "tis_weights",
+    "value_loss",
 ]

@@ -65,6 +65,11 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lambd
 
     ``delta_t = r_t + gamma * V_next - V_t`` and ``A_t = delta_t + gamma * lambd * A_next``,
     where "next" is the next masked token of the row (``V_next = A_next = 0`` after the last).
+
+    Tokens with mask 0 *inside* a response (tool/environment output in a multi-turn sample) are not
+    time steps: their reward and value are ignored, they get advantage 0, and the token before them
+    bootstraps from the first counted token after them with one factor of ``gamma`` (and of
+    ``gamma * lambd``), exactly as if they had been cut out of the row.
     """
     mask = mask.float()
     values = values.detach().float()
