@@ -2,8 +2,18 @@
 
 ``logprob[t] = log softmax(logits[t] / temperature)[target[t]]`` and
 ``entropy[t] = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v`` with ``z = logits / temperature``,
-computed in fp32 whatever the matmul dtype. When gradients are needed and there is more than one chunk,
-each chunk runs under activation checkpointing: its logits are recomputed in backward instead of kept.
+computed in fp32 whatever the matmul dtype.
+
+``chunked_logprobs`` runs the lm head and this math as one autograd node (:class:`FusedLogprobEntropy`):
+its forward keeps two fp32 numbers per row (log-sum-exp and entropy; nothing of the logits), and its
+backward recomputes one chunk's logits at a time and writes ``d loss / d logits`` in closed form::
+
+    dz = g_lp * (onehot(target) - p) - g_ent * p * (log p + entropy)      # log p + entropy = z - E_p[z]
+
+then two matmuls give the chunk's hidden-state gradient and add its lm-head weight gradient. Compared with
+activation checkpointing of the plain ops, no softmax/log-softmax intermediates are saved, the chunk is not
+re-run through autograd, and the weight is cast to the matmul dtype once per call, not once per chunk.
+``logprobs_from_logits`` is the plain reference the tests compare against.
 """
 from __future__ import annotations
 
@@ -11,13 +21,12 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                          with_entropy: bool = True, entropy_grad: bool = True,
                          softcap: Optional[float] = None):
-    """Logprob of ``targets`` and entropy (or None) for logits ``[n, V]``; both fp32 ``[n]``."""
+    """Logprob of ``targets`` and entropy (or None) for logits ``[n, V]``; both fp32 ``[n]`` (reference path)."""
     z = logits.float()
     if softcap:
         z = torch.tanh(z / softcap) * softcap
@@ -35,10 +44,111 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
     return lp, ent
 
 
-def _chunk(hidden, weight, bias, targets, temperature, with_entropy, entropy_grad, softcap):
-    logits = F.linear(hidden, weight, bias)
-    lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, entropy_grad, softcap)
-    return lp, (ent if ent is not None else lp.new_zeros(0))
+def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype F.linear would compute in here: autocast's when it is on for this device, else the weight's."""
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) is not None:
+        return torch.get_autocast_dtype(dev)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _scaled_logits(h, w, b, temperature, softcap):
+    """fp32 ``z = softcap(h @ w.T + b) / T`` for one chunk, and ``tanh(.)`` when soft-capped (for backward)."""
+    z = F.linear(h, w, b).float()
+    th = None
+    if softcap:
+        th = torch.tanh(z / softcap)
+        z = th * softcap
+    if temperature != 1.0:
+        z = z.div_(temperature) if th is None else z / temperature
+    return z, th
+
+
+class FusedLogprobEntropy(torch.autograd.Function):
+    """``(hidden [n,H], weight [V,H], bias [V]|None, targets [n]) -> (logprob [n], entropy [n])``, fp32, chunked.
+
+    ``with_entropy=False`` returns an empty entropy; ``entropy_grad=False`` makes entropy a constant (no
+    gradient flows from it, and backward skips its term).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, entropy_grad, softcap):
+        dt = _matmul_dtype(hidden, weight)
+        h, w = hidden.to(dt), weight.to(dt)
+        b = bias.to(dt) if bias is not None else None
+        n = h.shape[0]
+        lp = torch.empty(n, dtype=torch.float32, device=h.device)
+        lse = torch.empty_like(lp)
+        ent = torch.empty_like(lp) if with_entropy else None
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, n, chunk_size):
+                sl = slice(s, s + chunk_size)
+                z, _ = _scaled_logits(h[sl], w, b, temperature, softcap)
+                lse[sl] = torch.logsumexp(z, dim=-1)
+                logp = z.sub_(lse[sl].unsqueeze(-1))          # log p, in z's buffer
+                lp[sl] = logp.gather(-1, targets[sl].unsqueeze(-1)).squeeze(-1)
+                if with_entropy:   # -sum p log p: no cancellation of two large numbers (lse - E[z])
+                    ent[sl] = torch.linalg.vecdot(logp.exp(), logp).neg_()
+                del z, logp
+        if not with_entropy:
+            ent = lp.new_zeros(0)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, ent if (with_entropy and entropy_grad) else None)
+        ctx.args = (dt, temperature, chunk_size, softcap)
+        if not (with_entropy and entropy_grad):
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        dt, temperature, chunk_size, softcap = ctx.args
+        if ent is None:
+            g_ent = None
+        if g_lp is None and g_ent is None:
+            return (None,) * 9
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        h, w = hidden.to(dt), weight.to(dt)
+        b = bias.to(dt) if bias is not None else None
+        n = h.shape[0]
+        dh = torch.empty(n, h.shape[1], dtype=dt, device=h.device) if need_h else None
+        dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+        db = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, n, chunk_size):
+                sl = slice(s, s + chunk_size)
+                hc = h[sl]
+                z, th = _scaled_logits(hc, w, b, temperature, softcap)
+                logp = z.sub_(lse[sl].unsqueeze(-1))
+                p = logp.exp()
+                # dz = -p * (g_lp + g_ent * (z - E[z])) + g_lp * onehot(target), with z - E[z] = log p + entropy,
+                # built in z's buffer
+                if g_ent is not None:
+                    logp.add_(ent[sl].unsqueeze(-1)).mul_(g_ent[sl].unsqueeze(-1))
+                    if g_lp is not None:
+                        logp.add_(g_lp[sl].unsqueeze(-1))
+                    dz = logp.mul_(p).neg_()
+                else:
+                    dz = p.mul_(g_lp[sl].unsqueeze(-1)).neg_()
+                del p
+                if g_lp is not None:
+                    idx = targets[sl].unsqueeze(-1)
+                    dz.scatter_add_(-1, idx, g_lp[sl].unsqueeze(-1))
+                if temperature != 1.0:
+                    dz.div_(temperature)
+                if th is not None:
+                    dz.mul_(1.0 - th * th)
+                dzc = dz.to(dt)
+                del dz
+                if need_h:
+                    torch.mm(dzc, w, out=dh[sl])
+                if need_w:
+                    dw.add_(torch.mm(dzc.t(), hc))
+                if need_b:
+                    db.add_(dzc.float().sum(0))
+                del dzc
+        return (dh.to(hidden.dtype) if need_h else None, dw.to(weight.dtype) if need_w else None,
+                db.to(bias.dtype) if need_b else None, None, None, None, None, None, None)
 
 
 def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor,
@@ -47,24 +157,11 @@ def chunked_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: to
     """Logprobs ``[n]`` and entropy ``[n]`` (or None) of ``targets`` given hidden states ``[n, H]``.
 
     ``lm_head`` is the model's output projection (``model.get_output_embeddings()``); only these ``n``
-    rows go through it, ``chunk_size`` rows at a time.
+    rows go through it, ``chunk_size`` rows at a time, in one :class:`FusedLogprobEntropy` node.
     """
     if chunk_size <= 0:
         raise ValueError(f"logprob_chunk_size must be positive (got {chunk_size})")
-    n = hidden.shape[0]
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-    use_ckpt = torch.is_grad_enabled() and n > chunk_size
-    lps, ents = [], []
-    for start in range(0, n, chunk_size):
-        args = (hidden[start:start + chunk_size], weight, bias, targets[start:start + chunk_size],
-                temperature, with_entropy, entropy_grad, softcap)
-        if use_ckpt:
-            lp, ent = checkpoint(_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk(*args)
-        lps.append(lp)
-        ents.append(ent)
-    lp = torch.cat(lps) if lps else hidden.new_zeros(0, dtype=torch.float32)
-    if not with_entropy:
-        return lp, None
-    return lp, (torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32))
+    lp, ent = FusedLogprobEntropy.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size),
+                                        bool(with_entropy), bool(entropy_grad), softcap or None)
+    return lp, (ent if with_entropy else None)
