@@ -17,6 +17,9 @@ COMMANDS = {
     "serve": ("slick.engine.server", "Serve a HF model over HTTP with SGLang's native API."),
     "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),
     "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
+    "rollouts": ("slick.observe.rollouts_cli", "Query a run's rollout store: filter samples, show one with its tokens."),
+    "rescore": ("slick.observe.rescore", "Re-score stored rollouts with another verifier and report disagreements."),
+    "inspect": ("slick.observe.inspect.server", "Serve a local page to look inside a run (curves, samples, tokens)."),
     "flags": ("slick.config.docs", "Print every config flag with its default and meaning (markdown)."),
 }
 
