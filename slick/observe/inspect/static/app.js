@@ -57,7 +57,11 @@ function axes(svg, x0, x1, y0, y1) {
 }
 function extent(values) {
   const v = values.filter((x) => x !== null && x !== undefined && Number.isFinite(x));
-  return v.length ? [Math.min(...v), Math.max(...v)] : [0, 1];
+  if (!v.length) return [0, 1];
+  const lo = Math.min(...v), hi = Math.max(...v);
+  if (lo < hi) return [lo, hi];
+  const pad = Math.max(Math.abs(lo) * 0.1, 0.5);         // a flat series sits mid-chart with a readable axis
+  return [lo - pad, hi + pad];
 }
 
 // series: [{name, xs, ys}] drawn as polylines (gaps at missing values) with dots
