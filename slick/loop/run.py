@@ -17,6 +17,7 @@ from slick.engine.factory import make_engines
 from slick.loop import debug
 from slick.loop.step import NonFiniteTrainingError, make_loss_fn, optimizer_batch_size, train_on_samples
 from slick.observe.metrics import MetricsLogger
+from slick.observe.prometheus import start_exporter
 from slick.observe.progress import Progress
 from slick.observe.store import RolloutStore, store_step
 from slick.plugins import load_function
@@ -48,6 +49,7 @@ class Run:
     def __init__(self, cfg, overlap: bool = False):
         self.cluster = self.trainer = self.critic = self.engines = None
         self._engines_closed = False
+        self.exporter = None        # --prometheus-port (slick/observe/prometheus.py)
         self._transport = None      # the weight transport of the driver-side engines, connected on first use
         try:
             self._build(cfg, overlap)
@@ -110,9 +112,12 @@ class Run:
         self.engines = None if cfg.load_debug_rollout_data else make_engines(cfg, self.cluster, self.trainer)
         self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
             if self.engines else None
+        self.exporter = start_exporter(cfg, self)   # --prometheus-port: the run's /metrics, or None
 
     def _stop_processes(self) -> None:
         """Stop the engines' processes, the trainer ranks and the Ray cluster slick started (idempotent)."""
+        if self.exporter is not None:
+            self.exporter.close()
         try:
             if self.engines and not self._engines_closed:
                 self._engines_closed = True
@@ -186,6 +191,8 @@ class Run:
         samples = [s for g in groups for s in g]
         if not samples:
             return {}
+        if self.exporter is not None:
+            self.exporter.observe_trained(samples, self.trainer.version)
         rewards, bad = self.train_rewards(samples)
         if bad:
             log.warning("step %d: %d non-finite reward(s) (sample indices %s) replaced by --rm-failure-reward %s",
@@ -267,6 +274,8 @@ class Run:
 
     def log(self, metrics: dict, step: int) -> None:
         self.logger.log(metrics, step)
+        if self.exporter is not None:
+            self.exporter.observe_step(metrics, step)
         self.progress.update(step, metrics)
 
     async def close(self) -> None:

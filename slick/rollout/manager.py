@@ -77,6 +77,7 @@ class RolloutManager:
         self.agent = AgentRollout.from_config(cfg, lambda: self.engine, tokenizer, reward_hub)
         register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
         self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer)  # --max-turns > 1 / --tool-path / env
+        self.on_generated = None   # called with each group's newly generated samples (--prometheus-port)
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
         if self.generate_fn is not None:
@@ -100,6 +101,8 @@ class RolloutManager:
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
         await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s))
                                for s in todo))
+        if self.on_generated is not None:
+            self.on_generated(todo)
         if all(s.status != Status.ABORTED for s in group) and (todo or any(s.reward is None for s in group)):
             if self.cfg.mask_offpolicy_in_partial_rollout:
                 for s in todo:
