@@ -33,7 +33,9 @@ from typing import Any, Iterable, Optional
 from urllib.parse import urlparse
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from slick.types import Status
 
 log = logging.getLogger("slick")
 
@@ -114,13 +116,12 @@ class _LiveCollector:
                               "Seconds the oldest group in the buffer has waited (0 when empty).")
         g.add_metric([], buf.oldest_age())
         yield g
-        g = GaugeMetricFamily("slick_buffer_put_groups", "Groups put into the buffer since start (producer side; "
-                              "use rate()).")
-        g.add_metric([], buf.num_put)
-        yield g
-        g = GaugeMetricFamily("slick_buffer_dropped_stale_groups", "Groups dropped for staleness since start.")
-        g.add_metric([], stats["buffer/dropped_stale_groups"])
-        yield g
+        c = CounterMetricFamily("slick_buffer_put_groups", "Groups put into the buffer (producer side; use rate()).")
+        c.add_metric([], buf.num_put)
+        yield c
+        c = CounterMetricFamily("slick_buffer_dropped_stale_groups", "Groups dropped for staleness.")
+        c.add_metric([], stats["buffer/dropped_stale_groups"])
+        yield c
 
     def _trainer(self):
         x = self.x
@@ -201,9 +202,15 @@ class RunExporter:
         self._fixed = {n for c in (self.steps, self.trained_samples, self.trained_tokens, self.staleness,
                                    self.request_latency, self.reward_latency, self.reward_scored, self.reward_failed)
                        for n in (c._name, c._name + "_total")}
-        self._fixed |= {"slick_step", "slick_trainer_version"}
+        live = ("slick_step", "slick_trainer_version", "slick_buffer_groups", "slick_buffer_oldest_group_age_seconds",
+                "slick_buffer_put_groups", "slick_buffer_dropped_stale_groups", "slick_process_rss_bytes",
+                "slick_trainer_rank_call_seconds", "slick_engine_up", "slick_engine_weight_version")
+        self._fixed |= {n + sfx for n in live for sfx in ("", "_total")}   # jsonl keys never shadow these
         r.register(_LiveCollector(self))
-        self.server, self.thread = start_http_server(port, addr=host, registry=r)
+        try:
+            self.server, self.thread = start_http_server(port, addr=host, registry=r)
+        except OSError as e:
+            raise OSError(f"--prometheus-port {port}: cannot serve /metrics on {host}:{port}: {e}") from None
         self.host, self.port = host, self.server.server_port
         self.url = f"http://{host}:{self.port}/metrics"
         self.write_targets()
@@ -240,7 +247,7 @@ class RunExporter:
         """Samples whose generation finished (one latency per sample)."""
         for s in samples:
             t = s.timings.get("generate")
-            if t is not None:
+            if t is not None and s.status != Status.ABORTED:     # an aborted request continues later
                 self.request_latency.observe(float(t))
 
     def observe_reward(self, sample: Any) -> None:
@@ -285,6 +292,8 @@ def start_exporter(cfg, run) -> Optional[RunExporter]:
     exporter = RunExporter(run.run_dir, host=cfg.prometheus_host, port=int(cfg.prometheus_port), buffer=run.buffer,
                            trainer=run.trainer, engine_urls=urls, local_engine=local)
     run.rewards.on_scored = exporter.observe_reward
+    if getattr(run, "manager", None) is not None:
+        run.manager.on_generated = exporter.observe_generated
     return exporter
 
 

@@ -1,0 +1,179 @@
+"""--prometheus-port: real short runs (tiny random model, in-process engine) serve /metrics over HTTP with the
+values they trained; every PromQL query of dashboards/slick.json names a metric such a run exports."""
+import asyncio
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slick.config import Config, ConfigError
+from slick.config.validate import validate_config
+from slick.loop.run import Run
+from slick.loop.sync import train
+from slick.loop.train_async import train_async
+from slick.observe.prometheus import TARGETS_FILE, metric_name
+from tests.test_loop import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "dashboards" / "slick.json"
+
+REWARD_MODULE = '''
+def rm(args, sample):
+    """Fraction of even token ids; sample 5 fails (one reward failure to count)."""
+    if sample.index == 5:
+        raise RuntimeError("sample 5 always fails")
+    ids = sample.response_ids
+    return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
+'''
+
+
+@pytest.fixture()
+def reward_module(tmp_path, monkeypatch):
+    (tmp_path / "prom_rm.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = [{"prompt": f"question {i}: say something", "label": str(i)} for i in range(12)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def make_cfg(model_dir, prompts, run_dir, driver="sync", **over):
+    values = dict(hf_checkpoint=str(model_dir), prompt_data=str(prompts), rollout_batch_size=2,
+                  n_samples_per_prompt=4, rollout_max_response_len=8, custom_rm_path="prom_rm.rm",
+                  lr=1e-3, num_rollout=3, dtype="fp32", run_dir=str(run_dir), no_progress=True, seed=3,
+                  rollout_seed=5, micro_batch_size=4, prometheus_port=0)
+    values.update(over)
+    return validate_config(Config.from_flat(values), driver=driver)
+
+
+def scraping(monkeypatch) -> dict:
+    """Scrape the run's real endpoint right after each step is logged: {step: exposition text}."""
+    scrapes = {}
+    log = Run.log
+
+    def log_and_scrape(self, metrics, step):
+        log(self, metrics, step)
+        with urllib.request.urlopen(self.exporter.url, timeout=10) as r:
+            scrapes[step] = r.read().decode()
+        scrapes["url"] = self.exporter.url
+
+    monkeypatch.setattr(Run, "log", log_and_scrape)
+    return scrapes
+
+
+def samples_of(text) -> dict:
+    """{(name, frozenset(labels)): value} of an exposition text."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples, name, **labels):
+    return samples[(name, frozenset(labels.items()))]
+
+
+def assert_closed(url):
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=2)
+
+
+def test_sync_run_serves_what_it_trained(tiny_model_dir, reward_module, tmp_path, monkeypatch):
+    scrapes = scraping(monkeypatch)
+    run = asyncio.run(train(make_cfg(tiny_model_dir, reward_module, tmp_path / "run")))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    s1, s3 = samples_of(scrapes[1]), samples_of(scrapes[3])
+    assert value(s1, "slick_trained_samples_total") == 8 and value(s3, "slick_trained_samples_total") == 24
+    assert value(s3, "slick_trained_tokens_total") == sum(r["rollout/generated_tokens"] for r in rows)
+    assert value(s3, "slick_steps_total") == 3 and value(s3, "slick_step") == 3
+    assert value(s3, "slick_trainer_version") == 3 == run.trainer.version
+    assert value(s3, "slick_engine_up", engine="local") == 1
+    assert value(s3, "slick_engine_weight_version", engine="local") == 3
+    # the step gauges are the metrics.jsonl values, exactly
+    for key in ("perf/step_time", "perf/train_time", "perf/rollout_time", "perf/update_weights_time",
+                "perf/tokens_per_sec", "rollout/raw_reward", "train/loss"):
+        assert value(s3, metric_name(key)) == rows[-1][key], key
+    assert metric_name("perf/step_time") == "slick_perf_step_time_seconds"
+    # synchronous training: every trained sample is 0 versions old
+    assert value(s3, "slick_rollout_staleness_count") == 24
+    assert value(s3, "slick_rollout_staleness_bucket", le="0.0") == 24
+    assert value(s3, "slick_rollout_request_latency_seconds_count") == 24
+    assert value(s3, "slick_reward_scored_total", reward_type="custom") == 24
+    assert value(s3, "slick_reward_failed_total", reward_type="custom") == 1     # sample 5
+    assert value(s3, "slick_reward_latency_seconds_count", reward_type="custom") == 24
+    assert value(s3, "slick_buffer_put_groups_total") == 6 and value(s3, "slick_buffer_groups") == 0
+    assert value(s3, "slick_buffer_oldest_group_age_seconds") == 0.0
+    assert value(s3, "slick_process_rss_bytes", rank="driver") > 50e6
+    port = int(scrapes["url"].split(":")[2].split("/")[0])
+    targets = json.loads((tmp_path / "run" / TARGETS_FILE).read_text())
+    assert targets == [{"targets": [f"127.0.0.1:{port}"], "labels": {"job": "slick-train"}}]
+    assert_closed(scrapes["url"])          # the endpoint ends with the run
+
+
+@pytest.fixture()
+def async_exposition(tiny_model_dir, reward_module, tmp_path, monkeypatch):
+    scrapes = scraping(monkeypatch)
+    cfg = make_cfg(tiny_model_dir, reward_module, tmp_path / "run", driver="async", max_staleness=1,
+                   use_tis=True)
+    asyncio.run(train_async(cfg))
+    assert_closed(scrapes["url"])
+    return scrapes
+
+
+def test_async_run_staleness_and_dashboard_queries(async_exposition):
+    s3 = samples_of(async_exposition[3])
+    # --max-staleness 1: step 0 trains on version-0 samples, steps 1 and 2 on samples one version old
+    assert value(s3, "slick_rollout_staleness_bucket", le="0.0") == 8
+    assert value(s3, "slick_rollout_staleness_bucket", le="1.0") == 24
+    assert value(s3, "slick_trained_samples_total") == 24
+    assert value(s3, "slick_trainer_version") == 3
+    exported = {name for name, _ in s3}
+    queries = dashboard_queries()
+    assert len(queries) >= 12
+    for expr in queries:
+        names = set(re.findall(r"\b((?:slick|process)_[a-zA-Z0-9_]+)\b", expr))
+        assert names, f"dashboard query names no metric: {expr}"
+        missing = names - exported
+        assert not missing, f"dashboard query {expr!r} names {sorted(missing)}, not exported by a real run"
+
+
+def dashboard_queries() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            exprs.extend(t["expr"] for t in p.get("targets", []) if t.get("expr"))
+            walk(p.get("panels", []))
+
+    walk(board["panels"])
+    return exprs
+
+
+def test_dashboard_is_grafana_json():
+    board = json.loads(DASHBOARD.read_text())
+    assert board["title"] and board["uid"] and board["schemaVersion"] >= 30
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    assert any(v.get("name") == "DS_PROMETHEUS" or v.get("type") == "datasource"
+               for v in board["templating"]["list"])
+
+
+def test_bad_port_is_refused(tiny_model_dir, reward_module, tmp_path):
+    with pytest.raises(ConfigError, match="--prometheus-port must be in 0..65535"):
+        make_cfg(tiny_model_dir, reward_module, tmp_path / "run", prometheus_port=70000)
+
+
+def test_port_in_use_fails_at_start_and_leaves_nothing_running(tiny_model_dir, reward_module, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"--prometheus-port {port}: cannot serve /metrics on 127.0.0.1:{port}"):
+            asyncio.run(train(make_cfg(tiny_model_dir, reward_module, tmp_path / "run", prometheus_port=port)))
