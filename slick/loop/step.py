@@ -58,11 +58,12 @@ def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=No
     ``(advantages, returns)``, both per-sample lists (returns: the critic's targets).
     """
     sessions = split_sessions(samples)   # agent sessions that became several samples (slick/rollout/agent.py)
-    if sessions is not None:
+    if sessions is not None:   # refuses estimators that are not outcome-level (ppo among them), naming the flag
+        advantages = session_advantages(cfg, samples, rewards, sessions, compute_advantages)
         if with_returns or values is not None:
             raise ValueError("agent sessions split into several samples support only outcome-level estimators, "
                              "which use no critic values or returns (docs/agents.md)")
-        return session_advantages(cfg, samples, rewards, sessions, compute_advantages)
+        return advantages
     lengths = [len(s.response_ids) for s in samples]
     width = max(lengths + [1])
     mask = pad([s.loss_mask for s in samples], width)
