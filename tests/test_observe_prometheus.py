@@ -177,3 +177,38 @@ def test_port_in_use_fails_at_start_and_leaves_nothing_running(tiny_model_dir, r
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=f"--prometheus-port {port}: cannot serve /metrics on 127.0.0.1:{port}"):
             asyncio.run(train(make_cfg(tiny_model_dir, reward_module, tmp_path / "run", prometheus_port=port)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_engine_up_and_version_per_engine_from_real_slick_serve(tiny_model_dir, tmp_path):
+    from slick.engine.router import launch_workers
+    from slick.observe.prometheus import RunExporter
+
+    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
+    dead = f"http://127.0.0.1:{free_port()}"        # nothing listens there
+    exporter = None
+    try:
+        exporter = RunExporter(tmp_path, engine_urls=[w.url, dead])
+        with urllib.request.urlopen(exporter.url, timeout=10) as r:
+            s = samples_of(r.read().decode())
+        assert value(s, "slick_engine_up", engine=w.url) == 1
+        assert value(s, "slick_engine_weight_version", engine=w.url) == 0
+        assert value(s, "slick_engine_up", engine=dead) == 0
+        assert ("slick_engine_weight_version", frozenset({("engine", dead)})) not in s
+        targets = json.loads((tmp_path / TARGETS_FILE).read_text())
+        assert targets[1] == {"targets": [w.url.split("//")[1], dead.split("//")[1]],
+                              "labels": {"job": "slick-engine"}}
+        w.stop()
+        with urllib.request.urlopen(exporter.url, timeout=10) as r:
+            assert value(samples_of(r.read().decode()), "slick_engine_up", engine=w.url) == 0
+    finally:
+        w.stop()
+        if exporter is not None:
+            exporter.close()
+    assert_closed(exporter.url)
