@@ -13,6 +13,7 @@ file always stays), with one warning the first time; the store keeps a rolling w
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -73,6 +74,7 @@ class RolloutStore:
     def __init__(self, run_dir, *, interval: int = 1, max_mb: float = 512.0, tokenizer=None):
         if interval < 1:
             raise ValueError(f"--rollout-store-interval must be >= 1 (got {interval})")
+        importlib.import_module("pyarrow.parquet")    # imported now, not inside the first step's timing
         self.dir = Path(run_dir) / STORE_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
         for tmp in self.dir.glob(".*.tmp"):     # left by a crash mid-write: never a complete file
