@@ -8,10 +8,15 @@ Layout of ``save_root``::
         model/                a full HF directory (fp32 weights, config, generation config, tokenizer)
         optimizer.pt scheduler.pt rng.pt trainer_state.json
         state.json | state.pt the loop's state dict (JSON when it serialises, else torch.save)
+        manifest.json         written last inside the temp dir: every other file's size in bytes
 
 A checkpoint is written into ``save_root/.tmp-step_XXXXXX-<pid>`` and renamed into place with
 ``os.replace``; ``latest`` is then rewritten via a temp file + rename. A crash at any point leaves the
-previous checkpoint (and ``latest`` pointing at it) intact.
+previous checkpoint (and ``latest`` pointing at it) intact. Loading checks the newest checkpoint first
+(:func:`checkpoint_problem`: manifest sizes, state files that parse) and falls back to the previous complete
+one with a warning naming what is wrong. :func:`clean_stale_temp` removes the ``.tmp-*`` left by writes that
+were interrupted; :func:`prune_checkpoints` applies retention (``--keep-checkpoints``,
+``--keep-checkpoints-every``) by renaming a doomed checkpoint to ``.tmp-delete-*`` before removing it.
 
 With several trainer ranks (``slick.train.dist``) every rank calls these functions: the trainer's writes are
 collective (a sharded ``slick.train.dcp`` directory instead of ``model/`` + ``optimizer.pt``), rank 0 alone
@@ -21,6 +26,7 @@ between; all ranks return once the checkpoint is in place. The filesystem must b
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -31,6 +37,9 @@ import torch
 from slick.train import dist as D
 
 STEP_PREFIX = "step_"
+MANIFEST = "manifest.json"
+
+log = logging.getLogger("slick.checkpoint")
 
 
 def step_dir_name(step: int) -> str:
@@ -146,71 +155,223 @@ def _read_state(d: Path) -> dict:
     return {}
 
 
-def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None) -> Path:
-    """Write ``save_root/step_{step:06d}`` (trainer + loop ``state``) atomically, then point ``latest`` at it."""
+def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None, *,
+                    keep_last: Optional[int] = None, keep_every: Optional[int] = None) -> Path:
+    """Write ``save_root/step_{step:06d}`` (trainer + loop ``state``) atomically, point ``latest`` at it, then
+    prune older checkpoints by ``keep_last`` / ``keep_every`` (:func:`prune_checkpoints`; None keeps all)."""
     root = Path(save_root)
     root.mkdir(parents=True, exist_ok=True)
 
     def writer(tmp: Path) -> None:
-        trainer.save(tmp)
+        trainer.save(tmp)   # collective; every rank's files are in place when it returns
         if D.world()[0] == 0:
             _write_state(tmp, dict(state or {}))
             (tmp / "step.json").write_text(json.dumps({"step": int(step)}))
+            write_manifest(tmp)
 
     final = write_dir_atomic(root / step_dir_name(step), writer)
     if D.world()[0] == 0:
         write_text_atomic(root / "latest", f"{int(step)}\n")
+        if keep_last or keep_every:
+            prune_checkpoints(root, keep_last, keep_every)
     D.barrier(f"{root}: latest -> {step}")
     return final
 
 
-def list_steps(root) -> list[int]:
-    """Steps of the complete checkpoints under ``root`` (ascending)."""
-    steps = []
-    for p in Path(root).glob(f"{STEP_PREFIX}*"):
+def write_manifest(d) -> None:
+    """Record the size of every file under ``d`` in ``d/manifest.json`` (the last file a checkpoint gets)."""
+    d = Path(d)
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    (d / MANIFEST).write_text(json.dumps({"files": files}))
+
+
+def checkpoint_problem(d) -> Optional[str]:
+    """Why the checkpoint directory ``d`` cannot be loaded (None when it looks complete): the trainer's
+    marker, the manifest (a missing or truncated file), and the JSON state files must all check out.
+    Checkpoints written before manifests existed are checked by their marker and state files alone."""
+    d = Path(d)
+    if not d.is_dir():
+        return "not a directory"
+    if not (d / "trainer_state.json").is_file():
+        return "trainer_state.json missing (the trainer's write did not finish)"
+    for name in ("trainer_state.json", "step.json", "state.json", MANIFEST):
+        f = d / name
+        if f.is_file():
+            try:
+                json.loads(f.read_text())
+            except (ValueError, OSError) as e:
+                return f"{name} is not valid JSON ({e})"
+    if (d / MANIFEST).is_file():
+        files = json.loads((d / MANIFEST).read_text()).get("files", {})
+        for rel, size in files.items():
+            f = d / rel
+            if not f.is_file():
+                return f"{rel} missing (listed in {MANIFEST})"
+            actual = f.stat().st_size
+            if actual != size:
+                return f"{rel} has {actual} bytes, {MANIFEST} says {size} (truncated or overwritten)"
+    return None
+
+
+def _step_dirs(root: Path) -> dict[int, Path]:
+    out = {}
+    for p in root.glob(f"{STEP_PREFIX}*"):
         tail = p.name[len(STEP_PREFIX):]
-        if p.is_dir() and tail.isdigit() and (p / "trainer_state.json").is_file():
-            steps.append(int(tail))
-    return sorted(steps)
+        if p.is_dir() and tail.isdigit():
+            out[int(tail)] = p
+    return out
+
+
+def list_steps(root) -> list[int]:
+    """Steps of the checkpoints under ``root`` that have a trainer marker (ascending; see
+    :func:`complete_steps` for the full check)."""
+    return sorted(s for s, p in _step_dirs(Path(root)).items() if (p / "trainer_state.json").is_file())
+
+
+def complete_steps(root) -> list[int]:
+    """Steps of the checkpoints under ``root`` that pass :func:`checkpoint_problem` (ascending)."""
+    return sorted(s for s, p in _step_dirs(Path(root)).items() if checkpoint_problem(p) is None)
+
+
+def _latest_step(root: Path) -> Optional[int]:
+    latest = root / "latest"
+    if not latest.is_file():
+        return None
+    text = latest.read_text().strip()
+    if not text.isdigit():
+        log.warning("%s: expected a step number, got %r; using the newest complete checkpoint instead",
+                    latest, text)
+        return None
+    return int(text)
+
+
+def _step_of_dir(d: Path) -> int:
+    meta = d / "step.json"
+    if meta.is_file():
+        return int(json.loads(meta.read_text())["step"])
+    tail = d.name[len(STEP_PREFIX):]
+    return int(tail) if tail.isdigit() else 0
 
 
 def resolve_step_dir(load_root, step: Optional[int] = None) -> tuple[int, Path]:
-    """(step, directory) for ``step``, or ``latest`` (falling back to the newest complete step dir).
-
-    ``load_root`` may also be a step directory itself.
-    """
+    """(step, directory) of the checkpoint to load: ``step`` when given (an error names what is wrong with it),
+    else the one ``latest`` names, falling back to older complete ``step_*`` directories (all of them, newest
+    first, when there is no readable ``latest``). A checkpoint that
+    fails :func:`checkpoint_problem` is skipped with a warning naming it and why. ``load_root`` may also be a
+    step directory itself."""
     root = Path(load_root)
     if not root.is_dir():
         raise FileNotFoundError(f"--load: checkpoint directory not found: {root}")
     if (root / "trainer_state.json").is_file() and step is None:
-        meta = root / "step.json"
-        s = json.loads(meta.read_text())["step"] if meta.is_file() else int(root.name[len(STEP_PREFIX):] or 0)
-        return int(s), root
-    if step is None:
-        latest = root / "latest"
-        if latest.is_file():
-            text = latest.read_text().strip()
-            if not text.isdigit():
-                raise ValueError(f"{latest}: expected a step number, got {text!r}")
-            step = int(text)
-            if not (root / step_dir_name(step) / "trainer_state.json").is_file():
-                step = None
-        if step is None:
-            steps = list_steps(root)
-            if not steps:
-                raise FileNotFoundError(f"{root}: no checkpoint (no 'latest' file and no complete step_* dir)")
-            step = steps[-1]
-    d = root / step_dir_name(step)
-    if not (d / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"{d}: checkpoint for step {step} not found or incomplete")
-    return int(step), d
+        problem = checkpoint_problem(root)
+        if problem:
+            raise ValueError(f"--load {root}: checkpoint is incomplete or corrupt: {problem}")
+        return _step_of_dir(root), root
+    dirs = _step_dirs(root)
+    if step is not None:
+        d = root / step_dir_name(step)
+        problem = checkpoint_problem(d) if d.is_dir() else "not found"
+        if problem:
+            raise FileNotFoundError(f"{d}: checkpoint for step {step} cannot be loaded: {problem}")
+        return int(step), d
+    latest = _latest_step(root)
+    if not dirs:
+        text = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+        if text is not None and not text.isdigit():
+            raise ValueError(f"{root / 'latest'}: expected a step number, got {text!r} (and no step_* dir)")
+        raise FileNotFoundError(f"{root}: no checkpoint (no step_* directory; 'latest' says {text})")
+    order = sorted(dirs, reverse=True)
+    if latest is not None and latest in dirs:   # `latest` is the commit point: a newer dir was never committed
+        newer = [s for s in order if s > latest]
+        if newer:
+            log.warning("%s: ignoring step(s) %s newer than 'latest' (%d): written but not committed", root,
+                        newer, latest)
+        order = [s for s in order if s <= latest]
+    skipped = []
+    for s in order:
+        problem = checkpoint_problem(dirs[s])
+        if problem is None:
+            if skipped:
+                log.warning("%s: loading step %d after skipping %s", root, s, "; ".join(skipped))
+            return s, dirs[s]
+        msg = f"{dirs[s]} ({problem})"
+        log.warning("skipping checkpoint %s; trying the previous one", msg)
+        skipped.append(msg)
+    detail = f"; skipped: {'; '.join(skipped)}" if skipped else ""
+    raise FileNotFoundError(f"{root}: no checkpoint that can be loaded{detail}")
 
 
 def load_checkpoint(load_root, trainer, step: Optional[int] = None) -> tuple[int, dict]:
-    """Restore ``trainer`` from the latest (or given) checkpoint; returns ``(step, loop_state)``."""
+    """Restore ``trainer`` from the newest complete (or the given) checkpoint; returns ``(step, loop_state)``."""
     s, d = resolve_step_dir(load_root, step)
+    state = _read_state(d)   # before the trainer: a state that does not parse must not leave it half-loaded
     trainer.load(d)
-    return s, _read_state(d)
+    return s, state
+
+
+def _size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def clean_stale_temp(save_root) -> tuple[int, int]:
+    """Remove what interrupted writes left in ``save_root`` (``.tmp-*`` and ``.old-*`` directories, temp files
+    of ``latest``); logs each removal with its size. Call it only when no other process writes there (the
+    start of a run). Returns (entries removed, bytes freed)."""
+    root = Path(save_root)
+    if not root.is_dir():
+        return 0, 0
+    count = freed = 0
+    for p in sorted(root.iterdir()):
+        if not (p.name.startswith(".tmp-") or p.name.startswith(".old-") or p.name.startswith(".latest.tmp-")):
+            continue
+        n = _size(p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        count, freed = count + 1, freed + n
+        log.warning("removed %s left by an interrupted checkpoint write (%d bytes)", p, n)
+    if count:
+        log.warning("%s: removed %d stale temp entr%s, %d bytes in all", root, count, "y" if count == 1 else "ies",
+                    freed)
+    return count, freed
+
+
+def retained_steps(steps, keep_last: Optional[int], keep_every: Optional[int]) -> set[int]:
+    """Which of ``steps`` retention keeps: the newest ``keep_last`` (all when None), plus every step that is
+    a multiple of ``keep_every``; the newest step is always kept."""
+    steps = sorted(steps)
+    if not keep_last:
+        return set(steps)
+    keep = set(steps[-keep_last:])
+    if keep_every:
+        keep |= {s for s in steps if s % keep_every == 0}
+    return keep
+
+
+def prune_checkpoints(save_root, keep_last: Optional[int], keep_every: Optional[int] = None) -> list[int]:
+    """Delete the checkpoints retention does not keep (:func:`retained_steps`; the one ``latest`` names is
+    always kept). Each is renamed to ``.tmp-delete-*`` first, so a reader never sees half of one. Returns the
+    deleted steps."""
+    root = Path(save_root)
+    dirs = _step_dirs(root)
+    keep = retained_steps(dirs, keep_last, keep_every)
+    latest = _latest_step(root)
+    if latest is not None:
+        keep.add(latest)
+    deleted = []
+    for s in sorted(set(dirs) - keep):
+        doomed = root / f".tmp-delete-{dirs[s].name}-{os.getpid()}"
+        os.replace(dirs[s], doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        deleted.append(s)
+    if deleted:
+        log.info("%s: removed checkpoints of steps %s (--keep-checkpoints %s, --keep-checkpoints-every %s)",
+                 root, deleted, keep_last, keep_every)
+    return deleted
 
 
 def save_hf(out_dir, trainer) -> Path:
