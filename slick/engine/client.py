@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import time
 import uuid
 from typing import Any, Iterable, Optional
@@ -24,6 +25,8 @@ import aiohttp
 
 from slick.engine.http_protocol import generation_from_json, parse_weight_version
 from slick.types import Generation, SamplingParams
+
+log = logging.getLogger("slick.engine")
 
 
 class EngineError(RuntimeError):
@@ -60,6 +63,14 @@ class HttpEngine:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._version = 0
         self.num_retries = 0                  # requests moved to another worker after a failure
+        # --use-fault-tolerance (slick/engine/fault.py): generation streams, so a request whose worker fails goes
+        # on on another one from the tokens already received; set by the factory
+        self.fault_tolerant = False
+        self.routed = self.urls != self.control_urls    # generation goes through a router
+        self.resubmitted = 0                  # requests moved to another worker after their worker failed
+        self._flights: dict[str, _Flight] = {}
+        self._current: dict[str, str] = {}              # rid asked for -> rid of its attempt now in flight
+        self._lost: dict[str, asyncio.Event] = {}       # worker url -> set when it was declared failed
 
     @property
     def weight_urls(self) -> list[str]:
@@ -136,23 +147,44 @@ class HttpEngine:
                           f"{len(self.urls)} worker(s): " + " | ".join(errors[-4:]))
 
     async def _broadcast(self, method: str, path: str, payload: Any = None) -> list[Any]:
-        """Send to every control URL (no fail-over: each one must answer)."""
+        """Send to every control URL (no fail-over: each one must answer). With fault tolerance a worker that
+        fails or is declared failed meanwhile is left out (its replacement is brought up to date on its own),
+        as long as one worker answers."""
         self._ensure()
+        urls = list(self.control_urls)
 
         async def one(url):
             try:
-                return await self._call(method, url, path, payload)
+                if not self.fault_tolerant:
+                    return await self._call(method, url, path, payload)
+                return await _unless(self._call(method, url, path, payload), self._lost_event(url))
             except _Retryable as e:
+                if self.fault_tolerant:
+                    return _Failed(url, str(e))
                 raise EngineError(f"worker {url} did not answer {path}: {e}") from None
 
-        return list(await asyncio.gather(*(one(u) for u in self.control_urls)))
+        outs = list(await asyncio.gather(*(one(u) for u in urls)))
+        if self.fault_tolerant:
+            failed = [o for o in outs if isinstance(o, _Failed)]
+            if len(failed) == len(outs):
+                raise EngineError(f"no worker answered {path}: " + " | ".join(f.error for f in failed))
+            for f in failed:
+                log.warning("worker %s left out of %s (fault tolerance): %s", f.url, path, f.error)
+            keep = [(u, o) for u, o in zip(urls, outs) if not isinstance(o, _Failed)]
+            self._answered = [u for u, _ in keep]
+            return [o for _, o in keep]
+        self._answered = urls
+        return outs
 
     # ------------------------------------------------------------ Engine
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        rid: Optional[str] = None) -> Generation:
         """POST /generate with ``return_logprob`` and ``rid`` (a fresh uuid when None); returns tokens,
         logprobs, finish reason, version, and per-token versions (``output_token_weight_versions`` from
-        ``slick serve``; from a server that does not send it, the request's ``weight_version`` per token)."""
+        ``slick serve``; from a server that does not send it, the request's ``weight_version`` per token).
+        With ``fault_tolerant`` the request streams and survives the failure of its worker (:meth:`_generate_ft`)."""
+        if self.fault_tolerant:
+            return await self._generate_ft(prompt_ids, sampling, uuid.uuid4().hex if rid is None else rid)
         payload = {"input_ids": list(prompt_ids), "sampling_params": sampling.to_sglang(),
                    "return_logprob": True, "stream": False, "rid": uuid.uuid4().hex if rid is None else rid}
         out = await self._request("POST", "/generate", payload)
@@ -166,6 +198,144 @@ class HttpEngine:
             gen.prompt_tokens = len(prompt_ids)
         self._version = max(self._version, gen.weight_version)
         return gen
+
+    # ------------------------------------------------------- fault tolerance
+    async def _generate_ft(self, prompt_ids: list[int], sampling: SamplingParams, rid: str) -> Generation:
+        """Stream the generation; when its worker fails (connection lost, stream cut, or declared failed by the
+        health monitor), resubmit prompt + tokens so far to a healthy worker with the tokens left, keeping the
+        logprobs and versions received. Bounded by ``timeout`` in all (EngineError names the rid)."""
+        from slick.engine.fault import PartialGeneration
+
+        _, sem = self._ensure()
+        part = PartialGeneration()
+        deadline = time.monotonic() + self.timeout
+        errors: list[str] = []
+        attempt = 0
+        async with sem:
+            while True:
+                rid_now = rid if attempt == 0 else f"{rid}.r{attempt}"
+                url = self._order()[0]
+                flight = _Flight(url, asyncio.Event())
+                self._flights[rid_now] = flight
+                self._current[rid] = rid_now
+                payload = {"input_ids": part.prompt(prompt_ids), "sampling_params": part.sampling(sampling).to_sglang(),
+                           "return_logprob": True, "stream": True, "rid": rid_now}
+                try:
+                    gen = await _unless(self._stream(url, payload, flight, deadline), flight.lost)
+                    part.add(gen)
+                    self._version = max(self._version, gen.weight_version)
+                    return part.result(gen, len(prompt_ids))
+                except _Retryable as e:
+                    errors.append(str(e))
+                    self._down[url] = time.monotonic()
+                finally:
+                    self._flights.pop(rid_now, None)
+                    if self._current.get(rid) == rid_now:
+                        del self._current[rid]
+                part.add_tokens(*flight.received())
+                attempt += 1
+                self.resubmitted += 1
+                if part.tokens and part.left(sampling) <= 0:   # everything arrived but the final chunk
+                    return part.result(Generation([], [], "length", self._version, 0, weight_versions=[]),
+                                       len(prompt_ids))
+                if time.monotonic() >= deadline:
+                    raise EngineError(f"request {rid} could not finish within {self.timeout:g}s over "
+                                      f"{attempt} attempt(s): " + " | ".join(errors[-4:]))
+                await asyncio.sleep(min(0.05 * 2 ** min(attempt, 5), 1.0))
+
+    async def _stream(self, url: str, payload: dict, flight: "_Flight", deadline: float) -> Generation:
+        """POST a streaming /generate to ``url``; partial chunks are kept in ``flight``; returns the final one."""
+        session, _ = self._ensure()
+        to = aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.1))
+        try:
+            async with session.post(url + "/generate", json=payload, timeout=to) as resp:
+                if resp.status >= 500 or resp.status == 429:
+                    raise _Retryable(f"{url}/generate: HTTP {resp.status}: {(await resp.text())[:300]}")
+                if resp.status >= 400:
+                    raise EngineError(f"{url}/generate: HTTP {resp.status}: {_message(await resp.text())}")
+                buf = b""
+                async for chunk in resp.content.iter_any():
+                    buf += chunk
+                    while b"\n\n" in buf:
+                        event, buf = buf.split(b"\n\n", 1)
+                        data = event.decode().strip()
+                        if not data.startswith("data:"):
+                            continue
+                        data = data[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        out = json.loads(data)
+                        if isinstance(out, list):
+                            out = out[0]
+                        if out.get("meta_info", {}).get("finish_reason") is None:    # a partial chunk
+                            flight.snapshot(generation_from_json(out))
+                            continue
+                        gen = generation_from_json(out)
+                        if not gen.prompt_tokens:
+                            gen.prompt_tokens = len(payload["input_ids"])
+                        return gen
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
+            raise _Retryable(f"{url}/generate: {type(e).__name__}: {e}") from e
+        except asyncio.TimeoutError:
+            raise EngineError(f"{url}/generate: no answer within {to.total:.0f}s (timeout)") from None
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise EngineError(f"could not parse a /generate stream chunk from {url}: {e}") from None
+        raise _Retryable(f"{url}/generate: the stream ended before its final chunk")
+
+    def _lost_event(self, url: str) -> asyncio.Event:
+        return self._lost.setdefault(url, asyncio.Event())
+
+    def remove_worker(self, url: str) -> None:
+        """Take worker ``url`` out of the control URLs (and the generation URLs when there is no router)."""
+        url = _norm(url)
+        self._lost_event(url).set()
+        self.control_urls = [u for u in self.control_urls if u != url]
+        if not self.routed:
+            self.urls = [u for u in self.urls if u != url] or self.urls
+
+    def add_worker(self, url: str) -> None:
+        """Add worker ``url`` to the control URLs (and the generation URLs when there is no router)."""
+        url = _norm(url)
+        self._lost.pop(url, None)
+        if url not in self.control_urls:
+            self.control_urls.append(url)
+        if not self.routed and url not in self.urls:
+            self.urls.append(url)
+        self._down.pop(url, None)
+        if not self.routed and self.urls and self.urls[0] not in self.control_urls:   # the last one had failed
+            self.urls = [u for u in self.urls if u in self.control_urls]
+
+    async def lose_worker(self, url: str) -> int:
+        """Interrupt the requests worker ``url`` was serving (they resubmit themselves); returns how many.
+        Behind a router the client does not know where a request went: those that no surviving worker has in
+        flight (``/get_server_info`` ``inflight_tokens``) are interrupted."""
+        url = _norm(url)
+        if not self.routed:
+            hit = [f for f in self._flights.values() if f.url == url]
+        else:
+            alive: set = set()
+            for u in self.control_urls:
+                try:
+                    info = await self._call("GET", u, "/get_server_info", timeout=10)
+                    alive |= set((info or {}).get("inflight_tokens", {}))
+                except (EngineError, _Retryable):
+                    pass
+            hit = [f for rid, f in list(self._flights.items()) if rid not in alive]
+        for f in hit:
+            f.lost.set()
+        return len(hit)
+
+    def inflight(self) -> dict:
+        """``{rid: worker url}`` of the requests in flight (fault-tolerant mode; the router's URL behind one)."""
+        return {rid: f.url for rid, f in self._flights.items()}
+
+    async def weight_version_of(self, url: str, timeout: float = 30.0) -> int:
+        """The weight version worker ``url`` reports (GET /get_weight_version)."""
+        try:
+            out = await self._call("GET", _norm(url), "/get_weight_version", timeout=timeout)
+        except _Retryable as e:
+            raise EngineError(f"worker {url} did not answer /get_weight_version: {e}") from None
+        return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else None, default=-1)
 
     async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,
                              version: Optional[int] = None) -> int:
@@ -181,7 +351,7 @@ class HttpEngine:
             payload["weight_version"] = str(int(version))
         outs = await self._broadcast("POST", "/update_weights_from_disk", payload)
         versions = []
-        for url, o in zip(self.control_urls, outs):
+        for url, o in zip(self._answered, outs):
             if not isinstance(o, dict) or not o.get("success", False):
                 raise EngineError(f"{url} refused update_weights_from_disk: {o}")
             versions.append(parse_weight_version(o.get("weight_version"), default=-1))
@@ -242,7 +412,7 @@ class HttpEngine:
         skipped; an unknown or finished rid is a no-op."""
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"rid must be a non-empty string, got {rid!r}")
-        await self._abort({"rid": rid})
+        await self._abort({"rid": self._current.get(rid, rid)})
 
     async def _abort(self, payload: dict) -> None:
         self._ensure()
@@ -299,6 +469,49 @@ class HttpEngine:
             except RuntimeError:  # session from a loop that is gone
                 pass
         self._session = None
+
+
+class _Flight:
+    """One streaming request: where it went, an event set when that worker failed, the last partial chunk."""
+
+    def __init__(self, url: str, lost: asyncio.Event):
+        self.url, self.lost = url, lost
+        self._part: Optional[Generation] = None
+
+    def snapshot(self, gen: Generation) -> None:
+        self._part = gen
+
+    def received(self) -> tuple[list, list, list]:
+        g = self._part
+        if g is None:
+            return [], [], []
+        return list(g.token_ids), list(g.logprobs), list(g.weight_versions or [g.weight_version] * len(g.token_ids))
+
+
+class _Failed:
+    def __init__(self, url: str, error: str):
+        self.url, self.error = url, error
+
+
+async def _unless(coro, event: asyncio.Event):
+    """Await ``coro`` unless ``event`` is set first; then cancel it and raise _Retryable."""
+    task = asyncio.ensure_future(coro)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - it was given up
+        pass
+    raise _Retryable("its worker was declared failed by the health monitor")
 
 
 def _norm(url: str) -> str:

@@ -9,19 +9,102 @@ log = logging.getLogger("slick.engine")
 class EngineSet:
     """The engine the rollout talks to, the processes started for it, and how weights reach it."""
 
-    def __init__(self, engine, sync_mode: str, processes=(), worker_urls=()):
+    def __init__(self, engine, sync_mode: str, processes=(), worker_urls=(), relaunch=None):
         self.engine, self.sync_mode, self.processes = engine, sync_mode, list(processes)
         self.worker_urls = list(worker_urls)   # the engine servers themselves (behind the router, if any)
+        self.relaunch = relaunch               # () -> a new worker process (launched HTTP workers only)
+        self.monitor = self.recovery = None
+        self.failure = None                    # the EngineDied that ended the run (no --use-fault-tolerance)
+        self.weights_lock = None               # held by weight syncs and by a replacement's bring-up
+
+    def watch(self, cfg, bring_up=None, pending=None) -> None:
+        """Start watching the engines (slick/engine/health.py) on the running event loop. Launched processes
+        are always watched; a failure ends the run (``self.failure``, the calling task is cancelled) unless
+        ``cfg.use_fault_tolerance``, which health-checks every worker and replaces failed ones
+        (slick/engine/fault.py): ``bring_up(url)`` must load the engines' current weights into ``url`` and
+        return their version. ``pending()`` names the sample indices in flight, for the error message."""
+        import asyncio
+
+        from slick.engine.fault import EngineDied, Recovery
+        from slick.engine.health import HealthMonitor
+        from slick.engine.router import RouterProcess, WorkerProcess
+
+        if self.monitor is not None:
+            return
+        main = asyncio.current_task()
+        self.weights_lock = asyncio.Lock()
+        router = next((p for p in self.processes if isinstance(p, RouterProcess)), None)
+        workers = {p.url: p for p in self.processes if isinstance(p, WorkerProcess)}
+
+        def fatal(err: EngineDied) -> None:
+            if self.failure is None:
+                self.failure = err
+                main.cancel()
+
+        def watched() -> dict:
+            procs = dict(self.recovery.workers) if self.recovery is not None else dict(workers)
+            if router is not None:
+                procs[router.url] = router
+            return procs
+
+        async def died(url: str, reason: str) -> None:
+            if url == getattr(router, "url", None) or self.recovery is None:
+                proc = watched().get(url)
+                what = "sglang-router" if proc is router and router is not None else "engine worker"
+                rids = sorted(getattr(self.engine, "inflight", dict)())
+                samples = sorted(pending()) if pending is not None else []
+                fatal(EngineDied(
+                    f"{what} {url} (pid {getattr(proc, 'pid', '?')}) failed: {reason}; pending samples (indices): "
+                    f"{samples}"
+                    + (f"; requests in flight: {rids}" if rids else "")
+                    + ("" if self.recovery is not None else "; --use-fault-tolerance would replace the worker and "
+                       "go on"), url, getattr(proc, "pid", None)))
+                return
+            await self.recovery.failed(url, reason)
+
+        if cfg.use_fault_tolerance:
+            if self.relaunch is None:
+                raise ValueError("--use-fault-tolerance needs engines slick launched (a relaunch function)")
+            self.engine.fault_tolerant = True
+            self.recovery = Recovery(self.engine, workers, self.relaunch, router=router, bring_up=bring_up,
+                                     weights_lock=self.weights_lock, on_fatal=fatal)
+        if not workers and router is None and self.recovery is None:
+            return                              # engines slick did not launch: nothing to watch
+        self.monitor = HealthMonitor(lambda: list(self.engine.control_urls), died, processes=watched,
+                                     interval=cfg.rollout_health_check_interval,
+                                     timeout=cfg.rollout_health_check_timeout,
+                                     first_wait=cfg.rollout_health_check_first_wait,
+                                     health_checks=self.recovery is not None,
+                                     paused=lambda: False)
+        self.monitor.start()
+
+    def fault_metrics(self) -> dict:
+        """fault/* metrics of --use-fault-tolerance (empty without it)."""
+        return self.recovery.metrics() if self.recovery is not None else {}
+
+    async def _stop_watching(self) -> None:
+        if self.monitor is not None:
+            await self.monitor.stop()
+        if self.recovery is not None:
+            await self.recovery.close()
+            for p in self.recovery.started:
+                if p not in self.processes:
+                    self.processes.insert(0, p)
 
     async def close(self) -> None:
-        await self.engine.close()
-        for p in reversed(self.processes):
-            p.stop()
+        try:
+            await self._stop_watching()
+            await self.engine.close()
+        finally:
+            for p in reversed(self.processes):
+                p.stop()
 
     def close_sync(self) -> None:
         """Stop what was started, without an event loop (for failures during set-up)."""
         if hasattr(self.engine, "close_sync"):
             self.engine.close_sync()
+        if self.recovery is not None:
+            self.processes[:0] = [p for p in self.recovery.started if p not in self.processes]
         for p in reversed(self.processes):
             p.stop()
 
@@ -57,14 +140,21 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
         kwargs.update(options)
         eng = LocalEngine(cfg.hf_checkpoint, **kwargs)
         return EngineSet(eng, "tensors")
-    procs, urls = [], list(cfg.rollout_urls)
+    procs, urls, relaunch = [], list(cfg.rollout_urls), None
     if not urls:
+        import os
+
         from slick.engine.router import launch_workers
 
-        procs = launch_workers(cfg.hf_checkpoint, cfg.rollout_num_workers, dtype=cfg.dtype,
-                               max_running=cfg.engine_max_running, extra_args=to_argv(sglang))
+        n = cfg.rollout_num_workers
+        kw = dict(dtype=cfg.dtype, max_running=cfg.engine_max_running, extra_args=to_argv(sglang),
+                  threads=max(1, (os.cpu_count() or 1) // n))
+        procs = launch_workers(cfg.hf_checkpoint, n, **kw)
         urls = [p.url for p in procs]
-    return _http_engines(cfg, urls, procs, "disk")
+        relaunch = lambda: launch_workers(cfg.hf_checkpoint, 1, **kw)[0]   # noqa: E731 - a replacement worker
+    engines = _http_engines(cfg, urls, procs, "disk")
+    engines.relaunch = relaunch
+    return engines
 
 
 def _ray_engines(cfg, cluster, trainer) -> EngineSet:

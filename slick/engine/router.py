@@ -183,10 +183,11 @@ def _log_path(prefix: str, log_dir: Optional[str]) -> str:
 def launch_workers(hf_checkpoint: str, n: int, *, dtype: str = "auto", host: str = "127.0.0.1",
                    base_port: Optional[int] = None, api_key: Optional[str] = None, max_running: int = 64,
                    extra_args: Optional[list[str]] = None, startup_timeout: float = 300.0,
-                   log_dir: Optional[str] = None) -> list[WorkerProcess]:
+                   log_dir: Optional[str] = None, threads: Optional[int] = None) -> list[WorkerProcess]:
     """Start ``n`` ``slick serve`` subprocesses (in parallel) and wait until each answers /health.
 
-    Each worker gets ``OMP_NUM_THREADS = cores // n`` unless the caller's environment sets it.
+    Each worker gets ``OMP_NUM_THREADS = threads or cores // n`` unless the caller's environment sets it
+    (``threads``: a replacement for one of several workers gets the share the first ones got).
     Ports are ``base_port + i`` when given, else free ports picked by the OS. On any failure every
     started worker is stopped and a RuntimeError carrying the worker's log tail is raised.
     """
@@ -198,7 +199,7 @@ def launch_workers(hf_checkpoint: str, n: int, *, dtype: str = "auto", host: str
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # split the cores between the workers: oversubscribed OpenMP teams (n x all cores) spin against each
     # other and a CPU worker slows down by an order of magnitude
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // n)))
     try:
         for i in range(n):
             port = base_port + i if base_port else free_port(host)

@@ -38,6 +38,7 @@ log = logging.getLogger("slick.serve")
 PROTECTED = {"/update_weights_from_disk", "/abort_request", "/pause_generation", "/continue_generation",
              "/flush_cache", *WEIGHT_GROUP_PATHS}
 MAX_BODY_BYTES = 64 * 1024 * 1024
+STREAM_EVERY_S = 0.05       # a streamed /generate sends the tokens so far this often
 
 
 class SlickServer:
@@ -155,6 +156,8 @@ class SlickServer:
             raise RequestError(f"rid {dup[0]!r} is already in flight (rids must be unique)")
         self.counters["requests_total"] += 1
         t0 = time.perf_counter()
+        if req.stream and not req.batched and hasattr(self.engine, "partial"):
+            return await self._stream_one(request, req.items[0], req.return_logprob, t0)
         gens = await asyncio.gather(*(self._run_one(it) for it in req.items))
         dt = time.perf_counter() - t0
         out = []
@@ -172,6 +175,39 @@ class SlickServer:
         for o in out:
             await resp.write(f"data: {json.dumps(o)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _stream_one(self, request: web.Request, item: GenerateItem, return_logprob: bool,
+                          t0: float) -> web.StreamResponse:
+        """A streamed /generate of one prompt: every ``STREAM_EVERY_S`` seconds a chunk with the tokens so far
+        (cumulative, ``finish_reason`` null; ``text`` empty), then the final chunk and ``[DONE]``. A client that
+        keeps the last chunk knows every token it was sent if the server dies (slick's fault tolerance)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        task = asyncio.ensure_future(self._run_one(item))
+        sent = 0
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=STREAM_EVERY_S)
+                part = None if task.done() else self.engine.partial(item.rid)
+                if part is not None and len(part[0]) > sent:
+                    ids, lps, versions = part
+                    gen = Generation(ids, lps, "abort", versions[-1], len(item.prompt_ids), weight_versions=versions)
+                    chunk = generation_json(gen, item, text="", return_logprob=return_logprob,
+                                            e2e_latency=time.perf_counter() - t0)
+                    chunk["meta_info"]["finish_reason"] = None
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    sent = len(ids)
+        except BaseException:
+            task.cancel()
+            raise
+        gen = task.result()
+        out = generation_json(gen, item, text=self._text(gen, item.sampling), return_logprob=return_logprob,
+                              e2e_latency=time.perf_counter() - t0)
+        self.counters["prompt_tokens_total"] += len(item.prompt_ids)
+        self.counters["http_generation_tokens_total"] += len(gen.token_ids)
+        await resp.write(f"data: {json.dumps(out)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp
 
@@ -223,9 +259,12 @@ class SlickServer:
         return web.Response(text="")
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        """GET /health_generate: runs a one-token greedy generation."""
+        """GET /health_generate: runs a one-token greedy generation (while paused, the answer itself shows the
+        server is alive: no generation can run until /continue_generation)."""
         if self.shutting_down:
             return _error("server is shutting down", 503)
+        if self.paused:
+            return web.Response(text="")
         gen = await self.engine.generate([0], SamplingParams(temperature=0.0, max_new_tokens=1))
         if gen.finish_reason == "abort" or len(gen.token_ids) != 1:
             return _error(f"health generation failed (finish {gen.finish_reason})", 503)

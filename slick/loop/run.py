@@ -152,9 +152,24 @@ class Run:
         return step
 
     async def start(self) -> None:
-        """Bring the engines to the trainer's weights (after a resume or a fresh start)."""
+        """Bring the engines to the trainer's weights (after a resume or a fresh start) and watch them
+        (engine faults: docs/engine.md)."""
+        self.engine_version = 0     # the weight version the engines hold (a replacement engine is brought to it)
+        if self.engines:
+            self.engines.watch(self.cfg, bring_up=self.bring_up,
+                               pending=lambda: self.manager.pending if self.manager else ())
         if self.start_step and self.engines and self.trainer:
             await self.sync_weights()
+
+    async def bring_up(self, url: str) -> int:
+        """Load the engines' current weights and version into the (new) engine at ``url``; returns that version.
+        The last weight sync's disk directory holds them; before any sync the engines hold --hf-checkpoint."""
+        version = getattr(self, "engine_version", 0)
+        if version:
+            await self.engines.engine.control(url, "/update_weights_from_disk", {
+                "model_path": str(self.run_dir / "weights"), "weight_version": str(version)},
+                timeout=float(self.cfg.dist_timeout))
+        return version
 
     async def rollout(self, step: int):
         """Groups of scored samples for ``step`` (loaded, from --rollout-function-path, or generated) and
@@ -250,7 +265,12 @@ class Run:
             if self._transport is None:
                 self._transport = make_transport(name, disk_dir=disk_dir, bucket_bytes=bucket,
                                                  timeout_s=float(cfg.dist_timeout), model_dir=cfg.hf_checkpoint)
-            seconds = await sync_weights(self.trainer, [self.engines.engine], self._transport)
+            if self.engines.weights_lock is None:
+                seconds = await sync_weights(self.trainer, [self.engines.engine], self._transport)
+            else:   # a replacement engine joins before this sync (and gets it) or after it (brought to it)
+                async with self.engines.weights_lock:
+                    seconds = await sync_weights(self.trainer, [self.engines.engine], self._transport)
+        self.engine_version = self.trainer.version
         return {"perf/update_weights_time": seconds}
 
     async def evaluate(self) -> dict:
@@ -294,6 +314,8 @@ class Run:
                 await self.engines.close()
         finally:
             self._stop_processes()
+        if self.engines is not None and self.engines.failure is not None:
+            raise self.engines.failure   # an engine died: this, not the cancellation it caused, ends the run
 
 
 def _mean(xs):

@@ -13,6 +13,7 @@ import time
 
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
+from slick.engine.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
 
@@ -44,6 +45,8 @@ async def train(cfg) -> Run:
                 metrics.update(await run.train_off_loop(step, batch))
                 if (step + 1) % cfg.update_weights_interval == 0:
                     metrics.update(await run.sync_weights())
+            if run.engines:
+                metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
             done = step + 1
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
         return 2
     try:
         run = asyncio.run(train(cfg))
-    except (NonFiniteTrainingError, ClusterFailure) as e:
+    except (NonFiniteTrainingError, ClusterFailure, EngineDied) as e:
         print(f"slick train: error: {e}", file=sys.stderr)
         return 1
     print(f"run directory: {run.run_dir}")

@@ -18,6 +18,7 @@ import torch
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.config.validate import async_lead
+from slick.engine.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
 from slick.loop.sync import due
@@ -89,6 +90,7 @@ async def train_async(cfg) -> Run:
             metrics.update(run.buffer.stats())
             metrics.update({"perf/rollout_idle_time": producer.take_idle_time(),
                             "rollout/resubmitted_requests": engine.resubmitted})
+            metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
             run.log(metrics, done)
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
         return 2
     try:
         run = asyncio.run(train_async(cfg))
-    except (NonFiniteTrainingError, TimeoutError, ClusterFailure) as e:
+    except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
     print(f"run directory: {run.run_dir}")

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
 import itertools
 import time
 from typing import Awaitable, Callable, Optional
 
+from slick.engine.fault import PartialGeneration
 from slick.types import Generation, SamplingParams
 
 REQUEST_KIND: contextvars.ContextVar[str] = contextvars.ContextVar("slick_request_kind", default="eval")
@@ -57,31 +57,22 @@ class InterruptibleEngine:
                        ) -> Generation:
         kind = REQUEST_KIND.get()
         base = rid or f"{kind}-{next(self._ids)}"
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
+        acc = PartialGeneration()                    # tokens, logprobs, versions over the resubmissions
         part = 0
         while True:
-            left = sampling.max_new_tokens - len(tokens)
-            sp = sampling if not tokens else dataclasses.replace(sampling, max_new_tokens=max(left, 1))
             if kind == "train":                      # held while a resubmit-mode update runs
                 await self._resuming.wait()
             rid_now = base if part == 0 else f"{base}.{part}"
             self._inflight[rid_now] = kind
             try:
-                gen = await self.engine.generate(list(prompt_ids) + tokens, sp, rid=rid_now)
+                gen = await self.engine.generate(acc.prompt(prompt_ids), acc.sampling(sampling), rid=rid_now)
             finally:
                 self._inflight.pop(rid_now, None)
-            tokens += gen.token_ids
-            logprobs += gen.logprobs
-            versions += gen.weight_versions if gen.weight_versions is not None \
-                else [gen.weight_version] * len(gen.token_ids)
+            acc.add(gen)
             resubmit = (gen.finish_reason == "abort" and kind == "train" and not self._resuming.is_set()
-                        and len(tokens) < sampling.max_new_tokens)
+                        and acc.left(sampling) > 0)
             if not resubmit:
-                return Generation(token_ids=tokens, logprobs=logprobs, finish_reason=gen.finish_reason,
-                                  weight_version=gen.weight_version, prompt_tokens=len(prompt_ids),
-                                  weight_versions=versions)
+                return acc.result(gen, len(prompt_ids))
             self.resubmitted += 1
             part += 1
 

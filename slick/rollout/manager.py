@@ -78,13 +78,18 @@ class RolloutManager:
         register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
         self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer)  # --max-turns > 1 / --tool-path / env
         self.on_generated = None   # called with each group's newly generated samples (--prometheus-port)
+        self.pending: set[int] = set()       # indices of the samples being generated now
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
-        if self.generate_fn is not None:
-            return await self.generate_fn(self.cfg, sample, sampling, self.engine)
-        if self.multiturn is not None:
-            return await self.multiturn.generate(self.cfg, sample, sampling, self.engine)
-        return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
+        self.pending.add(sample.index)       # named when an engine dies (slick/engine/fault.py)
+        try:
+            if self.generate_fn is not None:
+                return await self.generate_fn(self.cfg, sample, sampling, self.engine)
+            if self.multiturn is not None:
+                return await self.multiturn.generate(self.cfg, sample, sampling, self.engine)
+            return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
+        finally:
+            self.pending.discard(sample.index)
 
     async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
         """Generate every unfinished sample of a group concurrently, then score the group.
