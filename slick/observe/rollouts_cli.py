@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from slick.observe.store import StoreMissingError, loads, read_table
@@ -124,6 +125,14 @@ def format_sample(row: dict) -> str:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:                              # `slick rollouts RUN | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.show is not None:
