@@ -69,18 +69,19 @@ def test_values_per_response_token_equal_unpacked_forward(critic):
 
 
 def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir):
-    """30 critic steps on one batch: the clipped value loss ends below a tenth of its first value."""
+    """12 critic steps on one batch (targets in [-1, 1]; a clip of 10 never binds): the value loss ends below a
+    tenth of its first value (measured: 0.16 -> 0.003)."""
     c = Critic(make_cfg(tiny_model_dir, critic_lr=3e-3, value_clip=10.0))
     samples = make_samples(6)
     returns = targets_for(samples)
+    old = [torch.zeros(len(s.response_ids)) for s in samples]
     losses = []
-    for _ in range(30):
-        old = c.compute_values(samples)
+    for _ in range(12):
         m = c.train_step(samples, returns, old)
         losses.append(m["value_loss"])
-        assert m["skipped_steps"] == 0.0 and m["grad_norm"] > 0
+        assert m["skipped_steps"] == 0.0 and m["grad_norm"] > 0 and m["vf_clipfrac"] == 0.0
     assert losses[-1] < 0.1 * losses[0], losses
-    assert c.version == 30
+    assert c.version == 12
 
 
 def test_tool_tokens_get_no_value_loss(tiny_model_dir):

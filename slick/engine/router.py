@@ -58,10 +58,19 @@ class _Process:
     name = "process"
 
     def __init__(self, cmd: list[str], url: str, log_path: str, env: Optional[dict] = None):
+        from slick.proc import die_with_parent
+
+        cmd = self.watched(list(cmd))
         self.cmd, self.url, self.log_path = cmd, url, log_path
         self._log = open(log_path, "wb")
+        # its own session (a Ctrl-C in the terminal reaches the driver only, which stops it), but never an
+        # orphan: the kernel signals it when the driver dies, and the child watches its parent (slick.proc)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
+
+    def watched(self, cmd: list[str]) -> list[str]:
+        """``cmd`` with the watch of this process's pid that makes the child exit when the driver dies."""
+        return cmd
 
     @property
     def pid(self) -> int:
@@ -127,11 +136,22 @@ class WorkerProcess(_Process):
 
     name = "slick serve worker"
 
+    def watched(self, cmd: list[str]) -> list[str]:
+        if "serve" in cmd and "--parent-pid" not in cmd:
+            cmd = [*cmd, "--parent-pid", str(os.getpid())]
+        return cmd
+
 
 class RouterProcess(_Process):
     """The sglang-router subprocess plus helpers for its worker-management API."""
 
     name = "sglang-router"
+
+    def watched(self, cmd: list[str]) -> list[str]:
+        from slick.proc import watch_parent_args
+
+        module = "sglang_router.launch_router"
+        return watch_parent_args(cmd, module) if cmd[1:3] == ["-m", module] else cmd
 
     def __init__(self, cmd, url, log_path, metrics_url: str, env=None):
         super().__init__(cmd, url, log_path, env)

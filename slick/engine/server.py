@@ -444,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=None, help="Cap on prompt + response tokens.")
     p.add_argument("--seed", type=int, default=0, help="Engine sampling seed.")
     p.add_argument("--max-batch", type=int, default=4096, help="Most prompts accepted in one /generate.")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="Shut down (as on SIGTERM) when this process is no longer the parent, e.g. a driver "
+                        "killed with SIGKILL; slick sets it for the workers it launches.")
     return p
 
 
@@ -451,6 +454,12 @@ async def serve(args: argparse.Namespace) -> int:
     """Load the engine, listen, and run until SIGTERM/SIGINT."""
     from slick.engine.local import LocalEngine
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if args.parent_pid:   # from the start: a driver that dies while this worker loads leaves no orphan
+        from slick.proc import watch_parent
+
+        watch_parent(args.parent_pid, lambda: loop.call_soon_threadsafe(stop.set), grace_s=20.0, what="slick serve")
     engine = LocalEngine(args.hf_checkpoint, dtype=args.dtype, device=args.device,
                          max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed)
     server = SlickServer(engine, model_path=args.hf_checkpoint, api_key=args.api_key, max_batch=args.max_batch,
@@ -464,8 +473,6 @@ async def serve(args: argparse.Namespace) -> int:
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     port = runner.addresses[0][1] if runner.addresses else args.port
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"slick serve ready on http://{args.host}:{port}", flush=True)
