@@ -107,10 +107,16 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"slick train-async: {e}", file=sys.stderr)
         return 2
-    try:
-        run = asyncio.run(train_async(cfg))
+    from slick.proc import until_sigterm
+
+    try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
+        run = asyncio.run(until_sigterm(train_async(cfg), "slick train-async"))
     except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
+    except (asyncio.CancelledError, KeyboardInterrupt) as e:
+        sigterm = isinstance(e, asyncio.CancelledError)
+        print(f"slick train-async: stopped ({'SIGTERM' if sigterm else 'interrupted'}); resume with --load", file=sys.stderr)
+        return 143 if sigterm else 130
     print(f"run directory: {run.run_dir}")
     return 0
