@@ -266,8 +266,10 @@ def test_rescoring_replaces_old_evidence():
 from tests.test_agent import agents_module, run_agent  # noqa: E402,F401 - agents_module is a fixture
 from tests.test_multiturn import engine, make_cfg as multiturn_cfg, rollout  # noqa: E402,F401 - engine: fixture
 
+_FIXTURES = (agents_module, engine)     # pytest fixtures used by name below
 
-def test_multiturn_environment_samples_keep_evidence(tiny_model_dir, engine):  # noqa: F811
+
+def test_multiturn_environment_samples_keep_evidence(tiny_model_dir, engine):
     from tests.chat_templates import tokenizer_with
 
     cfg = multiturn_cfg(tiny_model_dir, max_turns=5, max_tokens_per_turn=5,
@@ -281,7 +283,7 @@ def test_multiturn_environment_samples_keep_evidence(tiny_model_dir, engine):  #
         assert Sample.from_dict(s.to_dict()).evidence == s.evidence
 
 
-def test_agent_rewards_keep_evidence(tiny_model_dir, agents_module):  # noqa: F811
+def test_agent_rewards_keep_evidence(tiny_model_dir, agents_module):
     # the agent returned a dict reward itself
     (s,), _, _ = run_agent(tiny_model_dir, "raw_tokens", [Sample(index=1, prompt="x")])
     assert s.evidence == {"reward_type": "agent", "answer": None, "verdict": None, "error": None, "seconds": 0.0,
