@@ -212,3 +212,40 @@ def test_engine_up_and_version_per_engine_from_real_slick_serve(tiny_model_dir, 
         if exporter is not None:
             exporter.close()
     assert_closed(exporter.url)
+
+
+@pytest.mark.slow
+def test_ray_ranks_and_engine_actors_reach_the_drivers_endpoint(tmp_path, monkeypatch):
+    """2 trainer ranks and 2 engine actors on a local Ray cluster: each rank's RSS and call times and each
+    engine's up/version are on the driver's one /metrics; the engines are listed for file_sd."""
+    from tests.test_cluster_ray import make_cfg as ray_cfg
+    from tests.test_loop import learnable_task
+
+    model, prompts = learnable_task(tmp_path, monkeypatch)
+    cfg = ray_cfg(model, prompts, tmp_path / "run", rollout_num_gpus=2, num_rollout=1, prometheus_port=0)
+
+    async def go():
+        run = Run(cfg)
+        try:
+            groups, metrics = await run.rollout(0)
+            metrics.update(await run.train_off_loop(0, groups))
+            metrics.update(await run.sync_weights())
+            run.log(metrics, 1)
+            with urllib.request.urlopen(run.exporter.url, timeout=30) as r:
+                return run, run.engines.worker_urls, r.read().decode()
+        finally:
+            await run.close()
+
+    run, urls, text = asyncio.run(asyncio.wait_for(go(), 400))
+    s = samples_of(text)
+    assert len(set(urls)) == 2
+    for url in urls:
+        assert value(s, "slick_engine_up", engine=url) == 1
+        assert value(s, "slick_engine_weight_version", engine=url) == 1
+    for rank in ("0", "1"):
+        assert value(s, "slick_process_rss_bytes", rank=rank) > 50e6
+        assert value(s, "slick_trainer_rank_call_seconds", rank=rank, method="train_step") > 0
+    assert value(s, "slick_trained_samples_total") == 32 and value(s, "slick_trainer_version") == 1
+    targets = json.loads((tmp_path / "run" / TARGETS_FILE).read_text())
+    assert targets[1] == {"targets": [u.split("//")[1] for u in urls], "labels": {"job": "slick-engine"}}
+    assert_closed(run.exporter.url)

@@ -28,6 +28,7 @@ import re
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Optional
 from urllib.parse import urlparse
@@ -152,19 +153,26 @@ class _LiveCollector:
         up = GaugeMetricFamily("slick_engine_up", "1 when the engine answered this scrape, else 0.", labels=["engine"])
         ver = GaugeMetricFamily("slick_engine_weight_version", "Weight version the engine reports.",
                                 labels=["engine"])
-        for url in self.x.engine_urls:
-            v = engine_weight_version(url)
-            up.add_metric([url], 0 if v is None else 1)
-            if v is not None:
-                ver.add_metric([url], v)
+        urls = self.x.engine_urls
+        if urls:     # polled in parallel: a scrape waits at most ENGINE_TIMEOUT_S for dead engines
+            with ThreadPoolExecutor(min(len(urls), 16), thread_name_prefix="slick-prom") as pool:
+                versions = list(pool.map(engine_weight_version, urls))
+            for url, v in zip(urls, versions):
+                up.add_metric([url], 0 if v is None else 1)
+                if v is not None:
+                    ver.add_metric([url], v)
         local = self.x.local_engine
         if local is not None:
-            try:
-                v = int(local.stats()["weight_version"])
-                up.add_metric(["local"], 1)
+            v = None
+            for _ in range(3):   # stats() reads state the engine's thread is changing: retry a collision
+                try:
+                    v = int(local.stats()["weight_version"])
+                    break
+                except Exception:  # noqa: BLE001 - a closed engine is down
+                    time.sleep(0.01)
+            up.add_metric(["local"], 0 if v is None else 1)
+            if v is not None:
                 ver.add_metric(["local"], v)
-            except Exception:  # noqa: BLE001 - a closed engine is down
-                up.add_metric(["local"], 0)
         yield up
         yield ver
 
