@@ -102,8 +102,12 @@ class AlgorithmConfig:
     use_rollout_logprobs: bool = F(False, "Use the engine's logprobs as old logprobs (skip the trainer's recompute).")
     gamma: float = F(1.0, "Discount factor (PPO / REINFORCE++).")
     lambd: float = F(1.0, "GAE lambda (PPO).")
-    custom_loss_function_path: Optional[str] = F(None, "Dotted path to a loss function replacing the policy loss.")
-    custom_advantage_function_path: Optional[str] = F(None, "Dotted path to an advantage function replacing the estimator.")
+    custom_loss_function_path: Optional[str] = F(
+        None, "Dotted path to a loss fn(cfg, inputs: slick.algo.LossInputs) -> (loss, metrics) replacing the policy "
+        "loss (docs/algorithms.md).")
+    custom_advantage_function_path: Optional[str] = F(
+        None, "Dotted path to an advantage fn(inputs: slick.algo.AdvantageInputs) -> AdvantageOutputs replacing the "
+        "estimator (docs/algorithms.md).")
 
 
 @dataclass
