@@ -74,8 +74,7 @@ class EngineSet:
                                      interval=cfg.rollout_health_check_interval,
                                      timeout=cfg.rollout_health_check_timeout,
                                      first_wait=cfg.rollout_health_check_first_wait,
-                                     health_checks=self.recovery is not None,
-                                     paused=lambda: False)
+                                     health_checks=self.recovery is not None, poll=0.2)
         self.monitor.start()
 
     def fault_metrics(self) -> dict:

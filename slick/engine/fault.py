@@ -103,6 +103,7 @@ class Recovery:
         self.recovery_time = 0.0         # seconds from detection to the replacement rejoining (last recovery)
         self.started: list = []          # replacement processes (the run stops them at the end)
         self.errors: list[str] = []
+        self.events: list[tuple[float, str, str]] = []   # (time.time() of detection, url, reason)
         self._handling: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -120,6 +121,7 @@ class Recovery:
         if url in self._handling:
             return
         self._handling.add(url)
+        self.events.append((time.time(), url, reason))
         self.deaths += 1
         t0 = time.monotonic()
         log.warning("engine worker %s failed (%s): removing it and starting a replacement", url, reason)
