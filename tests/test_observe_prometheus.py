@@ -170,7 +170,7 @@ def test_bad_port_is_refused(tiny_model_dir, reward_module, tmp_path):
         make_cfg(tiny_model_dir, reward_module, tmp_path / "run", prometheus_port=70000)
 
 
-def test_port_in_use_fails_at_start_and_leaves_nothing_running(tiny_model_dir, reward_module, tmp_path):
+def test_port_in_use_stops_the_run_at_start_naming_the_flag(tiny_model_dir, reward_module, tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
