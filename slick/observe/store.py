@@ -81,6 +81,7 @@ class RolloutStore:
             tmp.unlink(missing_ok=True)
         self.interval, self.max_bytes = int(interval), int(max_mb * (1 << 20)) if max_mb > 0 else 0
         self.tokenizer = tokenizer
+        self._pieces: dict[int, str] = {}
         self._warned = False
 
     @classmethod
@@ -94,9 +95,14 @@ class RolloutStore:
         return step % self.interval == 0
 
     def _tokens(self, ids: list[int]) -> Optional[list[str]]:
+        """Each id decoded on its own; a run's ids repeat, so each distinct id is decoded once per store."""
         if self.tokenizer is None or not ids:
             return None
-        return [self.tokenizer.decode([int(t)]) for t in ids]
+        pieces = self._pieces
+        new = set(ids).difference(pieces)
+        if new:
+            pieces.update((t, self.tokenizer.decode([int(t)])) for t in new)
+        return [pieces[t] for t in ids]
 
     def rows(self, step: int, samples: Iterable, rewards: list[float], train_versions: Optional[list[int]]) -> list[dict]:
         now, rows = time.time(), []
@@ -104,16 +110,16 @@ class RolloutStore:
             meta = s.metadata if isinstance(s.metadata, dict) else {}
             evidence = getattr(s, "evidence", None) or None
             tv = int(train_versions[i]) if train_versions is not None else None
-            versions = [int(v) for v in s.weight_versions]
+            versions = list(s.weight_versions)          # pyarrow converts the lists to the schema's types
             r = rewards[i] if rewards is not None else None
             rows.append({
                 "step": int(step), "index": int(s.index), "group_index": int(s.group_index),
                 "prompt_index": int(s.prompt_index), "epoch": int(s.epoch), "prompt": _text(s.prompt),
                 "response": s.response or "", "label": _json(s.label),
                 "metadata": _json({k: v for k, v in meta.items() if k not in ("reward_error",)}),
-                "prompt_ids": [int(t) for t in s.prompt_ids], "response_ids": [int(t) for t in s.response_ids],
-                "response_tokens": self._tokens(s.response_ids), "loss_mask": [int(m) for m in s.loss_mask],
-                "rollout_logprobs": [float(x) for x in s.rollout_logprobs], "weight_versions": versions,
+                "prompt_ids": list(s.prompt_ids), "response_ids": list(s.response_ids),
+                "response_tokens": self._tokens(s.response_ids), "loss_mask": list(s.loss_mask),
+                "rollout_logprobs": list(s.rollout_logprobs), "weight_versions": versions,
                 "response_length": len(s.response_ids),
                 "reward": float(r) if r is not None and math.isfinite(float(r)) else None,
                 "reward_raw": _json(s.reward), "reward_error": _short(meta.get("reward_error")),
