@@ -150,3 +150,29 @@ def test_training_run_writes_the_store(tiny_model_dir, tmp_path):
         assert all(len(t) == len(i) for t, i in zip(got["response_tokens"], got["response_ids"]))
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(m["perf/rollout_store_time"] >= 0 for m in metrics)
+
+
+def test_async_run_stores_staleness(tiny_model_dir, tmp_path):
+    """slick train-async with --max-staleness 1: the store's train_version and staleness are the ones the
+    trainer used (the --save-debug-train-data dump of the same samples) and match rollout/staleness/max."""
+    from slick.loop.train_async import train_async
+
+    rows = [{"prompt": f"question {i}: say something", "label": "x"} for i in range(6)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = validate_config(Config.from_flat(dict(
+        hf_checkpoint=str(tiny_model_dir), prompt_data=str(tmp_path / "p.jsonl"), rollout_batch_size=2,
+        n_samples_per_prompt=2, rollout_max_response_len=6, rm_type="exact", lr=1e-3, num_rollout=3, dtype="fp32",
+        run_dir=str(tmp_path / "run"), no_progress=True, seed=3, micro_batch_size=4, max_staleness=1, use_tis=True,
+        save_debug_train_data=str(tmp_path / "dbg"))), driver="async")
+    asyncio.run(train_async(cfg))
+    df = read_rollouts(tmp_path / "run")
+    assert list(df["step"]) == [1] * 4 + [2] * 4 + [3] * 4
+    for step in (0, 1, 2):
+        dump = [json.loads(line) for line in (tmp_path / "dbg" / f"train_{step}.jsonl").read_text().splitlines()]
+        got = df[df["step"] == step + 1]
+        assert list(got["index"]) == [d["index"] for d in dump]
+        assert list(got["train_version"]) == [d["train_version"] for d in dump]
+        assert list(got["staleness"]) == [d["train_version"] - min(d["weight_versions"]) for d in dump]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rollout/staleness/max"] for m in metrics] == [int(df[df["step"] == s]["staleness"].max())
+                                                             for s in (1, 2, 3)] == [0, 1, 1]
