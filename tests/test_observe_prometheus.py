@@ -86,7 +86,8 @@ def assert_closed(url):
 
 def test_sync_run_serves_what_it_trained(tiny_model_dir, reward_module, tmp_path, monkeypatch):
     scrapes = scraping(monkeypatch)
-    run = asyncio.run(train(make_cfg(tiny_model_dir, reward_module, tmp_path / "run")))
+    run = asyncio.run(train(make_cfg(tiny_model_dir, reward_module, tmp_path / "run",
+                                     save_debug_rollout_data=str(tmp_path / "dbg"))))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     s1, s3 = samples_of(scrapes[1]), samples_of(scrapes[3])
     assert value(s1, "slick_trained_samples_total") == 8 and value(s3, "slick_trained_samples_total") == 24
@@ -114,6 +115,12 @@ def test_sync_run_serves_what_it_trained(tiny_model_dir, reward_module, tmp_path
     targets = json.loads((tmp_path / "run" / TARGETS_FILE).read_text())
     assert targets == [{"targets": [f"127.0.0.1:{port}"], "labels": {"job": "slick-train"}}]
     assert_closed(scrapes["url"])          # the endpoint ends with the run
+    # the verifier evidence of every sample is in the debug rollout dump
+    dumped = read_jsonl(tmp_path / "dbg" / "rollout_0.jsonl")
+    assert [d["index"] for d in dumped] == list(range(8))
+    assert all(d["evidence"]["reward_type"] == "custom" and d["evidence"]["function"] == "prom_rm.rm" for d in dumped)
+    assert [d["evidence"]["error"] for d in dumped] == [None] * 5 + ["RuntimeError: sample 5 always fails"] + [None] * 2
+    assert [d["evidence"]["reply"] for d in dumped if d["index"] != 5] == [d["reward"] for d in dumped if d["index"] != 5]
 
 
 @pytest.fixture()

@@ -174,7 +174,7 @@ def test_custom_function_evidence(plugin):
     assert ev[1] == {"judge_note": "looked at num", "reward_type": "custom", "answer": None, "verdict": None,
                      "error": None, "function": fn, "reply": 0.25}
     assert ev[2] == {"judge_note": "looked at boom", "reward_type": "custom", "answer": None, "verdict": None,
-                     "error": "RuntimeError: kaboom"}
+                     "error": "RuntimeError: kaboom", "function": fn}
     assert ev[3]["error"].startswith("NonFiniteRewardError") and ev[3]["reply"]["answer"] == "?"
     assert ev[4]["error"] == "timed out after 0.3s" and g[4].evidence["seconds"] >= 0.3
     json.dumps([s.evidence for s in g])          # JSON-able (NaN is written as NaN by the json module)

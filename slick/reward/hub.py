@@ -305,6 +305,8 @@ class RewardHub:
         sample.reward = self.failure_reward
         seconds = time.perf_counter() - t0 if t0 is not None else 0.0
         extras = {"reply": reply} if reply is not None and not isinstance(reply, Judgement) else {}
+        if self.custom_fn is not None:
+            extras["function"] = self.cfg.custom_rm_path
         sample.evidence = make_evidence(self._evidence_type(sample), error=message, seconds=seconds,
                                         extras=extras, base=_own_evidence(sample))
         if not isinstance(sample.metadata, dict):
