@@ -2,8 +2,13 @@
 
     .venv/bin/python bench/trainer.py [--samples 64] [--prompt-len 30] [--response-len 50] [--steps 2]
                                       [--schemes bf16,autocast,fp32] [--micro-batch-size 8] [--device auto]
+                                      [--group-size 1] [--profile]
 
-Prints a table and writes bench/results/trainer.json. Model FLOPs per step are counted as
+Prints a table and writes bench/results/trainer.json. ``--group-size 8`` gives every 8 consecutive samples
+the same prompt (GRPO's layout: prompt sharing applies). ``--profile`` also splits one step into packing,
+body forward, lm-head + logprob + entropy forward and backward, body backward, optimizer and other, for the
+fused head (``chunked_logprobs``) and for the previous implementation (activation-checkpointed plain ops)
+side by side in the same process, and writes them under ``"profile"``. Model FLOPs per step are counted as
 6 x (non-embedding params) x (packed tokens) + 6 x (lm_head params) x (response tokens)
 (the lm_head only runs on response positions) + attention score/value matmuls; the ceiling is the best
 of a few square bf16 matmuls on the same device.
@@ -57,13 +62,15 @@ def step_flops(model, samples) -> float:
     return 6 * non_emb * sum(lens) + 6 * head.numel() * resp + 3 * attn
 
 
-def make_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+def make_batch(n: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0, group_size: int = 1):
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        p = [rng.randrange(100, vocab) for _ in range(prompt_len + rng.randint(-5, 5))]
+        if i % group_size == 0:
+            p = [rng.randrange(100, vocab) for _ in range(prompt_len + rng.randint(-5, 5))]
         r = [rng.randrange(100, vocab) for _ in range(response_len + rng.randint(-10, 10))]
-        out.append(Sample(index=i, prompt_ids=p, response_ids=r, loss_mask=[1] * len(r)))
+        out.append(Sample(index=i, group_index=i // group_size, prompt_ids=list(p), response_ids=r,
+                          loss_mask=[1] * len(r)))
     return out
 
 
@@ -72,6 +79,76 @@ def loss_fn(x):
     per = (x.advantages * x.logprobs * x.mask).sum(-1) / x.mask.sum(-1).clamp(min=1)
     loss = -per.sum() / x.num_samples
     return loss, {"pg_loss": float(loss.detach())}
+
+
+def _checkpointed_head(hidden, lm_head, targets, temperature, chunk_size, with_entropy, entropy_grad):
+    """The previous head: plain logits -> log_softmax per chunk under activation checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    from slick.train.logprobs import logprobs_from_logits
+
+    def chunk(h, t):
+        lp, ent = logprobs_from_logits(lm_head(h), t, temperature, with_entropy, entropy_grad)
+        return lp, ent
+    outs = [checkpoint(chunk, hidden[s:s + chunk_size], targets[s:s + chunk_size], use_reentrant=False)
+            if hidden.shape[0] > chunk_size else chunk(hidden[s:s + chunk_size], targets[s:s + chunk_size])
+            for s in range(0, hidden.shape[0], chunk_size)]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def profile_step(tr: Trainer, samples, adv, head: str = "fused") -> dict:
+    """Seconds of one train step by phase (same work as ``train_step``, timed piecewise)."""
+    from slick.algo.inputs import LossInputs
+    from slick.train.logprobs import chunked_logprobs
+    from slick.train.packing import pad_stack
+
+    def now():
+        if tr.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    t = dict.fromkeys(("packing", "forward", "head_forward", "head_backward", "backward", "optimizer"), 0.0)
+    t_start = now()
+    tr.optimizer.zero_grad(set_to_none=True)
+    lm = tr.model
+    for idx in tr._plan(samples)[0]:
+        a = now()
+        mb = tr._pack(samples, idx).to(tr.device)
+        b = now()
+        with tr._autocast():
+            out = lm.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
+                                attention_mask=mb.attention_mask)
+            hidden = out.last_hidden_state[0].index_select(0, mb.gather_index)
+        c = now()
+        h = hidden.detach().requires_grad_(True)
+        with tr._autocast():
+            fn = chunked_logprobs if head == "fused" else _checkpointed_head
+            lp, ent = fn(h, lm.get_output_embeddings(), mb.targets, tr.temperature, tr.cfg.logprob_chunk_size,
+                         True, bool(tr.cfg.entropy_coef))
+        T = max(mb.response_lengths)
+        logprobs = pad_stack(list(lp.split(mb.response_lengths)), T, dtype=torch.float32)
+        a_ = pad_stack([torch.as_tensor(adv[i]) for i in idx], T, dtype=torch.float32)
+        m_ = pad_stack([torch.ones(len(samples[i].response_ids)) for i in idx], T, dtype=torch.float32)
+        loss, _ = loss_fn(LossInputs(logprobs, None, m_.to(tr.device), a_.to(tr.device), num_samples=len(samples),
+                                     num_tokens=int(sum(len(s.response_ids) for s in samples))))
+        d = now()
+        loss.backward()
+        e = now()
+        hidden.backward(h.grad)
+        if tr.scheme == "bf16":
+            tr._accumulate_master_grads()
+        f = now()
+        t["packing"] += b - a
+        t["forward"] += c - b
+        t["head_forward"] += d - c
+        t["head_backward"] += e - d
+        t["backward"] += f - e
+    g = now()
+    tr.optimizer_step()
+    t["optimizer"] = now() - g
+    t["total"] = now() - t_start
+    t["other"] = t["total"] - sum(v for k, v in t.items() if k != "total")
+    return t
 
 
 def main(argv=None) -> int:
@@ -84,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--schemes", default="bf16,autocast,fp32")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--group-size", type=int, default=1, help="consecutive samples sharing one prompt")
+    ap.add_argument("--profile", action="store_true", help="also time each phase of a step (fused vs previous head)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer.json"))
     args = ap.parse_args(argv)
     if args.model is None:
@@ -98,7 +177,8 @@ def main(argv=None) -> int:
         tr = Trainer(cfg, precision=None if scheme == "fp32" else scheme)
         if ceiling is None:
             ceiling = matmul_ceiling(tr.device)
-        samples = make_batch(args.samples, args.prompt_len, args.response_len, tr.model.config.vocab_size)
+        samples = make_batch(args.samples, args.prompt_len, args.response_len, tr.model.config.vocab_size,
+                             group_size=args.group_size)
         adv = [torch.randn(len(s.response_ids)) for s in samples]
         tr.train_step(samples, adv, loss_fn)  # warm-up
         times, fb = [], []
@@ -108,10 +188,18 @@ def main(argv=None) -> int:
             fb.append(m["fwd_bwd_time"])
         t = min(times)
         flops = step_flops(tr.model, samples)
-        rows.append({"scheme": scheme, "step_s": t, "fwd_bwd_s": min(fb), "tokens": m["tokens"],
-                     "tokens_per_s": m["tokens"] / t, "tflops": flops / t / 1e12,
-                     "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times})
+        row = {"scheme": scheme, "step_s": t, "fwd_bwd_s": min(fb), "tokens": m["tokens"],
+               "tokens_per_s": m["tokens"] / t, "tflops": flops / t / 1e12,
+               "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times}
         print(f"[{scheme}] step {t:.2f}s, {m['tokens'] / t:.0f} tok/s", flush=True)
+        if args.profile:   # alternate the two heads, keep each phase's best of args.steps
+            prof = {"fused": [], "checkpoint": []}
+            for _ in range(args.steps):
+                for head in prof:
+                    prof[head].append(profile_step(tr, samples, adv, head))
+            row["profile"] = {h: {k: min(p[k] for p in ps) for k in ps[0]} for h, ps in prof.items()}
+            print_profile(scheme, row["profile"])
+        rows.append(row)
         del tr
     print(f"device={rows and args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
           f"bf16 matmul ceiling={ceiling / 1e12:.3f} TFLOP/s")
@@ -131,6 +219,13 @@ def main(argv=None) -> int:
     }, indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def print_profile(scheme: str, prof: dict) -> None:
+    keys = ["packing", "forward", "head_forward", "head_backward", "backward", "optimizer", "other", "total"]
+    print(f"[{scheme}] profile (ms, best of runs)   " + "".join(f"{k:>14}" for k in keys))
+    for head, t in prof.items():
+        print(f"  {head:<33}" + "".join(f"{t[k] * 1e3:>14.0f}" for k in keys))
 
 
 if __name__ == "__main__":
