@@ -278,10 +278,14 @@ def worker_fault(setup: Setup, out: Path, sig: int, name: str, timeout: float) -
         result["time_to_recover_s"] = round(nxt - t_fault, 2) if nxt else None
         rows = [r for _, r in drv.rows]
         for key in ("fault/engine_deaths", "fault/engine_restarts", "fault/requests_resubmitted",
-                    "fault/recovery_time"):
+                    "fault/recovery_time", "train/train_rollout_logprob_abs_diff"):
             vals = [r[key] for r in rows if key in r]
-            if vals:
-                result[key] = max(vals)
+            if vals:   # the fault/* counters only grow; the logprob gap of the last step (after the replacement)
+                result[key] = vals[-1] if key.startswith("train/") else max(vals)
+        # recovered also means replaced: a replacement worker joined before the run ended
+        result["recovered"] = bool(result.get("fault/engine_restarts"))
+        if not result["recovered"]:
+            result["note"] = "no replacement had joined when the run ended"
         return finish(result, setup, run_dir, rc, drv)
     finally:
         if victim is not None:
@@ -513,10 +517,13 @@ def detail(r: dict) -> str:
     if "note" in r and str(r["note"]).startswith("not run"):
         return r["note"]
     keys = ("fault/engine_deaths", "fault/engine_restarts", "fault/requests_resubmitted", "fault/recovery_time",
-            "reward/remote_retries", "reward/remote_giveups", "reward/remote_down_s", "error_named", "error",
+            "train/train_rollout_logprob_abs_diff", "reward/remote_retries", "reward/remote_giveups",
+            "reward/remote_down_s", "error_named", "error",
             "tmp_left_on_disk", "exit_code", "note")
     def fmt(v):
-        return (str(int(v)) if v == int(v) else f"{v:.2f}") if isinstance(v, float) else str(v)
+        if isinstance(v, float):
+            return str(int(v)) if v == int(v) else f"{v:.2g}" if abs(v) < 0.01 else f"{v:.2f}"
+        return str(v)
     parts = [f"{k.split('/')[-1]}={fmt(r[k])}" for k in keys if k in r]
     if "kills" in r:
         parts.append("kills at " + ", ".join(f"{k['at_s']}s" + ("(ckpt write)" if k.get("checkpoint_write_in_progress")
@@ -565,6 +572,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
     ap.add_argument("--out-dir", default=None, help="work directory (default: a temp dir, removed at the end)")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results/faults.{json,md}")
+    ap.add_argument("--merge", action="store_true", help="keep the other kinds' results already in faults.json "
+                                                          "(replace only the kinds run now)")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
@@ -594,18 +603,25 @@ def main(argv=None) -> int:
         kill_all(leftovers(out))
         if not args.out_dir:
             shutil.rmtree(out, ignore_errors=True)
-    md = table(results)
-    print(md)
     if not args.no_write:
         import platform
         RESULTS.mkdir(parents=True, exist_ok=True)
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "quick": args.quick,
                 "kills": args.kills, "seed": args.seed, "cpus": os.cpu_count(), "python": platform.python_version(),
                 "load_average": os.getloadavg()}
-        (RESULTS / "faults.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
-        (RESULTS / "faults.md").write_text(f"Fault report ({meta['date']}, `bench/faults.py"
-                                           f"{' --quick' if args.quick else ''}`, tiny model, {os.cpu_count()} CPUs)\n\n"
-                                           + md + "\n")
+        for r in results:
+            r["meta"] = meta
+        old = json.loads((RESULTS / "faults.json").read_text())["results"] \
+            if args.merge and (RESULTS / "faults.json").exists() else []
+        ran = {r["kind"] for r in results}
+        merged = [r for r in old if r["kind"] not in ran] + results
+        merged.sort(key=lambda r: KINDS.index(r["kind"]) if r["kind"] in KINDS else len(KINDS))
+        (RESULTS / "faults.json").write_text(json.dumps({"results": merged}, indent=1) + "\n")
+        dates = sorted({r.get("meta", {}).get("date", "?") for r in merged})
+        (RESULTS / "faults.md").write_text(
+            f"Fault report (`bench/faults.py`, tiny model, {os.cpu_count()} CPUs shared with other work; "
+            f"measured {', '.join(dates)}; quick={args.quick})\n\n" + table(merged) + "\n")
+    print(table(results))
     return 0 if all(r.get("recovered") and not r.get("orphans") for r in results) else 1
 
 
