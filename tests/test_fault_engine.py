@@ -61,7 +61,9 @@ def test_resubmission_keeps_tokens_logprobs_and_versions(tiny_model_dir):
                                                                     "weight_version": str(v)})
         sp = SamplingParams(temperature=0.0, max_new_tokens=300, ignore_eos=True)
         prompt = [5, 17, 42, 99]
-        ref = await HttpEngine([b.url]).generate(prompt, sp)     # the same weights, greedy: the same tokens
+        one = HttpEngine([b.url])
+        ref = await one.generate(prompt, sp)                      # the same weights, greedy: the same tokens
+        await one.close()
         eng._rr = itertools.count()                               # the first request goes to a
         task = asyncio.ensure_future(eng.generate(prompt, sp))
         deadline = time.monotonic() + 60
@@ -168,7 +170,9 @@ async def _check_replacement(run, originals):
         assert sorted(await asyncio.to_thread(router.list_workers)) == sorted(eng.control_urls)
     assert await eng.weight_version_of(new) == run.trainer.version == run.num_steps
     probe = [1, 2, 3, 4, 5, 6]
-    gen = await HttpEngine([new]).generate(probe, SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
+    one = HttpEngine([new])
+    gen = await one.generate(probe, SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
+    await one.close()
     s = Sample(prompt_ids=probe, response_ids=gen.token_ids, loss_mask=[1] * len(gen.token_ids))
     ref = run.trainer.compute_logprobs([s], "actor")[0].tolist()
     assert len(ref) == len(gen.logprobs) == 8
@@ -315,3 +319,47 @@ def test_without_fault_tolerance_a_killed_worker_ends_the_run_naming_it(tiny_mod
     pending = json.loads(msg.split("pending samples (indices): ", 1)[1].split("]", 1)[0] + "]")
     assert pending and all(isinstance(i, int) for i in pending)
     assert not [p for p in psutil.Process().children() if "serve" in p.cmdline()]   # the other worker stopped
+
+
+@pytest.mark.slow
+def test_a_killed_engine_actor_on_ray_is_restarted_at_the_trainers_weights(tiny_model_dir, tmp_path, monkeypatch):
+    """Ray: the health check notices an engine actor whose process was SIGKILLed; a new actor on the same
+    bundle joins at the trainer's version and logprobs, and the run trains every prompt once."""
+    import sys
+
+    from slick.loop.run import Run
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    sys.path.insert(0, str(tmp_path))
+    cfg = make_cfg(tiny_model_dir, _prompts(tmp_path, 6), tmp_path / "run", num_rollout=3, rollout_num_gpus=2,
+                   actor_num_gpus_per_node=1, use_fault_tolerance=True, n_samples_per_prompt=2,
+                   rollout_max_response_len=48, rollout_health_check_interval=0.5, rollout_health_check_timeout=10.0,
+                   dist_timeout=120.0, ray_start_timeout=120.0)
+    assert cfg.weight_transport == "disk"
+    killed = {}
+
+    async def kill_engine_actor(run):
+        actors = run.engines.processes[0]
+        await _when_busy(actors.urls[0])
+        killed.update(url=actors.urls[0], pid=actors.pids[0])
+        os.kill(actors.pids[0], signal.SIGKILL)
+
+    run = Run(cfg)
+
+    async def go():
+        try:
+            steps = await _steps(run, kill_engine_actor)
+            return steps, await _check_replacement(run, run.engines.worker_urls)
+        finally:
+            await run.close()
+
+    try:
+        steps, new = asyncio.run(asyncio.wait_for(go(), 600))
+        rec = run.engines.recovery
+        assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
+        assert rec.events[0][1] == killed["url"] and "/health_generate failed" in rec.events[0][2]
+        assert new not in run.engines.worker_urls
+    finally:
+        run._stop_processes()
+        sys.path.remove(str(tmp_path))
+    _assert_each_prompt_once(steps, 6, 2)

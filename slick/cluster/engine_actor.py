@@ -113,10 +113,33 @@ class EngineActor:
 
 
 class EngineActors:
-    """The engine actors of a run: their URLs and pids; :meth:`stop` ends them (the EngineSet calls it)."""
+    """The engine actors of a run: their URLs and pids; :meth:`stop` ends them (the EngineSet calls it);
+    :meth:`restart` replaces one (--use-fault-tolerance)."""
 
-    def __init__(self, actors: list, urls: list, pids: list):
+    def __init__(self, actors: list, urls: list, pids: list, start=None):
         self.actors, self.urls, self.pids = actors, urls, pids
+        self._start = start        # i -> a new actor handle for engine i (on the same placement-group bundle)
+
+    def restart(self, url: str, timeout_s: float) -> "ActorWorker":
+        """Kill the actor serving ``url`` and start a new one on its bundle; returns a handle of the new one
+        once its server answers (both bounded by ``timeout_s``; RankError names the engine otherwise)."""
+        import ray
+
+        from slick.cluster.trainer_group import wait_all
+
+        i = self.urls.index(url.rstrip("/"))
+        try:
+            ray.kill(self.actors[i], no_restart=True)
+        except Exception as e:  # noqa: BLE001 - already dead
+            log.debug("engine actor %d kill: %s", i, e)
+        actor = self._start(i)
+        self.actors[i] = actor
+        name = f"engine actor {i} (replacement)"
+        new_url, = wait_all([actor.start.remote(timeout_s)], [name], timeout_s, "start its server")
+        pid, = wait_all([actor.pid.remote()], [name], timeout_s, "report its pid")
+        self.urls[i], self.pids[i] = new_url, pid
+        log.warning("engine actor %d restarted: %s (pid %d) replaces %s", i, new_url, pid, url)
+        return ActorWorker(actor, new_url, pid)
 
     def stop(self, timeout: float = 10.0) -> None:
         import ray
@@ -132,6 +155,26 @@ class EngineActors:
         self.actors = []
 
 
+class ActorWorker:
+    """A restarted engine actor, seen as a worker process by slick/engine/fault.py: its death shows in the
+    health checks (its URL stops answering), so ``alive`` is always true here."""
+
+    def __init__(self, actor, url: str, pid: int):
+        self.actor, self.url, self.pid = actor, url, pid
+
+    def alive(self) -> bool:
+        return True
+
+    def kill(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.kill(self.actor, no_restart=True)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.kill()
+
+
 def start_engine_actors(cluster, cfg, timeout_s: float) -> EngineActors:
     """One engine actor per disaggregated engine bundle of ``cluster.layout``; wait until each serves."""
     import ray
@@ -141,15 +184,17 @@ def start_engine_actors(cluster, cfg, timeout_s: float) -> EngineActors:
     layout = cluster.layout
     remote = ray.remote(EngineActor)
     kwargs = engine_kwargs(cfg)
-    actors, names = [], []
     res = layout.actor_resources()
-    for e, bundle in enumerate(layout.engine_bundles):
-        actors.append(remote.options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
-                                     scheduling_strategy=cluster.strategy(bundle), name=None,
-                                     max_restarts=0).remote(cfg.hf_checkpoint, kwargs,
-                                                                     cluster.slots_on_node_of(bundle)))
-        names.append(f"engine actor {e}")
-    group = EngineActors(actors, [], [])
+
+    def start(e: int):
+        bundle = layout.engine_bundles[e]
+        return remote.options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
+                              scheduling_strategy=cluster.strategy(bundle), name=None,
+                              max_restarts=0).remote(cfg.hf_checkpoint, kwargs, cluster.slots_on_node_of(bundle))
+
+    actors = [start(e) for e in range(len(layout.engine_bundles))]
+    names = [f"engine actor {e}" for e in range(len(actors))]
+    group = EngineActors(actors, [], [], start)
     try:
         t0 = time.perf_counter()
         group.urls = wait_all([a.start.remote(timeout_s) for a in actors], names, timeout_s, "start its server")

@@ -12,7 +12,7 @@ class EngineSet:
     def __init__(self, engine, sync_mode: str, processes=(), worker_urls=(), relaunch=None):
         self.engine, self.sync_mode, self.processes = engine, sync_mode, list(processes)
         self.worker_urls = list(worker_urls)   # the engine servers themselves (behind the router, if any)
-        self.relaunch = relaunch               # () -> a new worker process (launched HTTP workers only)
+        self.relaunch = relaunch               # failed url -> a new worker (launched HTTP workers, Ray actors)
         self.monitor = self.recovery = None
         self.failure = None                    # the EngineDied that ended the run (no --use-fault-tolerance)
         self.weights_lock = None               # held by weight syncs and by a replacement's bring-up
@@ -150,7 +150,7 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
                   threads=max(1, (os.cpu_count() or 1) // n))
         procs = launch_workers(cfg.hf_checkpoint, n, **kw)
         urls = [p.url for p in procs]
-        relaunch = lambda: launch_workers(cfg.hf_checkpoint, 1, **kw)[0]   # noqa: E731 - a replacement worker
+        relaunch = lambda url: launch_workers(cfg.hf_checkpoint, 1, **kw)[0]   # noqa: E731 - a replacement worker
     engines = _http_engines(cfg, urls, procs, "disk")
     engines.relaunch = relaunch
     return engines
@@ -168,7 +168,9 @@ def _ray_engines(cfg, cluster, trainer) -> EngineSet:
         return _http_engines(cfg, trainer.start_colocated_engines(engine_kwargs(cfg), timeout), [], "ray")
     actors = start_engine_actors(cluster, cfg, timeout)
     try:
-        return _http_engines(cfg, actors.urls, [actors], "ray")
+        engines = _http_engines(cfg, list(actors.urls), [actors], "ray")
+        engines.relaunch = lambda url: actors.restart(url, timeout)   # --use-fault-tolerance: a new actor
+        return engines
     except BaseException:
         actors.stop()
         raise

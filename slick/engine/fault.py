@@ -86,14 +86,15 @@ class PartialGeneration:
 class Recovery:
     """Replace failed workers of an :class:`~slick.engine.client.HttpEngine` (module doc).
 
-    ``workers``: URL -> the worker's process handle (``alive``, ``kill``, ``stop``, ``pid``); ``relaunch()``
-    (blocking, bounded by its own start-up timeout) starts one new worker and returns its handle; ``router``:
+    ``workers``: URL -> the worker's process handle (``alive``, ``kill``, ``stop``, ``pid``); ``relaunch(url)``
+    (blocking, bounded by its own start-up timeout) starts the replacement of ``url`` (a new `slick serve`
+    process, or a restarted Ray engine actor) and returns its handle; ``router``:
     the RouterProcess in front, or None; ``bring_up(url)`` loads the engines' current weights and version into
     the worker at ``url`` and returns that version; ``weights_lock`` is held by the run's weight syncs, so a
     replacement joins either before a sync (and gets it) or after (and was brought to it).
     """
 
-    def __init__(self, engine, workers: dict, relaunch: Callable[[], object], *, router=None,
+    def __init__(self, engine, workers: dict, relaunch: Callable[[str], object], *, router=None,
                  bring_up: Optional[Callable[[str], Awaitable[int]]] = None, weights_lock: Optional[asyncio.Lock] = None,
                  on_fatal: Optional[Callable[[EngineDied], None]] = None, timeout: float = 60.0):
         self.engine, self.workers, self.relaunch, self.router = engine, workers, relaunch, router
@@ -145,7 +146,7 @@ class Recovery:
         try:
             if proc is not None:
                 await asyncio.to_thread(_kill, proc)
-            new = await asyncio.to_thread(self.relaunch)
+            new = await asyncio.to_thread(self.relaunch, url)
             self.started.append(new)
             try:
                 async with self.weights_lock:
