@@ -140,6 +140,8 @@ def test_async_run_staleness_and_dashboard_queries(async_exposition):
     assert value(s3, "slick_rollout_staleness_bucket", le="1.0") == 24
     assert value(s3, "slick_trained_samples_total") == 24
     assert value(s3, "slick_trainer_version") == 3
+    families = re.findall(r"^# TYPE (\S+)", async_exposition[3], re.M)
+    assert len(families) == len(set(families)), families       # every family once
     exported = {name for name, _ in s3}
     queries = dashboard_queries()
     assert len(queries) >= 12
@@ -256,3 +258,25 @@ def test_ray_ranks_and_engine_actors_reach_the_drivers_endpoint(tmp_path, monkey
     targets = json.loads((tmp_path / "run" / TARGETS_FILE).read_text())
     assert targets[1] == {"targets": [u.split("//")[1] for u in urls], "labels": {"job": "slick-engine"}}
     assert_closed(run.exporter.url)
+
+
+def test_step_metrics_never_shadow_the_fixed_families(tmp_path):
+    from slick.observe.prometheus import FAMILIES, RunExporter
+
+    x = RunExporter(tmp_path)
+    try:
+        x.observe_step({"buffer/groups": 5.0, "perf/step_time": 2.5, "trained/samples": 7.0, "eval/h-pass@4": 0.5,
+                        "rollout/staleness/hist/1": 3, "note": "text"}, 4)
+        with urllib.request.urlopen(x.url, timeout=10) as r:
+            text = r.read().decode()
+        s = samples_of(text)
+    finally:
+        x.close()
+    assert value(s, "slick_perf_step_time_seconds") == 2.5 and value(s, "slick_eval_h_pass_4") == 0.5
+    assert value(s, "slick_step") == 4 and value(s, "slick_steps_total") == 1
+    assert ("slick_buffer_groups", frozenset()) not in s          # no buffer here: the family is the buffer's own
+    assert value(s, "slick_trained_samples_total") == 0          # the counter, not the step's trained/samples
+    assert not any("hist" in name or name == "slick_note" for name, _ in s)
+    assert len(set(FAMILIES)) == len(FAMILIES)
+    families = re.findall(r"^# TYPE (\S+)", text, re.M)
+    assert len(families) == len(set(families)), families       # no family twice

@@ -46,6 +46,13 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 REWARD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
 ENGINE_TIMEOUT_S = 1.0
+# the families of fixed name (the step gauges take the other names)
+FAMILIES = ("slick_steps", "slick_trained_samples", "slick_trained_tokens", "slick_rollout_staleness",
+            "slick_rollout_request_latency_seconds", "slick_reward_latency_seconds", "slick_reward_scored",
+            "slick_reward_failed", "slick_step", "slick_trainer_version", "slick_buffer_groups",
+            "slick_buffer_oldest_group_age_seconds", "slick_buffer_put_groups", "slick_buffer_dropped_stale_groups",
+            "slick_process_rss_bytes", "slick_trainer_rank_call_seconds", "slick_engine_up",
+            "slick_engine_weight_version")
 
 
 def metric_name(key: str) -> str:
@@ -207,13 +214,7 @@ class RunExporter:
                                      registry=r)
         self.reward_failed = Counter("slick_reward_failed", "Samples whose reward failed (given --rm-failure-reward), "
                                      "per reward type.", ["reward_type"], registry=r)
-        self._fixed = {n for c in (self.steps, self.trained_samples, self.trained_tokens, self.staleness,
-                                   self.request_latency, self.reward_latency, self.reward_scored, self.reward_failed)
-                       for n in (c._name, c._name + "_total")}
-        live = ("slick_step", "slick_trainer_version", "slick_buffer_groups", "slick_buffer_oldest_group_age_seconds",
-                "slick_buffer_put_groups", "slick_buffer_dropped_stale_groups", "slick_process_rss_bytes",
-                "slick_trainer_rank_call_seconds", "slick_engine_up", "slick_engine_weight_version")
-        self._fixed |= {n + sfx for n in live for sfx in ("", "_total")}   # jsonl keys never shadow these
+        self._fixed = {n + sfx for n in FAMILIES for sfx in ("", "_total")}   # jsonl keys never shadow these
         r.register(_LiveCollector(self))
         try:
             self.server, self.thread = start_http_server(port, addr=host, registry=r)
