@@ -261,14 +261,23 @@ def test_sigterm_aborts_inflight_and_exits_zero(tiny_model_dir):
         w.stop()
 
 
-def test_stream_true_sends_one_final_sse_chunk(server):
-    body = gen_body(n=3)
-    body["stream"] = True
+def test_stream_true_sends_the_tokens_so_far_then_the_final_sse_chunk(server):
+    """Partial chunks (finish_reason null) carry the tokens, logprobs and versions so far, cumulative: each a
+    prefix of the final chunk's (slick's fault tolerance keeps them when a worker dies)."""
+    body = gen_body(n=200, sp={"temperature": 0.0, "ignore_eos": True})
+    body.update(stream=True, return_logprob=True)
     req = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         chunks = [ln[len("data: "):] for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
-    assert chunks[-1] == "[DONE]" and len(chunks) == 2
-    out = json.loads(chunks[0])
-    assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length") and len(out["output_ids"]) >= 1
+    assert chunks[-1] == "[DONE]"
+    out = json.loads(chunks[-2])
+    assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == 200
+    for c in map(json.loads, chunks[:-2]):
+        n = len(c["output_ids"])
+        assert c["meta_info"]["finish_reason"] is None and 0 < n < 200
+        assert c["output_ids"] == out["output_ids"][:n]
+        assert c["meta_info"]["output_token_logprobs"] == out["meta_info"]["output_token_logprobs"][:n]
+        assert c["meta_info"]["output_token_weight_versions"] == out["meta_info"]["output_token_weight_versions"][:n]
+    assert len(chunks) >= 3, "200 tokens were generated without one partial chunk (every 0.05 s)"

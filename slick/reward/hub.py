@@ -160,6 +160,9 @@ class RewardHub:
         if self._remote is not None:
             await self._remote.close()
         if self._pool is not None:
+            for name, seconds in getattr(self._pool, "running", list)():
+                logger.warning("reward function %s is still running (for %.0fs, past --rm-timeout); it cannot be "
+                               "stopped and will not delay the exit", name, seconds)
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
@@ -170,9 +173,12 @@ class RewardHub:
             self._sem, self._sem_loop = asyncio.Semaphore(self.concurrency), loop
         return self._sem
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _executor(self):
+        """Daemon threads: a synchronous function that never returns cannot keep a finished run alive."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="slick-reward")
+            from slick.proc import DaemonThreadPool
+
+            self._pool = DaemonThreadPool(max_workers=self.concurrency, thread_name_prefix="slick-reward")
         return self._pool
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
