@@ -14,6 +14,9 @@ Two mechanisms, both used for every process slick launches (``slick.engine.route
 
       python -m slick.proc --parent-pid PID --module sglang_router.launch_router -- ARGS...
 
+Threads must not keep a finished driver alive either: :class:`DaemonThreadPool` runs synchronous user code
+(reward functions) on daemon threads that interpreter exit does not wait for.
+
 For the driver itself, :func:`cancel_on_sigterm` makes SIGTERM cancel the main task, which is what Ctrl-C
 does under ``asyncio.run``: every ``finally`` runs (``Run.close``: engines, router, trainer ranks, a Ray
 cluster slick started).
@@ -22,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -114,6 +120,92 @@ def cancel_on_sigterm(what: str = "slick"):
         yield
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+
+
+def _label(fn) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    mod, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{mod}.{name}" if mod else name
+
+
+class DaemonThreadPool(concurrent.futures.Executor):
+    """A thread pool whose threads never keep the process alive.
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, so one call that never
+    returns (a stuck user reward function) blocks the exit forever. These threads are daemons and are not
+    joined: the process exits when the main thread is done. :meth:`running` names the calls still running
+    (for a warning). Usable with ``loop.run_in_executor``."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str = "slick-daemon"):
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self._max, self._prefix = int(max_workers), thread_name_prefix
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads: list[threading.Thread] = []
+        self._running: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError(f"{self._prefix}: cannot submit after shutdown")
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            self._queue.put((f, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
+                t = threading.Thread(target=self._work, name=f"{self._prefix}_{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+            return f
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            f, fn, args, kwargs = item
+            if f.set_running_or_notify_cancel():
+                key = id(f)
+                with self._lock:
+                    self._running[key] = (_label(fn), time.monotonic())
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                    f.set_exception(e)
+                else:
+                    f.set_result(result)
+                finally:
+                    with self._lock:
+                        self._running.pop(key, None)
+            self._idle.release()
+
+    def running(self) -> list[tuple[str, float]]:
+        """(function name, seconds it has run) of each call still running."""
+        now = time.monotonic()
+        with self._lock:
+            return [(name, now - t0) for name, t0 in self._running.values()]
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking work; with ``cancel_futures`` queued calls are cancelled; ``wait`` joins the threads
+        (a stuck call makes that wait forever: pass ``wait=False`` then)."""
+        with self._lock:
+            self._shutdown = True
+            threads = list(self._threads)
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in threads:
+            self._queue.put(None)
+        if wait:
+            for t in threads:
+                t.join()
 
 
 async def until_sigterm(coro, what: str = "slick"):

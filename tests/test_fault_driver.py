@@ -6,6 +6,7 @@
   epoch exactly once (slick train and slick train-async).
 * A synchronous reward function that never returns does not keep a finished run alive.
 """
+import json
 import os
 import signal
 import socket
@@ -142,3 +143,31 @@ def test_driver_signal_leaves_no_worker_or_router(tiny_model_dir, prompts, tmp_p
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         log.close()
+
+
+STUCK_RM = '''
+import threading
+
+def stuck_once(args, sample):
+    """Never returns for the first sample; a constant for the others."""
+    if sample.index == 0:
+        threading.Event().wait()
+    return 1.0
+'''
+
+
+def test_a_reward_that_never_returns_does_not_keep_a_finished_run_alive(tiny_model_dir, prompts, tmp_path):
+    (prompts.parent / "stuck_rm.py").write_text(STUCK_RM)
+    cmd = _base("train", tiny_model_dir, prompts, tmp_path / "run", "--num-rollout", "2", "--rm-timeout", "2")
+    cmd[cmd.index("even_rm.even_tokens")] = "stuck_rm.stuck_once"
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, cwd=ROOT, env=_env(prompts), capture_output=True, text=True, timeout=300)
+    total = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[0]["reward/timeouts"] == 1.0         # the stuck call counted as failed after --rm-timeout
+    assert "reward function stuck_rm.stuck_once is still running" in r.stderr, r.stderr[-3000:]
+    # the exit follows the end of the run at once (a thread pool that joins its threads would wait forever)
+    ended = (tmp_path / "run" / "metrics.jsonl").stat().st_mtime
+    assert time.time() - ended < 15, f"exited {time.time() - ended:.1f}s after the last step ({total:.0f}s in all)"
