@@ -310,6 +310,7 @@ class SlickServer:
             ("slick_weight_version", "gauge", "Version of the loaded weights.",
              await self.engine.get_weight_version()),
             ("slick_paused", "gauge", "1 while generation is paused.", int(self.paused)),
+            ("slick_process_rss_bytes", "gauge", "Resident memory of this server process.", _rss_bytes()),
         ]
         rows += [(f"slick_{k}", "counter", f"Server counter {k}.", v) for k, v in self.counters.items()]
         lines = []
@@ -416,6 +417,12 @@ def _max_text_chars(engine: Any) -> int:
 
 def _error(message: str, status: int) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def _rss_bytes() -> int:
+    from slick.observe.prometheus import rss_bytes   # the same reading as the training run's /metrics
+
+    return rss_bytes()
 
 
 def _version() -> str:
