@@ -210,6 +210,8 @@ def test_engine_up_and_version_per_engine_from_real_slick_serve(tiny_model_dir, 
         assert value(s, "slick_engine_weight_version", engine=w.url) == 0
         assert value(s, "slick_engine_up", engine=dead) == 0
         assert ("slick_engine_weight_version", frozenset({("engine", dead)})) not in s
+        with urllib.request.urlopen(w.url + "/metrics", timeout=10) as r:    # the engine's own /metrics
+            assert value(samples_of(r.read().decode()), "slick_process_rss_bytes") > 50e6
         targets = json.loads((tmp_path / TARGETS_FILE).read_text())
         assert targets[1] == {"targets": [w.url.split("//")[1], dead.split("//")[1]],
                               "labels": {"job": "slick-engine"}}
