@@ -218,3 +218,11 @@ def test_train_async_ppo(tiny_model_dir, prompts, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(key in r for r in rows for key in CRITIC_KEYS)
     assert run.critic.version == 3 and run.trainer.version == 3
+
+
+def test_critic_load_that_is_no_model_is_named(tiny_model_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"--critic-load {tmp_path}: neither a Hugging Face model"):
+        Critic(make_cfg(tiny_model_dir, critic_load=str(tmp_path)))
+    (tmp_path / "dcp").mkdir()
+    with pytest.raises(ValueError, match="sharded .* critic checkpoint cannot initialise"):
+        Critic(make_cfg(tiny_model_dir, critic_load=str(tmp_path)))
