@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results", help="directory for ppo_vs_grpo.{json,md}")
     p.add_argument("--runs-dir", default="runs/ppo_vs_grpo", help="run directories")
     p.add_argument("--model", default=None, help="HF model dir (default: SmolLM2-135M-Instruct from the wheel)")
-    p.add_argument("--only", choices=sorted(RUNS), default=None, help="run one side only")
+    p.add_argument("--only", choices=sorted(RUNS), default=None,
+                   help="run one side only (merged with the other side's results already in --out)")
     args, extra = p.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from slick.models.smollm2 import prepare_smollm2
@@ -93,11 +94,15 @@ def main(argv=None) -> int:
     model_dir = Path(args.model) if args.model else prepare_smollm2()
     result = {"steps": args.steps, "model": model_dir.name, "load_avg_start": round(os.getloadavg()[0], 2),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "extra_flags": extra, "runs": {}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for name in ([args.only] if args.only else list(RUNS)):
         result["runs"][name] = run_one(name, model_dir, Path(args.runs_dir), args.steps, extra)
         print(json.dumps(result["runs"][name]["evals"]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.only and (out / "ppo_vs_grpo.json").is_file():   # the other side, run before (or beside) this one
+        other = json.loads((out / "ppo_vs_grpo.json").read_text())
+        result["runs"] = {**{k: v for k, v in other["runs"].items() if k != args.only}, **result["runs"]}
+        result["runs"] = {k: result["runs"][k] for k in RUNS if k in result["runs"]}
     (out / "ppo_vs_grpo.json").write_text(json.dumps(result, indent=1))
     write_markdown(result, out / "ppo_vs_grpo.md")
     print((out / "ppo_vs_grpo.md").read_text())
