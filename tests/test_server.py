@@ -262,8 +262,9 @@ def test_sigterm_aborts_inflight_and_exits_zero(tiny_model_dir):
 
 
 def test_stream_true_sends_the_tokens_so_far_then_the_final_sse_chunk(server):
-    """Partial chunks (finish_reason null) carry the tokens, logprobs and versions so far, cumulative: each a
-    prefix of the final chunk's (slick's fault tolerance keeps them when a worker dies)."""
+    """Partial chunks (finish_reason null) carry the tokens, logprobs and versions generated since the previous
+    one (output_offset: how many came before); together a prefix of the final chunk's (slick's fault tolerance
+    keeps them when a worker dies)."""
     body = gen_body(n=200, sp={"temperature": 0.0, "ignore_eos": True})
     body.update(stream=True, return_logprob=True)
     req = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(),
@@ -274,10 +275,12 @@ def test_stream_true_sends_the_tokens_so_far_then_the_final_sse_chunk(server):
     assert chunks[-1] == "[DONE]"
     out = json.loads(chunks[-2])
     assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == 200
+    n = 0
     for c in map(json.loads, chunks[:-2]):
-        n = len(c["output_ids"])
-        assert c["meta_info"]["finish_reason"] is None and 0 < n < 200
-        assert c["output_ids"] == out["output_ids"][:n]
-        assert c["meta_info"]["output_token_logprobs"] == out["meta_info"]["output_token_logprobs"][:n]
-        assert c["meta_info"]["output_token_weight_versions"] == out["meta_info"]["output_token_weight_versions"][:n]
+        k, meta, final = len(c["output_ids"]), c["meta_info"], out["meta_info"]
+        assert meta["finish_reason"] is None and meta["output_offset"] == n and 0 < n + k < 200
+        assert c["output_ids"] == out["output_ids"][n:n + k]
+        assert meta["output_token_logprobs"] == final["output_token_logprobs"][n:n + k]
+        assert meta["output_token_weight_versions"] == final["output_token_weight_versions"][n:n + k]
+        n += k
     assert len(chunks) >= 3, "200 tokens were generated without one partial chunk (every 0.05 s)"

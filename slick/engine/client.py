@@ -267,8 +267,9 @@ class HttpEngine:
                         out = json.loads(data)
                         if isinstance(out, list):
                             out = out[0]
-                        if out.get("meta_info", {}).get("finish_reason") is None:    # a partial chunk
-                            flight.snapshot(generation_from_json(out))
+                        meta = out.get("meta_info", {})
+                        if meta.get("finish_reason") is None:    # a partial chunk: the tokens since the last one
+                            flight.extend(generation_from_json(out), int(meta.get("output_offset", 0)))
                             continue
                         gen = generation_from_json(out)
                         if not gen.prompt_tokens:
@@ -476,16 +477,21 @@ class _Flight:
 
     def __init__(self, url: str, lost: asyncio.Event):
         self.url, self.lost = url, lost
-        self._part: Optional[Generation] = None
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.gap = False                  # a chunk was missed: later ones are not kept
 
-    def snapshot(self, gen: Generation) -> None:
-        self._part = gen
+    def extend(self, gen: Generation, offset: int) -> None:
+        if self.gap or offset != len(self.tokens):
+            self.gap = True
+            return
+        self.tokens += gen.token_ids
+        self.logprobs += gen.logprobs
+        self.versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
 
     def received(self) -> tuple[list, list, list]:
-        g = self._part
-        if g is None:
-            return [], [], []
-        return list(g.token_ids), list(g.logprobs), list(g.weight_versions or [g.weight_version] * len(g.token_ids))
+        return list(self.tokens), list(self.logprobs), list(self.versions)
 
 
 class _Failed:

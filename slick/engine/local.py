@@ -242,14 +242,15 @@ class LocalEngine:
         with self._cv:
             return {rid: len(r.out) for rid, r in self._by_rid.items()}
 
-    def partial(self, rid: str) -> Optional[tuple[list[int], list[float], list[int]]]:
-        """(tokens, logprobs, per-token versions) request ``rid`` has generated so far; None when not in flight."""
+    def partial(self, rid: str, start: int = 0) -> Optional[tuple[list[int], list[float], list[int]]]:
+        """(tokens, logprobs, per-token versions) request ``rid`` has generated so far, from token ``start`` on;
+        None when it is not in flight."""
         with self._cv:
             r = self._by_rid.get(rid)
             if r is None:
                 return None
             n = min(len(r.out), len(r.lps), len(r.versions))
-            return list(r.out[:n]), list(r.lps[:n]), list(r.versions[:n])
+            return list(r.out[start:n]), list(r.lps[start:n]), list(r.versions[start:n])
 
     def _abort_all_sync(self) -> None:
         with self._between_steps():

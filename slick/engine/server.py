@@ -180,9 +180,10 @@ class SlickServer:
 
     async def _stream_one(self, request: web.Request, item: GenerateItem, return_logprob: bool,
                           t0: float) -> web.StreamResponse:
-        """A streamed /generate of one prompt: every ``STREAM_EVERY_S`` seconds a chunk with the tokens so far
-        (cumulative, ``finish_reason`` null; ``text`` empty), then the final chunk and ``[DONE]``. A client that
-        keeps the last chunk knows every token it was sent if the server dies (slick's fault tolerance)."""
+        """A streamed /generate of one prompt: every ``STREAM_EVERY_S`` seconds a chunk with the tokens generated
+        since the previous one (``finish_reason`` null, ``meta_info.output_offset`` = tokens sent before, ``text``
+        empty), then the final chunk (the whole generation, as without streaming) and ``[DONE]``. A client that
+        keeps the chunks knows every token it was sent if the server dies (slick's fault tolerance)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         task = asyncio.ensure_future(self._run_one(item))
@@ -190,15 +191,15 @@ class SlickServer:
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=STREAM_EVERY_S)
-                part = None if task.done() else self.engine.partial(item.rid)
-                if part is not None and len(part[0]) > sent:
+                part = None if task.done() else self.engine.partial(item.rid, sent)
+                if part is not None and part[0]:
                     ids, lps, versions = part
                     gen = Generation(ids, lps, "abort", versions[-1], len(item.prompt_ids), weight_versions=versions)
                     chunk = generation_json(gen, item, text="", return_logprob=return_logprob,
                                             e2e_latency=time.perf_counter() - t0)
-                    chunk["meta_info"]["finish_reason"] = None
+                    chunk["meta_info"].update(finish_reason=None, output_offset=sent)
                     await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    sent = len(ids)
+                    sent += len(ids)
         except BaseException:
             task.cancel()
             raise
