@@ -6,8 +6,10 @@
   epoch exactly once (slick train and slick train-async).
 * A synchronous reward function that never returns does not keep a finished run alive.
 """
+import collections
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from slick.engine.router import router_available
+from slick.train import checkpoint as ckpt
 from tests import test_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,13 +92,13 @@ def _listening_ports(pid: int) -> list[int]:
     return sorted(ports)
 
 
-def _wait(cond, timeout: float, what: str):
+def _wait(cond, timeout: float, what: str, poll_s: float = 0.2):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = cond()
         if got:
             return got
-        time.sleep(0.2)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
@@ -171,3 +174,117 @@ def test_a_reward_that_never_returns_does_not_keep_a_finished_run_alive(tiny_mod
     # the exit follows the end of the run at once (a thread pool that joins its threads would wait forever)
     ended = (tmp_path / "run" / "metrics.jsonl").stat().st_mtime
     assert time.time() - ended < 15, f"exited {time.time() - ended:.1f}s after the last step ({total:.0f}s in all)"
+
+
+def _train_steps(directory: Path) -> dict[int, list[dict]]:
+    out = {}
+    for p in directory.glob("train_*.jsonl"):
+        out[int(p.stem.split("_")[1])] = [json.loads(line) for line in p.read_text().splitlines()]
+    return out
+
+
+def _resumed_step(log_text: str) -> int:
+    marker = " at step "
+    lines = [line for line in log_text.splitlines() if "resumed from" in line and marker in line]
+    assert len(lines) == 1, log_text[-3000:]
+    return int(lines[0].rsplit(marker, 1)[1].split()[0])
+
+
+def _kill_and_resume(cmd_name, model, prompts, tmp_path, seed, kills, extra):
+    """Run the driver and SIGKILL it once per entry of ``kills`` ("random": a seeded random moment after a
+    checkpoint newer than the one it started from; "mid-checkpoint": as soon as a checkpoint's temp directory
+    appears), resuming with --load each time, until a process finishes. Returns per process (start step,
+    debug train dir, return code, log path)."""
+    rng = random.Random(seed)
+    ckpt_dir = tmp_path / "ckpt"
+    procs = []     # (start step, dbg dir, returncode)
+    start = 0
+    tmp_left, left_by_kill = [], []
+    for i in range(len(kills) + 1):
+        dbg = tmp_path / f"dbg{i}"
+        cmd = _base(cmd_name, model, prompts, tmp_path / "run", "--save", str(ckpt_dir), "--save-interval", "1",
+                    "--save-debug-train-data", str(dbg), "--num-epoch", "2", "--rollout-shuffle", *extra)
+        if i:
+            cmd += ["--load", str(ckpt_dir)]
+        log_path = tmp_path / f"driver{i}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(prompts), stdout=log, stderr=subprocess.STDOUT)
+            try:
+                if i:
+                    start = _wait(lambda: proc.poll() is not None or "resumed from" in log_path.read_text(), 240,
+                                  "the resume") and _resumed_step(log_path.read_text())
+                if i and tmp_left:   # the temp dir of the interrupted write was removed at start-up
+                    assert f"removed {tmp_left[0]} left by an interrupted checkpoint write" in log_path.read_text()
+                if i < len(kills) and kills[i] == "random":
+                    def newer():
+                        latest = ckpt_dir / "latest"
+                        return proc.poll() is not None or (latest.is_file() and
+                                                           int(latest.read_text() or 0) > start)
+                    _wait(newer, 300, f"a checkpoint newer than step {start}")
+                    time.sleep(rng.uniform(0.0, 5.0))
+                elif i < len(kills):
+                    def writing():
+                        return proc.poll() is not None or [p for p in ckpt_dir.glob(".tmp-step_*")
+                                                           if int(p.name.split("_")[1].split("-")[0]) > start + 1]
+                    _wait(writing, 300, f"a checkpoint write after step {start + 1}", poll_s=0.01)
+                if i < len(kills) and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(timeout=60)
+                    tmp_left = [str(p) for p in ckpt_dir.glob(".tmp-*")]
+                    left_by_kill.append([Path(p).name for p in tmp_left])
+                proc.wait(timeout=600)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
+        procs.append((start, dbg, proc.returncode, log_path))
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, log_path.read_text()[-3000:]
+    assert procs[-1][2] == 0, procs[-1][3].read_text()[-3000:]
+    print(f"{cmd_name}: kills {kills}; temp dirs left by each kill: {left_by_kill}")
+    return procs
+
+
+def _assert_exactly_once(procs, ckpt_dir, num_steps=12, prompts_per_epoch=12, n=4):
+    """Every (epoch, prompt) trained exactly once, counting each process's steps from its start up to the step
+    the next process resumed from (later steps of a killed process are re-done and do not count)."""
+    seen = collections.Counter()
+    covered = []
+    for i, (start, dbg, _, _) in enumerate(procs):
+        end = procs[i + 1][0] if i + 1 < len(procs) else num_steps
+        steps = _train_steps(dbg)
+        assert set(range(start, end)) <= set(steps), (i, start, end, sorted(steps))
+        for s in range(start, end):
+            rows = steps[s]
+            assert len(rows) == 2 * n
+            groups = {}
+            for r in rows:
+                groups.setdefault(r["group_index"], set()).add((r["epoch"], r["prompt_index"]))
+            assert all(len(g) == 1 for g in groups.values())
+            seen.update(next(iter(g)) for g in groups.values())
+        covered.append((start, end))
+    assert seen == collections.Counter({(e, p): 1 for e in (0, 1) for p in range(prompts_per_epoch)}), seen
+    # the final checkpoint's data state has handed out every prompt of both epochs once, nothing pending
+    step, d = ckpt.resolve_step_dir(ckpt_dir)
+    data = json.loads((d / "state.json").read_text())["data"]
+    assert step == num_steps and data["consumed"] == 2 * prompts_per_epoch and data["pending"] == []
+    assert not [p.name for p in ckpt_dir.iterdir() if p.name.startswith(".")]
+    return covered
+
+
+@pytest.mark.slow
+def test_sync_driver_killed_at_random_moments_trains_every_prompt_once(tiny_model_dir, prompts, tmp_path):
+    procs = _kill_and_resume("train", tiny_model_dir, prompts, tmp_path, seed=14, kills=("random", "mid-checkpoint"),
+                             extra=())
+    covered = _assert_exactly_once(procs, tmp_path / "ckpt")
+    print("sync: steps trained per process", covered)
+
+
+@pytest.mark.slow
+def test_async_driver_killed_at_random_moments_trains_every_prompt_once(tiny_model_dir, prompts, tmp_path):
+    procs = _kill_and_resume("train-async", tiny_model_dir, prompts, tmp_path, seed=41,
+                             kills=("mid-checkpoint", "random"),
+                             extra=("--max-staleness", "2", "--use-tis"))
+    covered = _assert_exactly_once(procs, tmp_path / "ckpt")
+    print("async: steps trained per process", covered)
