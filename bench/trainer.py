@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import random
+import resource
 import sys
 import time
 from pathlib import Path
@@ -164,7 +165,23 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=1, help="consecutive samples sharing one prompt")
     ap.add_argument("--profile", action="store_true", help="also time each phase of a step (fused vs previous head)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer.json"))
+    ap.add_argument("--head-only", type=int, default=0, metavar="ROWS",
+                    help="only time the lm head + logprob + entropy on ROWS rows (SmolLM2 shapes), fused vs previous, "
+                         "each in its own process, and print time and peak RSS")
+    ap.add_argument("--head-impl", choices=["fused", "checkpoint"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.head_impl:
+        print(json.dumps(head_only(args.head_impl, args.head_only)))
+        return 0
+    if args.head_only:
+        import subprocess
+        for impl in ("fused", "checkpoint"):
+            out = subprocess.run([sys.executable, __file__, "--head-only", str(args.head_only), "--head-impl", impl],
+                                 check=True, capture_output=True, text=True).stdout
+            r = json.loads(out.strip().splitlines()[-1])
+            print(f"{impl:<11} rows {r['rows']}: best fwd+bwd {r['best_s'] * 1e3:.0f} ms, "
+                  f"peak RSS above start {r['peak_rss_above_start_mib']:.0f} MiB")
+        return 0
     if args.model is None:
         from slick.models.smollm2 import prepare_smollm2
         args.model = str(prepare_smollm2())
@@ -190,8 +207,11 @@ def main(argv=None) -> int:
         flops = step_flops(tr.model, samples)
         row = {"scheme": scheme, "step_s": t, "fwd_bwd_s": min(fb), "tokens": m["tokens"],
                "tokens_per_s": m["tokens"] / t, "tflops": flops / t / 1e12,
-               "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times}
-        print(f"[{scheme}] step {t:.2f}s, {m['tokens'] / t:.0f} tok/s", flush=True)
+               "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times,
+               # process peak so far: a clean number for the first scheme only
+               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        print(f"[{scheme}] step {t:.2f}s, {m['tokens'] / t:.0f} tok/s, peak RSS {row['peak_rss_mib']:.0f} MiB",
+              flush=True)
         if args.profile:   # alternate the two heads, keep each phase's best of args.steps
             prof = {"fused": [], "checkpoint": []}
             for _ in range(args.steps):
@@ -219,6 +239,29 @@ def main(argv=None) -> int:
     }, indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def head_only(impl: str, rows: int, hidden: int = 576, vocab: int = 49152, reps: int = 3) -> dict:
+    """The lm head + logprob + entropy alone (fp32, entropy differentiated): best fwd+bwd time and the peak
+    RSS above the start of this process. Run each ``impl`` in its own process (peak RSS only grows)."""
+    import resource
+
+    from slick.train.logprobs import chunked_logprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    h = torch.randn(rows, hidden, requires_grad=True)
+    tgt = torch.randint(0, vocab, (rows,))
+    fn = chunked_logprobs if impl == "fused" else _checkpointed_head
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        lp, ent = fn(h, head, tgt, 1.0, 512, True, True)
+        (lp.sum() + ent.sum()).backward()
+        times.append(time.perf_counter() - t)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start
+    return {"impl": impl, "rows": rows, "best_s": min(times), "peak_rss_above_start_mib": peak}
 
 
 def print_profile(scheme: str, prof: dict) -> None:

@@ -82,8 +82,8 @@ def peak_rss_mb() -> float:
 
 
 def evaluate(model, tokenizer, rows: list[dict], *, max_new_tokens=48, temperature=1.0, batch_size=64,
-             seed=0) -> float:
-    """Held-out accuracy: sample one answer per row at ``temperature`` (bf16 autocast, HF generate)."""
+             seed=0, bf16=True) -> float:
+    """Held-out accuracy: sample one answer per row at ``temperature`` (HF generate; bf16 autocast if ``bf16``)."""
     import torch
 
     was_training = model.training
@@ -99,7 +99,7 @@ def evaluate(model, tokenizer, rows: list[dict], *, max_new_tokens=48, temperatu
             texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
                      for r in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                                      max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
             for r, ids in zip(chunk, out[:, enc["input_ids"].shape[1]:]):
@@ -115,13 +115,13 @@ def evaluate(model, tokenizer, rows: list[dict], *, max_new_tokens=48, temperatu
 def run_trl(model_dir, train_jsonl, test_jsonl, *, steps=30, prompts_per_step=8, samples_per_prompt=8,
             max_new_tokens=48, temperature=1.0, lr=2e-5, eval_every=5, seed=0, out_dir="runs/trl_side",
             micro_batch_size=16, target_acc=0.8, threads=None, gradient_checkpointing=False,
-            log=print) -> dict:
+            bf16=True, log=print) -> dict:
     """Train with TRL's GRPOTrainer and return the measurements (see the module docstring) as a dict.
 
     ``threads`` sets torch's intra-op threads (None keeps torch's default). On a shared, oversubscribed
     CPU fewer threads can be many times faster; give both sides of a comparison the same value.
     ``gradient_checkpointing`` is off by default (TRL turns it on; it costs compute and a 135M model
-    does not need the memory saving).
+    does not need the memory saving). ``bf16=False`` trains and evaluates in fp32.
     """
     import torch
 
@@ -160,7 +160,7 @@ def run_trl(model_dir, train_jsonl, test_jsonl, *, steps=30, prompts_per_step=8,
     reward_fn.__name__ = "addition_reward"
 
     config = GRPOConfig(
-        output_dir=str(out_dir / "trl"), use_cpu=True, bf16=True, seed=seed, data_seed=seed,
+        output_dir=str(out_dir / "trl"), use_cpu=True, bf16=bf16, seed=seed, data_seed=seed,
         max_steps=steps, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         per_device_train_batch_size=micro_batch_size, gradient_accumulation_steps=grad_accum,
         steps_per_generation=grad_accum, num_generations=samples_per_prompt, num_iterations=1,
@@ -181,7 +181,7 @@ def run_trl(model_dir, train_jsonl, test_jsonl, *, steps=30, prompts_per_step=8,
     def do_eval(step: int) -> float:
         t = time.perf_counter()
         acc = evaluate(trainer.model, tokenizer, test_rows, max_new_tokens=max_new_tokens,
-                       temperature=temperature, seed=seed + 1000 + step)
+                       temperature=temperature, seed=seed + 1000 + step, bf16=bf16)
         dt = time.perf_counter() - t
         clock["eval_s"] += dt
         result["evals"].append({"step": step, "accuracy": acc, "train_time_s": clock["train_s"], "eval_s": dt})

@@ -1,12 +1,17 @@
-"""slick vs TRL's GRPOTrainer on the demo task, side by side, in one invocation.
+"""slick vs TRL's GRPOTrainer on the demo task, side by side, over several seeds.
 
-    .venv/bin/python bench/vs_trl.py [--steps 30] [--side both|slick|trl]
+    .venv/bin/python bench/vs_trl.py [--seeds 3] [--steps 30] [--precision bf16|fp32] [--quick]
 
-Same model (SmolLM2-135M-Instruct, bf16, CPU), data (single-digit addition; 25 held-out pairs x 4 = 100
-held-out questions), batch (8 prompts x 8 samples per step), 48 new tokens at most, T=1.0, learning rate,
-number of steps, KL off. Each side runs in its own process (clean peak RSS, no shared thread pools).
-Reports completions/s, generated tokens/s, wall time per step, training time until held-out accuracy (T=1.0)
-first reaches 80%, final accuracy, peak RSS, and slick's time split. Writes bench/results/vs_trl.{json,md}.
+Same model (SmolLM2-135M-Instruct, CPU), data (single-digit addition; 25 held-out pairs x 16 = 400 held-out
+questions per evaluation), batch (8 prompts x 8 samples per step), 48 new tokens at most, T=1.0, learning
+rate, number of steps, KL off, the same precision on both sides (``--precision``), and the same loss
+normalisation: TRL's default ``loss_type="dapo"`` is slick's ``--calculate-per-token-loss``
+(``--slick-loss sample-mean`` runs slick's own default instead). Each side runs in its own process per seed
+(clean peak RSS, no shared thread pools). Reports, as mean over seeds: completions/s, generated tokens/s,
+wall time per step, peak RSS (max over seeds), slick's time split; and held-out accuracy (T=1.0) every
+``--eval-every`` steps as mean, standard deviation and min-max over seeds. Writes
+bench/results/vs_trl.{json,md} (``--quick``: a 2-step, 1-seed smoke run with a small batch and 16 held-out
+questions, written under the out dir only).
 """
 from __future__ import annotations
 
@@ -41,7 +46,10 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
             "--rollout-max-response-len", str(args.max_new_tokens), "--rollout-temperature", "1.0",
             "--eval-temperature", "1.0", "--lr", str(args.lr), "--num-rollout", str(args.steps),
             "--eval-interval", str(args.eval_every), "--rollout-shuffle", "--run-dir", str(run_dir),
-            "--seed", str(args.seed), "--micro-batch-size", "64", "--no-progress"] + shlex.split(args.slick_args)
+            "--seed", str(args.seed), "--micro-batch-size", "64", "--no-progress", "--dtype", args.precision]
+    if args.slick_loss == "token-mean":
+        argv.append("--calculate-per-token-loss")
+    argv += shlex.split(args.slick_args)
     cfg = parse_config(argv)
     t0 = time.perf_counter()
     asyncio.run(train_loop(cfg))
@@ -76,11 +84,51 @@ def run_trl_side(args, model_dir: Path, train: Path, test: Path) -> dict:
 
     return run_trl(model_dir, train, test, steps=args.steps, prompts_per_step=args.prompts,
                    samples_per_prompt=args.samples, max_new_tokens=args.max_new_tokens, temperature=1.0,
-                   lr=args.lr, eval_every=args.eval_every, seed=args.seed, out_dir=Path(args.out_dir) / "trl")
+                   lr=args.lr, eval_every=args.eval_every, seed=args.seed, out_dir=Path(args.out_dir) / "trl",
+                   bf16=args.precision == "bf16", micro_batch_size=min(16, args.prompts * args.samples))
 
 
 def fmt(v, spec=".2f"):
     return "-" if v is None else format(v, spec)
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs):
+    xs = [x for x in xs if x is not None]
+    if len(xs) < 2:
+        return 0.0 if xs else None
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def _evals(res: dict) -> dict[int, float]:
+    """{step: held-out accuracy} from either side's result."""
+    if res.get("side") == "trl":
+        return {int(e["step"]): float(e["accuracy"]) for e in res["evals"]}
+    return {int(step): float(acc) for step, acc in res["evals"]}
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Means over seeds of one side's speed numbers, max peak RSS, and accuracy statistics per eval step."""
+    keys = ("completions_per_sec", "tokens_per_sec", "step_time_mean_s", "time_to_target_s")
+    out = {k: _mean([r.get(k) for r in runs]) for k in keys}
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    out["seeds"] = len(runs)
+    steps = sorted(set().union(*[_evals(r) for r in runs]))
+    out["accuracy"] = {}
+    for st in steps:
+        accs = [_evals(r).get(st) for r in runs]
+        accs = [a for a in accs if a is not None]
+        out["accuracy"][st] = {"mean": _mean(accs), "std": _std(accs), "min": min(accs), "max": max(accs),
+                               "values": accs}
+    if runs and "time_split_s" in runs[0]:
+        out["time_split_s"] = {k: _mean([r["time_split_s"][k] for r in runs]) for k in runs[0]["time_split_s"]}
+        out["reward_time_s"] = _mean([r.get("reward_time_s", 0.0) for r in runs])
+    return out
 
 
 def table(slick: dict, trl: dict) -> str:
@@ -98,15 +146,21 @@ def table(slick: dict, trl: dict) -> str:
          ratio(slick["step_time_mean_s"], trl["step_time_mean_s"], inverse=True)),
         ("train time to 80% held-out (s)", fmt(slick["time_to_target_s"], ".0f"), fmt(trl["time_to_target_s"], ".0f"),
          ratio(slick["time_to_target_s"], trl["time_to_target_s"], inverse=True)),
-        ("held-out accuracy, start -> end", f"{fmt(slick['initial_accuracy'])} -> {fmt(slick['final_accuracy'])}",
-         f"{fmt(trl['initial_accuracy'])} -> {fmt(trl['final_accuracy'])}", ""),
-        ("peak RSS (MiB)", fmt(slick["peak_rss_mb"], ".0f"), fmt(trl["peak_rss_mb"], ".0f"), ""),
+        ("peak RSS (MiB, max over seeds)", fmt(slick["peak_rss_mb"], ".0f"), fmt(trl["peak_rss_mb"], ".0f"),
+         ratio(slick["peak_rss_mb"], trl["peak_rss_mb"], inverse=True)),
     ]
-    out = ["| metric | slick | TRL GRPOTrainer | slick advantage |", "|---|---|---|---|"]
+    out = ["| metric (mean over seeds) | slick | TRL GRPOTrainer | slick advantage |", "|---|---|---|---|"]
     out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    split = slick["time_split_s"]
+
+    def acc(a):
+        return "-" if a is None else f"{a['mean']:.3f} ± {a['std']:.3f} ({a['min']:.2f}-{a['max']:.2f})"
+    out += ["", f"Held-out accuracy (T=1.0), mean ± std (min-max) over {slick['seeds']} seed(s):", "",
+            "| step | slick | TRL GRPOTrainer |", "|---|---|---|"]
+    for st in sorted(set(slick["accuracy"]) | set(trl["accuracy"])):
+        out.append(f"| {st} | {acc(slick['accuracy'].get(st))} | {acc(trl['accuracy'].get(st))} |")
+    split = slick.get("time_split_s") or {}
     total = sum(split.values()) or 1.0
-    out += ["", "slick time split over all steps: " + ", ".join(
+    out += ["", "slick time split, mean over seeds: " + ", ".join(
         f"{k} {v:.1f}s ({v / total:.0%})" for k, v in split.items())
         + f"; reward calls took {slick.get('reward_time_s', 0.0):.1f}s inside the rollout (overlapping generation)"]
     return "\n".join(out)
@@ -114,47 +168,72 @@ def table(slick: dict, trl: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--side", choices=["both", "slick", "trl"], default="both")
+    ap.add_argument("--side", choices=["both", "slick", "trl"], default="both",
+                    help="run one side for one --seed (what `both` does per seed in a subprocess)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per side (1, 2, ... N)")
+    ap.add_argument("--seed", type=int, default=1, help="the seed of a single --side run")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--test-pairs", type=int, default=25, help="held-out addition pairs")
+    ap.add_argument("--test-repeats", type=int, default=16, help="samples per held-out pair per evaluation")
+    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
+                    help="both sides: bf16 (slick --dtype bf16, TRL bf16=True autocast) or fp32")
+    ap.add_argument("--slick-loss", choices=["token-mean", "sample-mean"], default="token-mean",
+                    help="slick's loss normalisation: token-mean = TRL's default dapo (--calculate-per-token-loss)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 seed, 2 steps, 2x4 samples, 16 new tokens, 16 held-out questions")
     ap.add_argument("--out-dir", default="runs/vs_trl")
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved side results")
     ap.add_argument("--slick-args", default="", help="extra `slick train` flags for the slick side, one string "
-                    "(e.g. --slick-args='--calculate-per-token-loss')")
+                    "(e.g. --slick-args='--entropy-coef 0.001')")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.prompts, args.samples = 1, 2, 2, 4
+        args.max_new_tokens, args.eval_every, args.test_pairs, args.test_repeats = 16, 1, 8, 2
 
     from slick.demo.addition import write_addition_data
     from slick.models.smollm2 import prepare_smollm2
 
     model_dir = prepare_smollm2()
-    train, test = write_addition_data(Path(args.out_dir) / "data", n_test=25, test_repeats=4)
+    train, test = write_addition_data(Path(args.out_dir) / "data", n_test=args.test_pairs,
+                                      test_repeats=args.test_repeats)
+    n_test = args.test_pairs * args.test_repeats
     if args.side != "both":
         res = (run_slick if args.side == "slick" else run_trl_side)(args, model_dir, train, test)
         out = Path(args.out_dir) / f"{args.side}.json"
         out.write_text(json.dumps(res, indent=2, default=str))
         print(f"[vs_trl] {args.side}: {out}")
         return 0
-    results = {}
-    for side in ("slick", "trl"):  # one process each
-        if not args.table_only:
-            print(f"[vs_trl] running {side} ({args.steps} steps)...", flush=True)
-            cmd = [sys.executable, __file__, "--side", side] + [a for a in (argv or sys.argv[1:])
-                                                                 if a not in ("--side", "both")]
-            subprocess.run(cmd, check=True)
-        results[side] = json.loads((Path(args.out_dir) / f"{side}.json").read_text())
-    md = table(results["slick"], results["trl"])
-    header = (f"slick vs TRL {results['trl'].get('trl_version', '?')} GRPOTrainer, SmolLM2-135M-Instruct bf16 on "
-              f"CPU, {args.prompts}x{args.samples} per step, {args.steps} steps, {args.max_new_tokens} new tokens, "
-              f"T=1.0, lr {args.lr}, 100 held-out questions")
+    per_side: dict[str, list[dict]] = {"slick": [], "trl": []}
+    for seed in range(1, args.seeds + 1):
+        seed_dir = Path(args.out_dir) / f"seed{seed}"
+        for side in ("slick", "trl"):  # one process each
+            if not args.table_only:
+                print(f"[vs_trl] seed {seed}: running {side} ({args.steps} steps)...", flush=True)
+                cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--out-dir", str(seed_dir),
+                       "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
+                       "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
+                       "--eval-every", str(args.eval_every), "--test-pairs", str(args.test_pairs),
+                       "--test-repeats", str(args.test_repeats), "--precision", args.precision,
+                       "--slick-loss", args.slick_loss, "--slick-args", args.slick_args]
+                subprocess.run(cmd, check=True)
+            per_side[side].append(json.loads((seed_dir / f"{side}.json").read_text()))
+    agg = {side: aggregate(runs) for side, runs in per_side.items()}
+    md = table(agg["slick"], agg["trl"])
+    header = (f"slick vs TRL {per_side['trl'][0].get('trl_version', '?')} GRPOTrainer, SmolLM2-135M-Instruct "
+              f"{args.precision} on CPU, {args.prompts}x{args.samples} per step, {args.steps} steps, "
+              f"{args.max_new_tokens} new tokens, T=1.0, lr {args.lr}, slick loss {args.slick_loss}, "
+              f"{args.seeds} seed(s), {n_test} held-out questions per evaluation")
     print("\n" + header + "\n\n" + md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "vs_trl.md").write_text(header + "\n\n" + md + "\n")
-    (RESULTS / "vs_trl.json").write_text(json.dumps({"config": vars(args), **results}, indent=2, default=str))
+    results_dir = Path(args.out_dir) if args.quick else RESULTS
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "vs_trl.md").write_text(header + "\n\n" + md + "\n")
+    (results_dir / "vs_trl.json").write_text(json.dumps({"config": vars(args), "aggregate": agg, "runs": per_side},
+                                                        indent=2, default=str))
     return 0
 
 
