@@ -10,7 +10,8 @@ Kinds (each a real `slick train` / `slick train-async` process on a random 2-lay
   the bench sends SIGKILL to the stopped process once the run is over, whatever happened.
 - ``driver_kill`` / ``driver_kill_async``: the driver (sync with one `slick serve` worker / async with the
   in-process engine) with ``--save --save-interval 1``
-  gets SIGKILL at ``--kills`` random moments (uniform over the time a clean run takes), each followed
+  gets SIGKILL at ``--kills`` random moments (each uniform over the time the attempt has left, estimated from
+  a clean run: start-up plus the steps after the newest checkpoint), each followed
   at once by a resume with ``--load`` on the same checkpoint directory; after each kill the bench
   counts the processes of that run still alive 10 s later (they must be 0) and removes them.
 - ``reward_down``: ``--rm-type remote_rm`` against a real reward server on 127.0.0.1, stopped after the
@@ -296,8 +297,8 @@ def worker_fault(setup: Setup, out: Path, sig: int, name: str, timeout: float) -
 
 
 # --------------------------------------------------------------------------------------- driver faults
-def clean_duration(setup: Setup, out: Path, driver: str, timeout: float, engine: list) -> float:
-    """Seconds a run without faults takes (the kill moments are drawn over it)."""
+def clean_duration(setup: Setup, out: Path, driver: str, timeout: float, engine: list) -> tuple[float, float]:
+    """(seconds to the first logged step, seconds per later step) of a run without faults."""
     run_dir = out / f"clean_{driver}"
     drv = Driver(setup, setup.argv(run_dir, driver, extra=[*engine, "--save", str(run_dir / "ckpt"),
                                                            "--save-interval", "1"]), run_dir, "driver")
@@ -305,15 +306,26 @@ def clean_duration(setup: Setup, out: Path, driver: str, timeout: float, engine:
     drv.close()
     if rc != 0:
         raise RuntimeError(f"the clean {driver} run failed (rc {rc}):\n{drv.tail()}")
-    return time.monotonic() - drv.started
+    times = [t - drv.started for t, _ in drv.rows]
+    if len(times) < 2:
+        raise RuntimeError(f"the clean {driver} run logged {len(times)} steps")
+    return times[0], (times[-1] - times[0]) / (len(times) - 1)
+
+
+def _checkpointed_step(ckpt: Path) -> int:
+    try:
+        return int((ckpt / "latest").read_text().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Random, timeout: float,
                 engine: list) -> dict:
     name = "driver_kill" if driver == "train" else "driver_kill_async"
-    base = clean_duration(setup, out, driver, timeout, engine)
+    first, per_step = clean_duration(setup, out, driver, timeout, engine)
     run_dir, ckpt = out / name, out / name / "ckpt"
-    result: dict = {"kind": name, "clean_run_s": round(base, 1), "kills": [], "orphans": 0}
+    result: dict = {"kind": name, "clean_first_step_s": round(first, 1), "clean_step_s": round(per_step, 1),
+                    "kills": [], "orphans": 0}
     drivers: list[Driver] = []
     checkers: list[threading.Thread] = []
     for i in range(kills + 1):
@@ -325,7 +337,9 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
             result["kills"][-1]["resumed_with_load"] = bool(load)
         if i == kills:
             break
-        at = rng.uniform(0.1, 0.95) * base
+        # a moment drawn over what this attempt has left to do (start-up, then the steps after the checkpoint)
+        left = setup.steps - _checkpointed_step(ckpt)
+        at = rng.uniform(0.1, 0.95) * (first + per_step * max(left - 1, 0))
         while drv.proc.poll() is None and time.monotonic() - drv.started < at:
             time.sleep(0.01)
         if drv.proc.poll() is not None:              # finished (or failed) before its kill moment
@@ -338,6 +352,7 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
         drv.wait(30)
         last = [r["step"] for _, r in drv.rows]
         record = {"at_s": round(at, 2), "last_step_logged": last[-1] if last else None,
+                  "newest_checkpoint": _checkpointed_step(ckpt),
                   "checkpoint_write_in_progress": bool(tmp_dirs), "_t": t_kill}
         result["kills"].append(record)
         # the resume starts at once; meanwhile a thread looks 10 s later for children that outlived the driver
