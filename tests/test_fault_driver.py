@@ -288,3 +288,51 @@ def test_async_driver_killed_at_random_moments_trains_every_prompt_once(tiny_mod
                              extra=("--max-staleness", "2", "--use-tis"))
     covered = _assert_exactly_once(procs, tmp_path / "ckpt")
     print("async: steps trained per process", covered)
+
+
+RAY_DRIVER = '''
+import os, sys, time, types
+import ray
+from slick.cluster.ray_cluster import RayCluster
+
+cluster = RayCluster.connect(types.SimpleNamespace(ray_address=None), num_cpus=1)
+assert cluster.started_here
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def pid(self):
+        return os.getpid()
+
+print("actor", ray.get(Probe.remote().pid.remote(), timeout=120), flush=True)
+print("ready", flush=True)
+time.sleep(600)
+'''
+
+
+@pytest.mark.slow
+def test_local_ray_cluster_and_actors_exit_after_the_driver_is_killed(tmp_path):
+    """A local Ray cluster slick started (RayCluster.connect) fate-shares with the driver: after SIGKILL of
+    the driver its GCS, raylet and the other head processes, and the actors, exit."""
+    script = tmp_path / "ray_driver.py"
+    script.write_text(RAY_DRIVER)
+    log_path = tmp_path / "ray_driver.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pids = []
+    try:
+        _wait(lambda: "ready" in log_path.read_text() or proc.poll() is not None, 180, "the Ray driver to start")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        actor = int(log_path.read_text().split("actor ", 1)[1].split()[0])
+        pids = [actor, *_children(proc.pid)]
+        assert len(pids) >= 3 and _alive(actor)      # the actor, GCS, raylet, ...
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        _wait(lambda: not [p for p in pids if _alive(p)], 60, f"the Ray processes {pids} to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
