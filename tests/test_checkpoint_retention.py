@@ -1,6 +1,6 @@
 """Checkpoints a reader can trust: a truncated, partial or corrupt newest checkpoint is skipped with a warning
 naming it and why (one process and sharded DCP ranks), stale temp directories of interrupted writes are removed
-at start-up, and --keep-checkpoints / --keep-checkpoints-every retention."""
+at start-up, and --keep-checkpoints / --save-retain-interval retention."""
 import asyncio
 import json
 import logging
@@ -132,6 +132,7 @@ def test_retained_steps():
     assert ckpt.retained_steps(steps, 3, None) == {8, 9, 10}
     assert ckpt.retained_steps(steps, 2, 4) == {4, 8, 9, 10}
     assert ckpt.retained_steps(steps, 20, 3) == set(steps)
+    assert ckpt.retained_steps(steps, None, 4) == {4, 8, 10}     # Megatron's --save-retain-interval alone
     assert ckpt.retained_steps([], 2, 2) == set()
 
 
@@ -140,7 +141,7 @@ def test_retention_and_temp_cleanup_in_a_run(tiny_model_dir, prompts, tmp_path):
     (save / ".tmp-step_000009-1").mkdir(parents=True)
     (save / ".tmp-step_000009-1" / "optimizer.pt").write_bytes(b"z" * 10)
     cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=5, save=str(save), save_interval=1,
-                   keep_checkpoints=2, keep_checkpoints_every=2)
+                   keep_checkpoints=2, save_retain_interval=2)
     asyncio.run(train(cfg))
     assert sorted(p.name for p in save.iterdir()) == ["latest", "step_000002", "step_000004", "step_000005"]
     assert ckpt.resolve_step_dir(save)[0] == 5
@@ -158,7 +159,8 @@ def test_retention_flags_are_checked(tiny_model_dir, prompts, tmp_path):
         return str(e.value)
 
     assert "--keep-checkpoints must be >= 1 (got 0)" in problems(save="x", keep_checkpoints=0)
-    assert "--keep-checkpoints-every N needs --keep-checkpoints K" in problems(save="x", keep_checkpoints_every=2)
+    assert "--save-retain-interval must be >= 1 (got -1)" in problems(save="x", save_retain_interval=-1)
+    assert "--save-retain-interval applies to the checkpoints in --save" in problems(save_retain_interval=5)
     assert "--keep-checkpoints applies to the checkpoints in --save" in problems(keep_checkpoints=2)
 
 

@@ -163,10 +163,8 @@ class CheckpointConfig:
     save: Optional[str] = F(None, "Save checkpoints into this directory.")
     save_interval: Optional[int] = F(None, "Save every N rollout steps (and at the end).")
     save_hf: Optional[str] = F(None, "Write a Hugging Face model directory here: with every checkpoint when --save is set, otherwise once after the last step.")
-    keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all).")
-    keep_checkpoints_every: Optional[int] = F(None, "With --keep-checkpoints: also keep every checkpoint whose step is a multiple of N.")
-    keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all).")
-    keep_checkpoints_every: Optional[int] = F(None, "With --keep-checkpoints: also keep every checkpoint whose step is a multiple of N.")
+    keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all, or the newest one with --save-retain-interval).")
+    save_retain_interval: Optional[int] = F(None, "Also keep every checkpoint whose step is a multiple of N; the others except the newest (--keep-checkpoints K: the newest K) are deleted (Megatron's flag).")
 
 
 @dataclass

@@ -194,26 +194,12 @@ def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
 
 
 def retention_problems(cfg: Config, p: list[str]) -> None:
-    """--keep-checkpoints K >= 1, --keep-checkpoints-every N >= 1 and only together with K."""
-    for flag, v in (("--keep-checkpoints", cfg.keep_checkpoints), ("--keep-checkpoints-every", cfg.keep_checkpoints_every)):
+    """--keep-checkpoints K >= 1 and --save-retain-interval N >= 1, both only with --save."""
+    for flag, v in (("--keep-checkpoints", cfg.keep_checkpoints), ("--save-retain-interval", cfg.save_retain_interval)):
         if v is not None and v < 1:
             p.append(f"{flag} must be >= 1 (got {v})")
-    if cfg.keep_checkpoints_every is not None and cfg.keep_checkpoints is None:
-        p.append("--keep-checkpoints-every N needs --keep-checkpoints K (without K every checkpoint is kept anyway)")
-    if cfg.keep_checkpoints is not None and not cfg.save:
-        p.append("--keep-checkpoints applies to the checkpoints in --save; set --save DIR")
-    retention_problems(cfg, problems)
-
-
-def retention_problems(cfg: Config, p: list[str]) -> None:
-    """--keep-checkpoints K >= 1, --keep-checkpoints-every N >= 1 and only together with K."""
-    for flag, v in (("--keep-checkpoints", cfg.keep_checkpoints), ("--keep-checkpoints-every", cfg.keep_checkpoints_every)):
-        if v is not None and v < 1:
-            p.append(f"{flag} must be >= 1 (got {v})")
-    if cfg.keep_checkpoints_every is not None and cfg.keep_checkpoints is None:
-        p.append("--keep-checkpoints-every N needs --keep-checkpoints K (without K every checkpoint is kept anyway)")
-    if cfg.keep_checkpoints is not None and not cfg.save:
-        p.append("--keep-checkpoints applies to the checkpoints in --save; set --save DIR")
+        if v is not None and not cfg.save:
+            p.append(f"{flag} applies to the checkpoints in --save; set --save DIR")
 
 
 ASYNC_ONLY = {"async_buffer_size": None, "async_weight_update": "wait", "async_timeout": 600.0}

@@ -287,7 +287,7 @@ class Run:
             state = {"step": step, "data": self.data.state_dict() if self.data else None,
                      "buffer": self.buffer.state_dict()}
             path = save_checkpoint(self.cfg.save, step, with_critic(self.trainer, self.critic), state, keep_last=self.cfg.keep_checkpoints,
-                                   keep_every=self.cfg.keep_checkpoints_every)
+                                   keep_every=self.cfg.save_retain_interval)
             self.progress.write(f"saved checkpoint {path}")
         if self.cfg.save_hf:
             self.progress.write(f"wrote HF model {save_hf(self.cfg.save_hf, self.trainer)}")

@@ -16,7 +16,7 @@ previous checkpoint (and ``latest`` pointing at it) intact. Loading checks the n
 (:func:`checkpoint_problem`: manifest sizes, state files that parse) and falls back to the previous complete
 one with a warning naming what is wrong. :func:`clean_stale_temp` removes the ``.tmp-*`` left by writes that
 were interrupted; :func:`prune_checkpoints` applies retention (``--keep-checkpoints``,
-``--keep-checkpoints-every``) by renaming a doomed checkpoint to ``.tmp-delete-*`` before removing it.
+``--save-retain-interval``) by renaming a doomed checkpoint to ``.tmp-delete-*`` before removing it.
 
 With several trainer ranks (``slick.train.dist``) every rank calls these functions: the trainer's writes are
 collective (a sharded ``slick.train.dcp`` directory instead of ``model/`` + ``optimizer.pt``), rank 0 alone
@@ -341,12 +341,13 @@ def clean_stale_temp(save_root) -> tuple[int, int]:
 
 
 def retained_steps(steps, keep_last: Optional[int], keep_every: Optional[int]) -> set[int]:
-    """Which of ``steps`` retention keeps: the newest ``keep_last`` (all when None), plus every step that is
-    a multiple of ``keep_every``; the newest step is always kept."""
+    """Which of ``steps`` retention keeps: the newest ``keep_last`` (1 when only ``keep_every`` is set, as
+    Megatron's --save-retain-interval), plus every step that is a multiple of ``keep_every``; neither set:
+    all of them."""
     steps = sorted(steps)
-    if not keep_last:
+    if not keep_last and not keep_every:
         return set(steps)
-    keep = set(steps[-keep_last:])
+    keep = set(steps[-(keep_last or 1):])
     if keep_every:
         keep |= {s for s in steps if s % keep_every == 0}
     return keep
@@ -369,7 +370,7 @@ def prune_checkpoints(save_root, keep_last: Optional[int], keep_every: Optional[
         shutil.rmtree(doomed, ignore_errors=True)
         deleted.append(s)
     if deleted:
-        log.info("%s: removed checkpoints of steps %s (--keep-checkpoints %s, --keep-checkpoints-every %s)",
+        log.info("%s: removed checkpoints of steps %s (--keep-checkpoints %s, --save-retain-interval %s)",
                  root, deleted, keep_last, keep_every)
     return deleted
 
