@@ -541,8 +541,13 @@ def detail(r: dict) -> str:
         return str(v)
     parts = [f"{k.split('/')[-1]}={fmt(r[k])}" for k in keys if k in r]
     if "kills" in r:
-        parts.append("kills at " + ", ".join(f"{k['at_s']}s" + ("(ckpt write)" if k.get("checkpoint_write_in_progress")
-                                                                 else "") for k in r["kills"]))
+        def where(k):
+            if "note" in k:
+                return f"{k['at_s']} s: {k['note']}"
+            return (f"{k['at_s']} s (steps logged {k.get('last_step_logged') or 0}, checkpoint "
+                    f"{k.get('newest_checkpoint', '?')}{', during a checkpoint write' if k.get('checkpoint_write_in_progress') else ''}"
+                    f", orphans {k.get('orphans', '?')})")
+        parts.append("kills at " + ", ".join(where(k) for k in r["kills"]))
     return "; ".join(parts)
 
 
