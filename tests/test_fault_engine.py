@@ -363,3 +363,49 @@ def test_a_killed_engine_actor_on_ray_is_restarted_at_the_trainers_weights(tiny_
         run._stop_processes()
         sys.path.remove(str(tmp_path))
     _assert_each_prompt_once(steps, 6, 2)
+
+
+@pytest.mark.slow
+def test_train_async_goes_on_after_a_worker_is_killed(tiny_model_dir, tmp_path):
+    """slick train-async (the interruptible engine over the fault-tolerant client): a SIGKILLed worker is replaced
+    and every prompt of the epoch is trained exactly once."""
+    import sys
+
+    import psutil
+
+    from slick.loop.train_async import train_async
+
+    sys.path.insert(0, str(tmp_path))
+    cfg = make_cfg(tiny_model_dir, _prompts(tmp_path, 12), tmp_path / "run", num_rollout=None, rollout_engine="http",
+                   rollout_num_workers=2, use_fault_tolerance=True, n_samples_per_prompt=2,
+                   rollout_max_response_len=48, rollout_health_check_interval=1.0, rollout_health_check_timeout=10.0,
+                   save_debug_train_data=str(tmp_path / "dbg"))
+    killed = {}
+
+    async def go():
+        task = asyncio.ensure_future(train_async(cfg))
+        deadline = time.monotonic() + 180
+        while True:
+            serve = [p for p in psutil.Process().children() if "serve" in p.cmdline()]
+            if len(serve) == 2:
+                break
+            assert time.monotonic() < deadline and not task.done(), "the run did not start 2 workers"
+            await asyncio.sleep(0.1)
+        victim = min(serve, key=lambda p: p.pid)
+        url = "http://127.0.0.1:" + victim.cmdline()[victim.cmdline().index("--port") + 1]
+        await _when_busy(url, 180)
+        killed.update(url=url, pid=victim.pid)
+        os.kill(victim.pid, signal.SIGKILL)
+        return await asyncio.wait_for(task, 600)
+
+    try:
+        asyncio.run(go())
+    finally:
+        sys.path.remove(str(tmp_path))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[-1]["fault/engine_deaths"] == 1 and rows[-1]["fault/requests_resubmitted"] >= 1
+    trained = [d["prompt_index"] for s in range(6)
+               for d in (json.loads(x) for x in (tmp_path / "dbg" / f"train_{s}.jsonl").read_text().splitlines())]
+    assert sorted(trained) == sorted(list(range(12)) * 2)       # 2 samples of each prompt, each trained once
+    assert not [p for p in psutil.Process().children() if "serve" in p.cmdline()]
