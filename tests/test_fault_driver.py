@@ -336,3 +336,82 @@ def test_local_ray_cluster_and_actors_exit_after_the_driver_is_killed(tmp_path):
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+LAUNCHER = '''
+import subprocess, sys, time
+from slick.proc import die_with_parent, watch_parent_args
+mode = sys.argv[1]
+if mode == "watch":      # only the in-child parent watch (no PR_SET_PDEATHSIG)
+    cmd = watch_parent_args([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], "http.server")
+    child = subprocess.Popen(cmd, start_new_session=True)
+else:                    # only PR_SET_PDEATHSIG (a program that knows nothing of slick)
+    child = subprocess.Popen(["sleep", "1000"], start_new_session=True, preexec_fn=die_with_parent())
+print("child", child.pid, flush=True)
+time.sleep(1000)
+'''
+
+
+@pytest.mark.parametrize("mode", ["watch", "pdeathsig"])
+def test_each_mechanism_alone_ends_the_child_of_a_killed_parent(tmp_path, mode):
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    launcher = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = None
+    try:
+        child = int(launcher.stdout.readline().split()[1])
+        time.sleep(1.0)
+        assert _alive(child)
+        launcher.kill()
+        launcher.wait(timeout=30)
+        t0 = time.monotonic()
+        _wait(lambda: not _alive(child), 20, f"the {mode} child {child} to exit after its parent was killed")
+        assert time.monotonic() - t0 < (10 if mode == "watch" else 2)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=30)
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_daemon_thread_pool_results_errors_and_a_stuck_call_that_does_not_block_exit(tmp_path):
+    import asyncio
+    import threading
+
+    from slick.proc import DaemonThreadPool
+
+    pool = DaemonThreadPool(2, "t")
+    assert pool.submit(lambda a, b: a * b, 6, 7).result(timeout=10) == 42
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=10)
+    release = threading.Event()
+
+    def stuck_fn():
+        release.wait(30)
+        return "late"
+
+    f = pool.submit(stuck_fn)
+    _wait(lambda: pool.running(), 10, "the stuck call to start")
+    (name, seconds), = pool.running()
+    assert name.endswith("stuck_fn") and seconds >= 0
+    assert asyncio.run(_via_loop(pool)) == 5
+    pool.shutdown(wait=False, cancel_futures=True)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(print)
+    release.set()
+    assert f.result(timeout=10) == "late"
+    # a process whose pool thread never returns still exits at once
+    code = ("import threading, time; from slick.proc import DaemonThreadPool; "
+            "p = DaemonThreadPool(1); p.submit(threading.Event().wait); time.sleep(0.5); print('done')")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and r.stdout.strip() == "done" and time.monotonic() - t0 < 30
+
+
+async def _via_loop(pool):
+    import asyncio
+
+    return await asyncio.get_running_loop().run_in_executor(pool, lambda: 2 + 3)
