@@ -67,10 +67,12 @@ class Run:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.save:   # what interrupted checkpoint writes left behind (no other writer runs yet)
-            from slick.train.checkpoint import clean_stale_temp
+        from slick.train.checkpoint import clean_stale_temp
 
-            clean_stale_temp(cfg.save)
+        # what interrupted atomic writes left behind (checkpoints; disk weight syncs into RUN_DIR/weights):
+        # no other writer runs yet
+        for d in {Path(cfg.save), self.run_dir} if cfg.save else {self.run_dir}:
+            clean_stale_temp(d)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         seed_everything(cfg.seed)
         # cheap things that can fail on bad input first, then the trainer, then the engines (processes)
