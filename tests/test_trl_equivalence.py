@@ -127,6 +127,7 @@ def _slick_step(trainer, cfg, prompts, comps, rewards):
     return grads, metrics, tensors, samples
 
 
+@pytest.mark.slow   # ~20 s of CPU (TRL and accelerate imports, three trainers); minutes on a shared machine
 def test_one_and_two_steps_equal_trl(tiny_model_dir, tmp_path):
     trl_tr, tok = _trl_trainer(tiny_model_dir, tmp_path)
     cfg = _slick_cfg(tiny_model_dir, per_token=True)
