@@ -137,7 +137,12 @@ class RolloutManager:
                 submitted, rounds = submitted + per_round, rounds + 1
             if not pending:
                 break
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:   # the run is ending (an engine died, SIGTERM): stop the groups too
+                for task in pending:
+                    task.cancel()
+                raise
             for task in done:
                 group = task.result()
                 if self.keep(group):
