@@ -129,8 +129,9 @@ class Recovery:
         self.engine.remove_worker(url)
         if self.router is not None:
             try:
-                await asyncio.wait_for(asyncio.to_thread(self.router.remove_worker, url, self.timeout), self.timeout + 5)
-            except (KeyError, asyncio.TimeoutError, RuntimeError, OSError) as e:
+                await _bounded(asyncio.to_thread(self.router.remove_worker, url, self.timeout), self.timeout + 5,
+                               f"router {self.router.url}: removing {url}")
+            except (KeyError, TimeoutError, RuntimeError, OSError) as e:
                 log.warning("router: could not remove %s: %s", url, e)
         await self.engine.lose_worker(url)
         proc = self.workers.pop(url, None)
@@ -156,8 +157,8 @@ class Recovery:
                         raise EngineDied(f"replacement worker {new.url} reports weight version {got}, the engines "
                                          f"are at {want}: it is not used", new.url, new.pid)
                     if self.router is not None:
-                        await asyncio.wait_for(asyncio.to_thread(self.router.add_worker, new.url, self.timeout),
-                                               self.timeout + 5)
+                        await _bounded(asyncio.to_thread(self.router.add_worker, new.url, self.timeout),
+                                       self.timeout + 5, f"router {self.router.url}: adding {new.url}")
                     self.engine.add_worker(new.url)
             except BaseException:
                 await asyncio.to_thread(new.stop, 5.0)
@@ -190,6 +191,13 @@ class Recovery:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _bounded(aw, seconds: float, what: str):
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"{what}: not done within {seconds:g}s") from None
 
 
 def _kill(proc) -> None:
