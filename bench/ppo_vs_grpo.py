@@ -33,49 +33,68 @@ def run_one(name: str, model_dir: Path, out_root: Path, steps: int, extra: list[
     from slick.config import build_parser, parse_config
     from slick.demo.__main__ import demo_argv
     from slick.loop.sync import train
-    from slick.observe.metrics import read_metrics
 
     run_dir = out_root / name
     argv = RUNS[name] + ["--num-rollout", str(steps), "--run-dir", str(run_dir), "--no-progress"] + extra
     cfg = parse_config(demo_argv(model_dir, run_dir / "data", argv), build_parser("ppo_vs_grpo"))
     t0 = time.perf_counter()
     asyncio.run(train(cfg))
-    wall = time.perf_counter() - t0
-    rows = read_metrics(run_dir)
-    evals, elapsed = [], 0.0
-    for r in rows:
-        elapsed += r.get("perf/step_time", 0.0)
-        if "eval/heldout" in r:
-            evals.append({"step": r["step"], "completions": r["step"] * COMPLETIONS_PER_STEP,
-                          "step_seconds_so_far": round(elapsed, 1), "heldout": r["eval/heldout"],
-                          "pass@4": r.get("eval/heldout-pass@4")})
-    steps_rows = [r for r in rows if "perf/step_time" in r]
-    out = {"name": name, "argv": argv, "wall_s": round(wall, 1), "evals": evals,
-           "mean_step_s": round(sum(r["perf/step_time"] for r in steps_rows) / max(len(steps_rows), 1), 2),
-           "mean_train_s": round(sum(r.get("perf/train_time", 0.0) for r in steps_rows) / max(len(steps_rows), 1), 2)}
-    critic = [r for r in rows if "critic/explained_variance" in r]
-    if critic:
-        out["critic"] = [{"step": r["step"], "value_loss": r["critic/value_loss"],
-                          "explained_variance": r["critic/explained_variance"]} for r in critic]
+    out = summarize(name, run_dir)
+    out.update(argv=argv, wall_s=round(time.perf_counter() - t0, 1))
     return out
 
 
+def summarize(name: str, run_dir: Path) -> dict:
+    """Held-out accuracy and training reward against completions and seconds, from a run's metrics.jsonl (also
+    for a run that was stopped early: ``complete`` says whether it reached its last step)."""
+    from slick.observe.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    evals, curve, elapsed = [], [], 0.0
+    for r in rows:
+        elapsed += r.get("perf/step_time", 0.0)
+        point = {"step": r["step"], "completions": r["step"] * COMPLETIONS_PER_STEP,
+                 "step_seconds_so_far": round(elapsed, 1)}
+        if "eval/heldout" in r:
+            evals.append({**point, "heldout": r["eval/heldout"]})
+        if "rollout/raw_reward" in r:
+            curve.append({**point, "train_reward": round(r["rollout/raw_reward"], 4),
+                          **({"explained_variance": round(r["critic/explained_variance"], 4),
+                              "value_loss": round(r["critic/value_loss"], 5)} if "critic/value_loss" in r else {})})
+    steps_rows = [r for r in rows if "perf/step_time" in r]
+    n = max(len(steps_rows), 1)
+    return {"name": name, "steps_done": len(steps_rows), "evals": evals, "curve": curve,
+            "mean_step_s": round(sum(r["perf/step_time"] for r in steps_rows) / n, 1),
+            "mean_train_s": round(sum(r.get("perf/train_time", 0.0) for r in steps_rows) / n, 1)}
+
+
 def write_markdown(result: dict, path: Path) -> None:
-    lines = [f"# PPO (critic, 64 prompts x 1) vs GRPO (8 prompts x 8): {result['steps']} steps, "
-             f"{COMPLETIONS_PER_STEP} completions per step", "",
-             f"{result['model']}, {result['machine']}; load average at start {result['load_avg_start']}.", "",
-             "| completions | " + " | ".join(f"{n} held-out (T=1.0)" for n in result["runs"]) + " |",
-             "|---|" + "---|" * len(result["runs"])]
-    by_step = {}
-    for name, r in result["runs"].items():
-        for e in r["evals"]:
-            by_step.setdefault(e["completions"], {})[name] = e["heldout"]
-    for c in sorted(by_step):
-        lines.append(f"| {c} | " + " | ".join(f"{by_step[c].get(n, float('nan')):.1%}" for n in result["runs"])
-                     + " |")
-    lines += ["", "| run | wall time (s) | mean step (s) | mean train phase (s) |", "|---|---|---|---|"]
-    for name, r in result["runs"].items():
-        lines.append(f"| {name} | {r['wall_s']} | {r['mean_step_s']} | {r['mean_train_s']} |")
+    runs = result["runs"]
+    lines = [f"# PPO (critic, 64 prompts x 1) vs GRPO (8 prompts x 8), {COMPLETIONS_PER_STEP} completions per step", "",
+             f"{result['model']}, {result['machine']}, load average {result['load_avg_start']} at the start. "
+             + result.get("note", ""), "",
+             "Held-out accuracy (30 held-out pairs, T=1.0):", "",
+             "| completions | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+
+    def table(key, field, fmt):
+        by = {}
+        for name, r in runs.items():
+            for e in r[key]:
+                by.setdefault(e["completions"], {})[name] = e.get(field)
+        out = []
+        for c in sorted(by):
+            cells = [fmt.format(by[c][n]) if by[c].get(n) is not None else "-" for n in runs]
+            out.append(f"| {c} | " + " | ".join(cells) + " |")
+        return out
+
+    lines += table("evals", "heldout", "{:.1%}")
+    lines += ["", "Training reward (mean over the step's 64 completions; PPO's first 2 steps train the critic only):",
+              "", "| completions | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += table("curve", "train_reward", "{:.3f}")
+    lines += ["", "| run | steps done | wall time (s) | mean step (s) | mean train phase (s) |", "|---|---|---|---|---|"]
+    for name, r in runs.items():
+        lines.append(f"| {name} | {r['steps_done']} | {r.get('wall_s', '-')} | {r['mean_step_s']} | "
+                     f"{r['mean_train_s']} |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -87,6 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="HF model dir (default: SmolLM2-135M-Instruct from the wheel)")
     p.add_argument("--only", choices=sorted(RUNS), default=None,
                    help="run one side only (merged with the other side's results already in --out)")
+    p.add_argument("--summarize", action="store_true",
+                   help="run nothing: write the results of the run directories already in --runs-dir (runs that "
+                        "were stopped early included)")
     args, extra = p.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from slick.models.smollm2 import prepare_smollm2
@@ -94,6 +116,16 @@ def main(argv=None) -> int:
     model_dir = Path(args.model) if args.model else prepare_smollm2()
     result = {"steps": args.steps, "model": model_dir.name, "load_avg_start": round(os.getloadavg()[0], 2),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "extra_flags": extra, "runs": {}}
+    if args.summarize:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        result["runs"] = {n: summarize(n, Path(args.runs_dir) / n) for n in RUNS
+                          if (Path(args.runs_dir) / n / "metrics.jsonl").is_file()}
+        result["note"] = " ".join(extra)
+        (out / "ppo_vs_grpo.json").write_text(json.dumps(result, indent=1))
+        write_markdown(result, out / "ppo_vs_grpo.md")
+        print((out / "ppo_vs_grpo.md").read_text())
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ([args.only] if args.only else list(RUNS)):
