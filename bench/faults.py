@@ -365,16 +365,18 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
     result["orphans"] = sum(k.get("orphans", 0) for k in result["kills"])
     for d in drivers:
         d.close()
+    # time to recover from a kill: to the next step logged, when that comes before the next kill (None: the
+    # resumed run was itself killed before it logged a step)
+    times = [k.pop("_t") for k in result["kills"] if "_t" in k]
     waits = []
-    for k in result["kills"]:
-        t = k.pop("_t", None)
-        if t is not None:
-            nxt = min((ts for d in drivers for ts, _ in d.rows if ts > t), default=None)
-            waits.append(round(nxt - t, 2) if nxt else None)
+    for j, t in enumerate(times):
+        nxt = min((ts for d in drivers for ts, _ in d.rows if ts > t), default=None)
+        before_next_kill = j + 1 == len(times) or (nxt is not None and nxt < times[j + 1])
+        waits.append(round(nxt - t, 2) if nxt is not None and before_next_kill else None)
     known = [w for w in waits if w is not None]
     result["time_to_recover_s"] = max(known) if known else None
     result["time_to_recover_each_s"] = waits
-    result["recovered"] = len(waits) == kills      # orphans are reported in their own column
+    result["recovered"] = len(times) == kills and waits[-1] is not None if times else False
     return finish(result, setup, run_dir, rc, drv)
 
 
