@@ -535,7 +535,7 @@ def detail(r: dict) -> str:
         return r["note"]
     keys = ("fault/engine_deaths", "fault/engine_restarts", "fault/requests_resubmitted", "fault/recovery_time",
             "train/train_rollout_logprob_abs_diff", "reward/remote_retries", "reward/remote_giveups",
-            "reward/remote_down_s", "error_named", "error",
+            "reward/remote_down_s", "time_to_recover_each_s", "error_named", "error",
             "tmp_left_on_disk", "exit_code", "note")
     def fmt(v):
         if isinstance(v, float):
