@@ -10,8 +10,8 @@ Kinds (each a real `slick train` / `slick train-async` process on a random 2-lay
   the bench sends SIGKILL to the stopped process once the run is over, whatever happened.
 - ``driver_kill`` / ``driver_kill_async``: the driver (sync with one `slick serve` worker / async with the
   in-process engine) with ``--save --save-interval 1``
-  gets SIGKILL at ``--kills`` random moments (each uniform over the time the attempt has left, estimated from
-  a clean run: start-up plus the steps after the newest checkpoint), each followed
+  gets SIGKILL at ``--kills`` random moments (each uniform between 60% of a clean run's start-up and the end
+  of what the attempt has left: the steps after the newest checkpoint), each followed
   at once by a resume with ``--load`` on the same checkpoint directory; after each kill the bench
   counts the processes of that run still alive 10 s later (they must be 0) and removes them.
 - ``reward_down``: ``--rm-type remote_rm`` against a real reward server on 127.0.0.1, stopped after the
@@ -339,7 +339,7 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
             break
         # a moment drawn over what this attempt has left to do (start-up, then the steps after the checkpoint)
         left = setup.steps - _checkpointed_step(ckpt)
-        at = rng.uniform(0.1, 0.95) * (first + per_step * max(left - 1, 0))
+        at = rng.uniform(0.6 * first, first + per_step * max(left - 1, 1))
         while drv.proc.poll() is None and time.monotonic() - drv.started < at:
             time.sleep(0.01)
         if drv.proc.poll() is not None:              # finished (or failed) before its kill moment
