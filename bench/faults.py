@@ -10,8 +10,8 @@ Kinds (each a real `slick train` / `slick train-async` process on a random 2-lay
   the bench sends SIGKILL to the stopped process once the run is over, whatever happened.
 - ``driver_kill`` / ``driver_kill_async``: the driver (sync with one `slick serve` worker / async with the
   in-process engine) with ``--save --save-interval 1``
-  gets SIGKILL at ``--kills`` random moments (each uniform between 60% of a clean run's start-up and the end
-  of what the attempt has left: the steps after the newest checkpoint), each followed
+  gets SIGKILL at ``--kills`` random moments (after a random number of the attempt's new steps, 0 = during
+  start-up, plus a random part of the next step as timed in a clean run), each followed
   at once by a resume with ``--load`` on the same checkpoint directory; after each kill the bench
   counts the processes of that run still alive 10 s later (they must be 0) and removes them.
 - ``reward_down``: ``--rm-type remote_rm`` against a real reward server on 127.0.0.1, stopped after the
@@ -337,11 +337,16 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
             result["kills"][-1]["resumed_with_load"] = bool(load)
         if i == kills:
             break
-        # a moment drawn over what this attempt has left to do (start-up, then the steps after the checkpoint)
+        # a random moment tied to progress, so it falls inside the run whatever the machine's load: after a
+        # random number of new steps (0: during start-up) and a random part of the next one
         left = setup.steps - _checkpointed_step(ckpt)
-        at = rng.uniform(0.6 * first, first + per_step * max(left - 1, 1))
-        while drv.proc.poll() is None and time.monotonic() - drv.started < at:
+        target, frac = rng.randrange(0, max(left - 1, 1)), rng.uniform(0.05, 0.9)
+        while drv.proc.poll() is None and len(drv.rows) < target:
             time.sleep(0.01)
+        t_from = drv.rows[-1][0] if target and drv.rows else drv.started
+        while drv.proc.poll() is None and time.monotonic() - t_from < frac * (per_step if target else first):
+            time.sleep(0.01)
+        at = time.monotonic() - drv.started
         if drv.proc.poll() is not None:              # finished (or failed) before its kill moment
             result["kills"].append({"at_s": round(at, 2), "note": f"the run ended (rc {drv.proc.returncode}) first"})
             break
