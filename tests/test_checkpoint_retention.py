@@ -196,3 +196,29 @@ def test_sharded_truncated_newest_checkpoint_is_skipped_on_every_rank(tiny_model
         assert r["kept"] == [2, 3]
         assert r["got"] == (2, {"cursor": 2}) and r["version"] == 2
     assert not [p for p in os.listdir(root) if p.startswith(".")]
+
+
+def test_a_failed_checkpoint_write_names_the_step_dir_and_free_space(tiny_model_dir, tmp_path):
+    """A write that fails part-way (here: the disk fills after the trainer's first file; the bench does it with a
+    real full tmpfs) leaves the previous checkpoint as `latest`, no temp directory, and says where and why."""
+    import errno
+
+    root = tmp_path / "ck"
+    tr = Trainer(trainer_cfg(tiny_model_dir, lr=1e-2))
+    save_checkpoint(root, 1, tr, {"cursor": 1})
+    real_save = tr.save
+
+    def save_then_fill_disk(d):
+        real_save(d)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    tr.save = save_then_fill_disk
+    with pytest.raises(ckpt.CheckpointWriteError) as e:
+        save_checkpoint(root, 2, tr, {"cursor": 2})
+    msg = str(e.value)
+    assert f"step 2 into {root / 'step_000002'}" in msg and "No space left on device" in msg
+    assert "MiB free" in msg and "previous checkpoint" in msg
+    assert (root / "latest").read_text().strip() == "1"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]
+    step, state = load_checkpoint(root, Trainer(trainer_cfg(tiny_model_dir, lr=1e-2)))
+    assert (step, state["cursor"]) == (1, 1)

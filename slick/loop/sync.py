@@ -15,6 +15,7 @@ from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
+from slick.train.checkpoint import CheckpointWriteError
 from slick.loop.step import NonFiniteTrainingError
 
 log = logging.getLogger("slick")
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
         run = asyncio.run(until_sigterm(train(cfg), "slick train"))
-    except (NonFiniteTrainingError, ClusterFailure, EngineDied) as e:
+    except (NonFiniteTrainingError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
         print(f"slick train: error: {e}", file=sys.stderr)
         return 1
     except (asyncio.CancelledError, KeyboardInterrupt) as e:

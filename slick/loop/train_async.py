@@ -20,6 +20,7 @@ from slick.config import ConfigError, build_parser, parse_config
 from slick.config.validate import async_lead
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
+from slick.train.checkpoint import CheckpointWriteError
 from slick.loop.step import NonFiniteTrainingError
 from slick.loop.sync import due
 from slick.rollout.interrupt import InterruptibleEngine
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
         run = asyncio.run(until_sigterm(train_async(cfg), "slick train-async"))
-    except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied) as e:
+    except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
     except (asyncio.CancelledError, KeyboardInterrupt) as e:

@@ -155,6 +155,10 @@ def _read_state(d: Path) -> dict:
     return {}
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (full disk, permissions): names the step directory and the free space."""
+
+
 def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None, *,
                     keep_last: Optional[int] = None, keep_every: Optional[int] = None) -> Path:
     """Write ``save_root/step_{step:06d}`` (trainer + loop ``state``) atomically, point ``latest`` at it, then
@@ -169,7 +173,15 @@ def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None,
             (tmp / "step.json").write_text(json.dumps({"step": int(step)}))
             write_manifest(tmp)
 
-    final = write_dir_atomic(root / step_dir_name(step), writer)
+    try:
+        final = write_dir_atomic(root / step_dir_name(step), writer)
+    except (OSError, RuntimeError) as e:   # a full disk surfaces as torch's RuntimeError, not always ENOSPC
+        free = shutil.disk_usage(root).free
+        raise CheckpointWriteError(
+            f"writing the checkpoint of step {step} into {root / step_dir_name(step)} failed "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {free / 2**20:.0f} MiB free on "
+            f"that file system. Nothing was half-written: the previous checkpoint ({root / 'latest'}) is intact "
+            f"and --load resumes from it") from e
     if D.world()[0] == 0:
         write_text_atomic(root / "latest", f"{int(step)}\n")
         if keep_last or keep_every:
