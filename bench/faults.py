@@ -340,6 +340,8 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
         # a random moment tied to progress, so it falls inside the run whatever the machine's load: after a
         # random number of new steps (0: during start-up) and a random part of the next one
         left = setup.steps - _checkpointed_step(ckpt)
+        if left <= 0:                                # every step is checkpointed: nothing left to kill
+            break
         target, frac = rng.randrange(0, max(left - 1, 1)), rng.uniform(0.05, 0.9)
         while drv.proc.poll() is None and len(drv.rows) < target:
             time.sleep(0.01)
@@ -372,7 +374,8 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
         d.close()
     # time to recover from a kill: to the next step logged, when that comes before the next kill (None: the
     # resumed run was itself killed before it logged a step)
-    times = [k.pop("_t") for k in result["kills"] if "_t" in k]
+    killed = [k for k in result["kills"] if "_t" in k]
+    times = [k.pop("_t") for k in killed]
     waits = []
     for j, t in enumerate(times):
         nxt = min((ts for d in drivers for ts, _ in d.rows if ts > t), default=None)
@@ -381,7 +384,11 @@ def driver_kill(setup: Setup, out: Path, driver: str, kills: int, rng: random.Ra
     known = [w for w in waits if w is not None]
     result["time_to_recover_s"] = max(known) if known else None
     result["time_to_recover_each_s"] = waits
-    result["recovered"] = len(times) == kills and waits[-1] is not None if times else False
+    # recovered: every kill was followed by a resumed run that logged a step (before the next kill or the end)
+    # (a kill after the last step's checkpoint leaves nothing to train: the resumed run just exits 0)
+    result["recovered"] = bool(times) and rc == 0 and all(
+        w is not None or (j + 1 < len(waits)) or (k["newest_checkpoint"] or 0) >= setup.steps
+        for j, (k, w) in enumerate(zip(killed, waits)))
     return finish(result, setup, run_dir, rc, drv)
 
 

@@ -303,7 +303,8 @@ class Probe:
     def pid(self):
         return os.getpid()
 
-print("actor", ray.get(Probe.remote().pid.remote(), timeout=120), flush=True)
+probe = Probe.remote()   # the handle is kept: an actor whose handle is dropped exits at once
+print("actor", ray.get(probe.pid.remote(), timeout=120), flush=True)
 print("ready", flush=True)
 time.sleep(600)
 '''
