@@ -513,7 +513,7 @@ def disk_full(setup: Setup, out: Path, timeout: float) -> dict:
         result["first_run_exit_code"] = rc
         errors = [ln for ln in log.splitlines() if "Error" in ln or "error:" in ln]
         result["error"] = errors[-1][:200] if errors else None
-        result["error_named"] = any(w in log for w in ("No space left", "ENOSPC", "Errno 28", "disk full"))
+        result["error_named"] = any(w in log for w in ("No space left", "ENOSPC", "Errno 28", "disk full", "MiB free on that file system"))
         steps_before = [r["step"] for _, r in drv.rows]
         result["steps_before_full"] = steps_before[-1] if steps_before else 0
         if rc == 0:
