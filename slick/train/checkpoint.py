@@ -155,8 +155,9 @@ def _read_state(d: Path) -> dict:
     return {}
 
 
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (full disk, permissions): names the step directory and the free space."""
+class CheckpointWriteError(OSError, RuntimeError):
+    """A checkpoint could not be written (full disk, permissions): names the step directory and the free space.
+    An OSError (what the write raised, in most cases) and a RuntimeError (what torch raises on a full disk)."""
 
 
 def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None, *,
@@ -176,6 +177,10 @@ def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None,
     try:
         final = write_dir_atomic(root / step_dir_name(step), writer)
     except (OSError, RuntimeError) as e:   # a full disk surfaces as torch's RuntimeError, not always ENOSPC
+        from slick.cluster.layout import ClusterFailure
+
+        if isinstance(e, (D.RankError, ClusterFailure)):   # a rank or actor failed: its own error names it
+            raise
         free = shutil.disk_usage(root).free
         raise CheckpointWriteError(
             f"writing the checkpoint of step {step} into {root / step_dir_name(step)} failed "
