@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import threading
 import time
 from typing import Awaitable, Callable, Optional
 
@@ -107,6 +108,7 @@ class Recovery:
         self.events: list[tuple[float, str, str]] = []   # (time.time() of detection, url, reason)
         self._handling: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._launch_lock, self._closed = threading.Lock(), False
 
     def metrics(self) -> dict:
         return {"fault/engine_deaths": float(self.deaths), "fault/engine_restarts": float(self.restarts),
@@ -147,8 +149,7 @@ class Recovery:
         try:
             if proc is not None:
                 await asyncio.to_thread(_kill, proc)
-            new = await asyncio.to_thread(self.relaunch, url)
-            self.started.append(new)
+            new = await asyncio.to_thread(self._launch, url)
             try:
                 async with self.weights_lock:
                     want = await self.bring_up(new.url) if self.bring_up is not None else None
@@ -187,7 +188,20 @@ class Recovery:
         if pending:
             raise TimeoutError(f"engine replacement for {sorted(self._handling)} not done within {timeout:g}s")
 
+    def _launch(self, url: str):
+        """Start a replacement (on a worker thread) and record it in ``started``; one that finishes starting after
+        :meth:`close` is stopped here, since nothing else would stop it (a cancelled task cannot stop its thread)."""
+        new = self.relaunch(url)
+        with self._launch_lock:
+            if not self._closed:
+                self.started.append(new)
+                return new
+        new.stop(5.0)
+        raise RuntimeError(f"replacement {getattr(new, 'url', new)} for {url} started after the run closed; stopped")
+
     async def close(self) -> None:
+        with self._launch_lock:
+            self._closed = True
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
