@@ -116,9 +116,10 @@ def profile_step(tr: Trainer, samples, adv, head: str = "fused") -> dict:
         a = now()
         mb = tr._pack(samples, idx).to(tr.device)
         b = now()
+        mask, segments = mb.attention()
         with tr._autocast():
             out = lm.base_model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
-                                attention_mask=mb.attention_mask)
+                                attention_mask=mask, slick_segments=segments)
             hidden = out.last_hidden_state[0].index_select(0, mb.gather_index)
         c = now()
         h = hidden.detach().requires_grad_(True)

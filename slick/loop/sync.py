@@ -2,7 +2,8 @@
 
 Synchronous training is the buffer with max_staleness 0: every sample taken for step n was generated
 by the weights of step n (``--update-weights-interval k > 1`` lets the engines lag k - 1 rollout steps
-behind, and raises the buffer's staleness bound to match). This is slick's only driver.
+behind, and raises the buffer's staleness bound to match). `slick train-async` (loop/train_async.py) is the
+asynchronous driver on the same Run phases.
 """
 from __future__ import annotations
 

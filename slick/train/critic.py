@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from slick.train import dist as D
+from slick.train.attention import use_segments
 from slick.train.fsdp import make_mesh, shard
 from slick.train.packing import pad_stack
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
@@ -68,10 +69,11 @@ class ValueModel(nn.Module):
     def generation_config(self):
         return None
 
-    def forward(self, input_ids, position_ids, attention_mask, gather_index, targets=None, temperature=1.0,
+    def forward(self, input_ids, position_ids, attention, gather_index, targets=None, temperature=1.0,
                 chunk_size=0, with_entropy=False, entropy_grad=False):
+        mask, segments = attention   # PackedBatch.attention()
         out = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                            attention_mask=attention_mask)
+                            attention_mask=mask, slick_segments=segments)
         hidden = out.last_hidden_state[0].index_select(0, gather_index)
         return self.head(hidden).squeeze(-1).float(), None
 
@@ -113,6 +115,7 @@ class Critic(Trainer):
         self.fsdp = self.world_size > 1
         weight_dtype = torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32
         backbone = AutoModel.from_pretrained(str(backbone_dir), dtype=weight_dtype, attn_implementation="sdpa")
+        use_segments(backbone)
         backbone.config.use_cache = False
         if cfg.gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -165,7 +168,7 @@ class Critic(Trainer):
         """Per-sample value lists for one packed micro-batch (the trainer's loops call this)."""
         mb = mb.to(self.device)
         with self._autocast():
-            values, _ = fwd(mb.input_ids, mb.position_ids, mb.attention_mask, mb.gather_index, mb.targets)
+            values, _ = fwd(mb.input_ids, mb.position_ids, mb.attention(), mb.gather_index, mb.targets)
         return list(values.split(mb.response_lengths)), None
 
     @torch.no_grad()
@@ -193,7 +196,7 @@ class Critic(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite_losses = 0
         plan = self._plan(samples)
-        with self._collective("critic train_step forward/backward"):
+        with self._collective("critic train_step forward/backward"), self._cast_once():
             for idx in self._micro_batches(plan):
                 if idx is None:
                     self._pad_pass(self._fwd, backward=True)

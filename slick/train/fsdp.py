@@ -32,11 +32,12 @@ class LogprobForward(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, position_ids, attention_mask, gather_index, targets, temperature: float,
+    def forward(self, input_ids, position_ids, attention, gather_index, targets, temperature: float,
                 chunk_size: int, with_entropy: bool, entropy_grad: bool):
         lm = self.lm
+        mask, segments = attention   # PackedBatch.attention()
         out = lm.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                            attention_mask=attention_mask)
+                            attention_mask=mask, slick_segments=segments)
         hidden = out.last_hidden_state[0].index_select(0, gather_index)
         return chunked_logprobs(hidden, lm.get_output_embeddings(), targets, temperature, chunk_size,
                                 with_entropy, entropy_grad, getattr(lm.config, "final_logit_softcapping", None))

@@ -17,6 +17,8 @@ re-run through autograd, and the weight is cast to the matmul dtype once per cal
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Optional
 
 import torch
@@ -42,6 +44,35 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
             with torch.no_grad():
                 ent = lse.detach() - (torch.softmax(z.detach(), dim=-1) * z.detach()).sum(-1)
     return lp, ent
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def cached_weight_casts():
+    """Within this block (one thread), :class:`FusedLogprobEntropy` casts each weight to the matmul dtype
+    once and reuses it, forward and backward, for every micro-batch. The weights must not change inside."""
+    outer = getattr(_local, "casts", None)
+    if outer is None:
+        _local.casts = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _local.casts = None
+
+
+def _cast(t: Optional[torch.Tensor], dt: torch.dtype) -> Optional[torch.Tensor]:
+    if t is None or t.dtype == dt:
+        return t
+    casts = getattr(_local, "casts", None)
+    if casts is None:
+        return t.to(dt)
+    hit = casts.get((id(t), dt))
+    if hit is None or hit[0] is not t:
+        hit = casts[(id(t), dt)] = (t, t.to(dt))
+    return hit[1]
 
 
 def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -74,8 +105,7 @@ class FusedLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, entropy_grad, softcap):
         dt = _matmul_dtype(hidden, weight)
-        h, w = hidden.to(dt), weight.to(dt)
-        b = bias.to(dt) if bias is not None else None
+        h, w, b = hidden.to(dt), _cast(weight, dt), _cast(bias, dt)
         n = h.shape[0]
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse = torch.empty_like(lp)
@@ -108,8 +138,7 @@ class FusedLogprobEntropy(torch.autograd.Function):
         if g_lp is None and g_ent is None:
             return (None,) * 9
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        h, w = hidden.to(dt), weight.to(dt)
-        b = bias.to(dt) if bias is not None else None
+        h, w, b = hidden.to(dt), _cast(weight, dt), _cast(bias, dt)
         n = h.shape[0]
         dh = torch.empty(n, h.shape[1], dtype=dt, device=h.device) if need_h else None
         dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None

@@ -1,9 +1,9 @@
 """Sequence packing: many samples in ONE row, no padding tokens, block-diagonal attention.
 
 Each sample contributes ``prompt_ids + response_ids[:-1]`` to the packed row (the last response token is
-never an input whose output we need). ``position_ids`` restart at 0 for every sample; with no attention
-mask and no KV cache, transformers (>= 5, ``masking_utils.find_packed_sequence_indices``) reads the restarts
-and builds a causal mask that is block-diagonal per sample, so packed and unpacked forwards agree.
+never an input whose output we need). ``position_ids`` restart at 0 for every sample, and every
+batch carries its :class:`~slick.train.attention.Segments` (which rows attend to which), so each sample sees
+only itself (and its shared prompt): packed and unpacked forwards agree.
 
 Response token ``j`` of a sample whose prompt has ``P`` tokens is predicted by the hidden state at row
 position ``offset + P - 1 + j``; ``PackedBatch.gather_index`` lists those positions in sample order.
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
+
+from slick.train.attention import Segments
 
 
 def seq_tokens(sample) -> int:
@@ -66,16 +68,30 @@ class PackedBatch:
     gather_index: torch.Tensor      # [R] long: row positions whose logits score the response tokens
     targets: torch.Tensor           # [R] long: the response tokens themselves
     response_lengths: list[int]     # per sample, sums to R
-    attention_mask: Optional[torch.Tensor] = None   # [1,1,N,N] bool (True = attend) for shared prompts
+    segments: Segments              # which rows attend to which (block-diagonal, or a tree for shared prompts)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
+    @property
+    def attention_mask(self) -> Optional[torch.Tensor]:
+        """``[1,1,N,N]`` bool (True = attend) when samples share prompts; None for one block per sample."""
+        if all(P == 0 for _, P, _, _ in self.segments.spans):
+            return None
+        return self.segments.dense_mask()
+
+    def attention(self) -> tuple[torch.Tensor, Optional[Segments]]:
+        """What the model gets: ``(attention_mask, slick_segments)``: the segments and their own small mask
+        where that is cheaper than one dense mask, else the dense ``[1,1,N,N]`` mask and None."""
+        if self.segments.worth_it():
+            return self.segments.mask, self.segments
+        return self.segments.dense_mask().to(self.input_ids.device), None
+
     def to(self, device) -> "PackedBatch":
-        mask = None if self.attention_mask is None else self.attention_mask.to(device)
         return PackedBatch(self.indices, self.input_ids.to(device), self.position_ids.to(device),
-                           self.gather_index.to(device), self.targets.to(device), self.response_lengths, mask)
+                           self.gather_index.to(device), self.targets.to(device), self.response_lengths,
+                           self.segments.to(device))
 
 
 def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
@@ -85,6 +101,7 @@ def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
     gather: list[int] = []
     targets: list[int] = []
     lengths: list[int] = []
+    spans: list[tuple[int, int, int, int]] = []
     for i in indices:
         s = samples[i]
         p, r = list(s.prompt_ids), list(s.response_ids)
@@ -95,15 +112,16 @@ def pack(samples: Sequence, indices: list[int]) -> PackedBatch:
                              "would have nothing to condition on")
         offset = len(ids)
         seq = p + r[:-1]
+        spans.append((offset, 0, offset, offset + len(seq)))
         ids.extend(seq)
         pos.extend(range(len(seq)))
         gather.extend(range(offset + len(p) - 1, offset + len(seq)))
         targets.extend(r)
         lengths.append(len(r))
-    return _packed(indices, ids, pos, gather, targets, lengths)
+    return _packed(indices, ids, pos, gather, targets, lengths, spans)
 
 
-def _packed(indices, ids, pos, gather, targets, lengths, mask=None) -> PackedBatch:
+def _packed(indices, ids, pos, gather, targets, lengths, spans) -> PackedBatch:
     return PackedBatch(
         indices=list(indices),
         input_ids=torch.tensor([ids], dtype=torch.long),
@@ -111,7 +129,7 @@ def _packed(indices, ids, pos, gather, targets, lengths, mask=None) -> PackedBat
         gather_index=torch.tensor(gather, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         response_lengths=lengths,
-        attention_mask=mask,
+        segments=Segments.build(spans, len(ids)),
     )
 
 
@@ -131,32 +149,24 @@ def pack_shared_prompts(samples: Sequence, indices: list[int]) -> PackedBatch:
         groups.setdefault(tuple(s.prompt_ids), []).append(i)
     ids: list[int] = []
     pos: list[int] = []
-    segments: list[tuple[int, int, int]] = []   # (prompt start, segment start, segment end) per row span
+    spans: list[tuple[int, int, int, int]] = []   # (prompt start, prompt length seen, start, end) per row span
     where: dict[int, list[int]] = {}             # sample index -> row positions scoring its response tokens
     for prompt, members in groups.items():
         p0, P = len(ids), len(prompt)
         ids.extend(prompt)
         pos.extend(range(P))
-        segments.append((p0, p0, p0 + P))
+        spans.append((p0, 0, p0, p0 + P))
         for i in members:
             r = list(samples[i].response_ids)
             s0 = len(ids)
             ids.extend(r[:-1])
             pos.extend(range(P, P + len(r) - 1))
-            segments.append((p0, s0, len(ids)))
+            spans.append((p0, P, s0, len(ids)))
             where[i] = [p0 + P - 1] + list(range(s0, len(ids)))
-    n = len(ids)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for p0, s0, s1 in segments:
-        if s1 == s0:
-            continue
-        if s0 > p0:  # a response segment sees its whole prompt (its first position == prompt length)
-            mask[s0:s1, p0:p0 + pos[s0]] = True
-        mask[s0:s1, s0:s1] = torch.ones(s1 - s0, s1 - s0, dtype=torch.bool).tril()
     gather = [g for i in indices for g in where[i]]
     targets = [t for i in indices for t in samples[i].response_ids]
     lengths = [len(samples[i].response_ids) for i in indices]
-    return _packed(indices, ids, pos, gather, targets, lengths, mask.view(1, 1, n, n))
+    return _packed(indices, ids, pos, gather, targets, lengths, spans)
 
 
 def shares_prompts(samples: Sequence, indices: list[int]) -> bool:

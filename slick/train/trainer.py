@@ -26,6 +26,9 @@ import torch
 
 from slick.algo.inputs import LossInputs
 from slick.train import dist as D
+from slick.train.attention import use_segments
+from slick.train.logprobs import cached_weight_casts
+from slick.train.memory import keep_freed_memory
 from slick.train.fsdp import LogprobForward, full_tensor, make_mesh, shard, total_norm
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
@@ -71,12 +74,15 @@ class Trainer:
         if precision is None and self.dtype != torch.float32:
             precision = cfg.train_precision  # --train-precision (ignored for fp32)
         self.scheme = resolve_scheme(self.dtype, precision)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.rank, self.world_size = D.world()
         self.fsdp = self.world_size > 1
         # FSDP shards fp32 master weights; its mixed-precision policy gives the bf16 scheme its bf16 compute
         weight_dtype = torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
+        use_segments(self.model)
         self.model.config.use_cache = False
         self.model.train()
         if cfg.gradient_checkpointing:
@@ -115,6 +121,7 @@ class Trainer:
             ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
             self.ref_model = AutoModelForCausalLM.from_pretrained(
                 ref_path, dtype=ref_dtype, attn_implementation="sdpa").to(self.device)
+            use_segments(self.ref_model)
             self.ref_model.config.use_cache = False
             self.ref_model.eval().requires_grad_(False)
             if self.fsdp:   # sharded the same way, no optimizer
@@ -139,12 +146,22 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _cast_once(self):
+        """Around a micro-batch loop: each fp32 weight is cast to bf16 once per loop instead of once per
+        micro-batch: one autocast region (autocast keeps its casts until the outermost region ends; not under
+        FSDP, whose gathered weights must be freed after each layer) and the lm head's cached cast."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(cached_weight_casts())   # the lm head's cast (FusedLogprobEntropy), fwd and bwd
+        if self.scheme == "autocast" and not self.fsdp:
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        return stack
+
     # ------------------------------------------------------------------ forward
     def _forward(self, fwd: LogprobForward, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
         """Per-sample (logprobs, entropy) lists for one packed micro-batch (``fwd``: the FSDP root if sharded)."""
         mb = mb.to(self.device)
         with self._autocast():
-            lp, ent = fwd(mb.input_ids, mb.position_ids, mb.attention_mask, mb.gather_index, mb.targets,
+            lp, ent = fwd(mb.input_ids, mb.position_ids, mb.attention(), mb.gather_index, mb.targets,
                           self.temperature, self.cfg.logprob_chunk_size, with_entropy, entropy_grad)
         lps = list(lp.split(mb.response_lengths))
         ents = list(ent.split(mb.response_lengths)) if ent is not None else None
@@ -205,7 +222,7 @@ class Trainer:
             raise ValueError(f"which must be 'actor' or 'ref' (got {which!r})")
         result: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
         plan = self._plan(samples)
-        with self._collective(f"compute_logprobs({which!r})"):
+        with self._collective(f"compute_logprobs({which!r})"), self._cast_once():
             for idx in self._micro_batches(plan):
                 if idx is None:
                     self._pad_pass(fwd, backward=False)
@@ -273,7 +290,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite_losses = 0
         plan = self._plan(samples)
-        with self._collective("train_step forward/backward"):
+        with self._collective("train_step forward/backward"), self._cast_once():
             for idx in self._micro_batches(plan):
                 if idx is None:
                     self._pad_pass(self._fwd, backward=True)

@@ -1,0 +1,129 @@
+"""Attention over a packed row, one segment at a time: cost grows with the segments, not with the row squared.
+
+A packed row (``slick.train.packing``) holds many sequences. Each *segment* is a run of query rows
+``[s0, s1)`` that attends causally to itself and, when it is a response sharing a prompt, to the whole
+prompt ``[p0, p0 + P)`` before it. A dense ``N x N`` mask over the row gives the same numbers, but its
+attention costs ``N^2``: at 5,000 tokens of 80-token samples that is 60x the work of the segments, and
+torch's CPU flash-attention backward over it was the largest single kernel of a training step.
+
+:class:`Segments` gathers every segment's queries ``[S, Lq]`` and keys ``[S, Lk]`` (padded to the longest),
+computes attention for all of them at once with a small ``[S, 1, Lq, Lk]`` mask (scores and softmax in fp32:
+at these block sizes two batched matmuls beat torch's CPU flash kernel about 2x, forward + backward) and
+scatters the rows back.
+The trainer's models use it as the attention implementation ``"slick_segments"`` (:func:`use_segments`);
+called without segments (a plain ``model(input_ids)``), that implementation is ordinary SDPA with SDPA's
+masks. With segments, the model receives ``attention_mask=segments.mask`` (4-D, so transformers passes it
+through untouched instead of building an ``N x N`` mask) and ``slick_segments=segments``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+NAME = "slick_segments"
+
+
+@dataclass
+class Segments:
+    """Index tensors for segment attention over a packed row of ``n`` tokens.
+
+    ``spans``: ``(p0, P, s0, s1)`` per segment: query rows ``[s0, s1)`` attend to ``[p0, p0 + P)`` and
+    causally to themselves (``P = 0``: no prompt prefix). Every row of ``[0, n)`` is in exactly one segment.
+    """
+    spans: list[tuple[int, int, int, int]]
+    n: int
+    q_index: torch.Tensor      # [S, Lq] long: row of each query slot (padding slots: row 0)
+    k_index: torch.Tensor      # [S, Lk] long: row of each key slot (padding slots: row 0)
+    mask: torch.Tensor         # [S, 1, Lq, Lk] bool, True = attend; every query slot attends to >= 1 key
+    out_index: torch.Tensor    # [n] long: flat query slot (segment * Lq + i) of each row
+
+    @classmethod
+    def build(cls, spans: Sequence[tuple[int, int, int, int]], n: int) -> "Segments":
+        spans = [tuple(int(x) for x in sp) for sp in spans if sp[3] > sp[2]]
+        S = len(spans)
+        Lq = max(s1 - s0 for _, _, s0, s1 in spans)
+        Lk = max(P + s1 - s0 for _, P, s0, s1 in spans)
+        q_index = torch.zeros(S, Lq, dtype=torch.long)
+        k_index = torch.zeros(S, Lk, dtype=torch.long)
+        mask = torch.zeros(S, 1, Lq, Lk, dtype=torch.bool)
+        out_index = torch.full((n,), -1, dtype=torch.long)
+        causal = torch.ones(Lq, Lq, dtype=torch.bool).tril()
+        for j, (p0, P, s0, s1) in enumerate(spans):
+            L = s1 - s0
+            q_index[j, :L] = torch.arange(s0, s1)
+            k_index[j, :P] = torch.arange(p0, p0 + P)
+            k_index[j, P:P + L] = torch.arange(s0, s1)
+            mask[j, 0, :L, :P] = True
+            mask[j, 0, :L, P:P + L] = causal[:L, :L]
+            mask[j, 0, L:, 0] = True          # padding queries look at one key; their outputs are dropped
+            out_index[s0:s1] = torch.arange(j * Lq, j * Lq + L)
+        if bool((out_index < 0).any()):
+            raise ValueError(f"segments leave rows {torch.nonzero(out_index < 0).flatten()[:5].tolist()} "
+                             f"of a {n}-token row uncovered")
+        return cls(spans, n, q_index, k_index, mask, out_index)
+
+    @property
+    def cost(self) -> int:
+        """Query x key pairs computed (padding included)."""
+        S, Lq = self.q_index.shape
+        return S * Lq * self.k_index.shape[1]
+
+    def worth_it(self) -> bool:
+        """True when the segments compute fewer query x key pairs than half the dense row does."""
+        return 2 * self.cost < self.n * self.n
+
+    def dense_mask(self) -> torch.Tensor:
+        """The same attention pattern as one ``[1, 1, n, n]`` bool mask (the dense path's input)."""
+        m = torch.zeros(self.n, self.n, dtype=torch.bool)
+        for p0, P, s0, s1 in self.spans:
+            m[s0:s1, p0:p0 + P] = True
+            m[s0:s1, s0:s1] = torch.ones(s1 - s0, s1 - s0, dtype=torch.bool).tril()
+        return m.view(1, 1, self.n, self.n)
+
+    def to(self, device) -> "Segments":
+        return Segments(self.spans, self.n, self.q_index.to(device), self.k_index.to(device),
+                        self.mask.to(device), self.out_index.to(device))
+
+
+def segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: Optional[float] = None, slick_segments: Optional[Segments] = None, **kwargs):
+    """HF attention-interface function: ``query [1,H,N,D]``, ``key``/``value [1,KVH,N,D]`` -> ``([1,N,H,D], None)``."""
+    if slick_segments is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    seg = slick_segments
+    if query.shape[0] != 1 or query.shape[2] != seg.n:
+        raise ValueError(f"segment attention needs one packed row of {seg.n} tokens, got query {tuple(query.shape)}")
+    H, D = query.shape[1], query.shape[3]
+    KVH = key.shape[1]
+    S, Lq = seg.q_index.shape
+    Lk = seg.k_index.shape[1]
+    q = query[0].index_select(1, seg.q_index.reshape(-1)).view(H, S, Lq, D).transpose(0, 1)
+    k = key[0].index_select(1, seg.k_index.reshape(-1)).view(KVH, S, Lk, D).transpose(0, 1)
+    v = value[0].index_select(1, seg.k_index.reshape(-1)).view(KVH, S, Lk, D).transpose(0, 1)
+    if KVH != H:   # grouped-query attention: kv head j serves query heads j*r .. j*r + r - 1 (HF's repeat_kv)
+        k = k.repeat_interleave(H // KVH, dim=1)
+        v = v.repeat_interleave(H // KVH, dim=1)
+    if dropout:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=seg.mask, dropout_p=dropout, scale=scaling)
+    else:   # small blocks: two batched matmuls and a softmax beat torch's CPU flash kernel (~2x fwd+bwd here)
+        scale = scaling if scaling is not None else D ** -0.5
+        scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale).masked_fill_(~seg.mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+    out = out.transpose(1, 2).reshape(S * Lq, H, D).index_select(0, seg.out_index)
+    return out.unsqueeze(0), None
+
+
+def use_segments(model: torch.nn.Module) -> None:
+    """Make ``model`` (a HF model) dispatch attention to :func:`segment_attention`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, segment_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)   # plain calls get SDPA's masks (padding, packing)
+    model.config._attn_implementation = NAME

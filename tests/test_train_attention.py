@@ -1,0 +1,97 @@
+"""Segment attention (slick.train.attention) equals the dense-mask path; the trainer's cast cache and allocator."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from slick.train.attention import Segments
+from slick.train.logprobs import _cast, cached_weight_casts
+from slick.train.packing import pack, pack_shared_prompts
+from slick.train.trainer import Trainer
+from tests.test_train import make_cfg, make_samples
+from tests.test_train_shared_prompts import grouped_samples
+
+
+def test_segment_indices_by_hand():
+    # rows 0-2: a prompt; rows 3-4: a response that sees the prompt; rows 5-6: a sample of its own
+    seg = Segments.build([(0, 0, 0, 3), (0, 3, 3, 5), (5, 0, 5, 7)], 7)
+    assert seg.q_index.tolist() == [[0, 1, 2], [3, 4, 0], [5, 6, 0]]
+    assert seg.k_index.tolist() == [[0, 1, 2, 0, 0], [0, 1, 2, 3, 4], [5, 6, 0, 0, 0]]
+    assert seg.out_index.tolist() == [0, 1, 2, 3, 4, 6, 7]
+    m = seg.mask[:, 0].int().tolist()
+    assert m[0] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
+    assert m[1] == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]   # last row: padding, one key
+    assert m[2] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]]
+    assert seg.cost == 3 * 3 * 5
+    d = seg.dense_mask()[0, 0].int().tolist()
+    assert d[4] == [1, 1, 1, 1, 1, 0, 0] and d[6] == [0, 0, 0, 0, 0, 1, 1] and d[1] == [1, 1, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="uncovered"):
+        Segments.build([(0, 0, 0, 3)], 5)
+
+
+def test_worth_it_prefers_the_dense_mask_for_one_long_sequence():
+    assert not Segments.build([(0, 0, 0, 100)], 100).worth_it()          # 100x100 either way
+    assert Segments.build([(i * 10, 0, i * 10, i * 10 + 10) for i in range(10)], 100).worth_it()
+
+
+def _grads_and_logprobs(trainer, samples, dense: bool):
+    mb = (pack_shared_prompts if samples[0].prompt_ids == samples[1].prompt_ids else pack)(
+        samples, list(range(len(samples))))
+    attention = (mb.segments.dense_mask(), None) if dense else (mb.segments.mask, mb.segments)
+    trainer.model.zero_grad(set_to_none=True)
+    lp, ent = trainer._fwd(mb.input_ids, mb.position_ids, attention, mb.gather_index, mb.targets, 1.0, 64, True, True)
+    (lp.sum() + 0.1 * ent.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return lp.detach(), ent.detach(), grads
+
+
+@pytest.mark.parametrize("layout", ["plain", "shared"])
+def test_segments_equal_dense_mask_logprobs_and_gradients(tiny_model_dir, layout):
+    tr = Trainer(make_cfg(tiny_model_dir))
+    assert tr.model.config.num_key_value_heads < tr.model.config.num_attention_heads   # GQA is exercised
+    samples = make_samples(6, seed=3) if layout == "plain" else grouped_samples(groups=2, n=4, seed=3)
+    lp_s, ent_s, g_s = _grads_and_logprobs(tr, samples, dense=False)
+    lp_d, ent_d, g_d = _grads_and_logprobs(tr, samples, dense=True)
+    assert torch.allclose(lp_s, lp_d, atol=1e-5, rtol=0), (lp_s - lp_d).abs().max()
+    assert torch.allclose(ent_s, ent_d, atol=0, rtol=1e-5), (ent_s - ent_d).abs().max()   # entropy ~10.8
+    assert g_s.keys() == g_d.keys() and len(g_s) > 10
+    for n in g_s:
+        assert torch.allclose(g_s[n], g_d[n], atol=1e-5, rtol=1e-4), (n, (g_s[n] - g_d[n]).abs().max())
+
+
+def test_plain_model_call_is_ordinary_sdpa(tiny_model_dir):
+    """A model switched to segment attention still answers plain calls, padding masks included."""
+    from transformers import AutoModelForCausalLM
+
+    tr = Trainer(make_cfg(tiny_model_dir))
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 11, 12, 13]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        a = tr.model(input_ids=ids, attention_mask=mask).logits
+        b = ref(input_ids=ids, attention_mask=mask).logits
+    assert tr.model.config._attn_implementation == "slick_segments"
+    assert torch.allclose(a[0], b[0], atol=1e-5) and torch.allclose(a[1, 2:], b[1, 2:], atol=1e-5)
+
+
+def test_weight_cast_cache_casts_once_per_region():
+    w = torch.randn(8, 4)
+    with cached_weight_casts():
+        a, b = _cast(w, torch.bfloat16), _cast(w, torch.bfloat16)
+        with cached_weight_casts():   # nested: the same cache
+            c = _cast(w, torch.bfloat16)
+        assert a is b is c and a.dtype == torch.bfloat16
+    d = _cast(w, torch.bfloat16)
+    assert d is not a and torch.equal(d, a)       # outside a region: a fresh cast each time
+    assert _cast(w, torch.float32) is w
+
+
+def test_keep_freed_memory_in_a_fresh_process():
+    code = ("import os, sys; from slick.train.memory import keep_freed_memory as k; "
+            "print(k(), k())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr
+    env = {"SLICK_KEEP_FREED_MEMORY": "0", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.split() == ["False", "False"], out.stderr
