@@ -61,7 +61,15 @@ def test_objective_gives_exactly_the_values_before_the_dataclasses(which):
     want_loss, want_metrics, want_grad = BEFORE[f"loss/{which}"]
     assert float(loss.detach()) == want_loss
     assert metrics == want_metrics
-    exact(g, want_grad)
+    within_one_ulp(g, want_grad)
+
+
+def within_one_ulp(t, values):
+    """The stored values were written on an AVX2 CPU; on AVX-512 torch sums some reductions in another order,
+    which moved one gradient entry by one fp32 ulp (gspo_tok, 9.3e-10). Anything more is a real change."""
+    want = torch.tensor(values, dtype=torch.float32)
+    ulp = torch.nextafter(want.abs(), torch.tensor(float("inf"))) - want.abs()
+    assert bool(((t - want).abs() <= ulp).all()), (t - want).abs().max()
 
 
 def test_shape_errors_name_the_field():
