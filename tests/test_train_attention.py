@@ -95,3 +95,27 @@ def test_keep_freed_memory_in_a_fresh_process():
     env = {"SLICK_KEEP_FREED_MEMORY": "0", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_cast_once_per_step_gives_the_per_micro_batch_gradients_bit_for_bit(tiny_model_dir, monkeypatch):
+    """Autocast with one region around the micro-batch loop (weights cast once, the cast reused by every
+    micro-batch's forward and backward) gives exactly the gradients of a fresh cast per micro-batch."""
+    import contextlib
+
+    from tests.test_train import simple_loss
+
+    samples = make_samples(8, seed=5)
+    adv = [torch.randn(len(s.response_ids), generator=torch.Generator().manual_seed(i)) for i, s in enumerate(samples)]
+
+    def grads(cast_once: bool):
+        tr = Trainer(make_cfg(tiny_model_dir, dtype="bf16", micro_batch_size=2))
+        assert tr.scheme == "autocast"
+        if not cast_once:
+            monkeypatch.setattr(tr, "_cast_once", contextlib.nullcontext)
+        tr.forward_backward(samples, adv, simple_loss)
+        return {n: p.grad.clone() for n, p in tr.model.named_parameters()}
+
+    a, b = grads(True), grads(False)
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(a[n], b[n]), (n, (a[n] - b[n]).abs().max())
