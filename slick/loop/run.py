@@ -15,6 +15,7 @@ from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.engine.factory import make_engines
 from slick.loop import debug
+from slick.loop.omp import release_openmp_workers
 from slick.loop.step import NonFiniteTrainingError, make_loss_fn, optimizer_batch_size, train_on_samples
 from slick.observe.metrics import MetricsLogger
 from slick.observe.prometheus import start_exporter
@@ -97,6 +98,7 @@ class Run:
         cpu = self.trainer is None or self.trainer.device.type == "cpu"
         self.cores = torch.get_num_threads()
         self.train_threads, self.rollout_threads = thread_split(cfg, overlap, cpu)
+        self._take_turns = cpu and not overlap   # one OpenMP team at a time (slick/loop/omp.py)
         torch.set_num_threads(self.rollout_threads)   # this thread runs the event loop and the in-process engine
         # training runs on its own thread so that the event loop (engine, rewards, HTTP) never waits for it
         self._train_pool = ThreadPoolExecutor(1, thread_name_prefix="slick-train",
@@ -237,8 +239,18 @@ class Run:
         return metrics
 
     async def train_off_loop(self, step: int, groups) -> dict:
-        """:meth:`train` on the training thread; the event loop keeps serving the engine meanwhile."""
-        return await asyncio.get_running_loop().run_in_executor(self._train_pool, self.train, step, groups)
+        """:meth:`train` on the training thread; the event loop keeps serving the engine meanwhile. When the
+        phases take turns on a CPU, each thread ends its OpenMP workers when its phase is over."""
+        if not self._take_turns:
+            return await asyncio.get_running_loop().run_in_executor(self._train_pool, self.train, step, groups)
+        release_openmp_workers()   # the engine's, on this thread
+
+        def train_in_turn():
+            try:
+                return self.train(step, groups)
+            finally:
+                release_openmp_workers()
+        return await asyncio.get_running_loop().run_in_executor(self._train_pool, train_in_turn)
 
     def weight_transport(self) -> str:
         """--weight-transport, with auto resolved for this run's engines (validate_config resolves it too)."""
