@@ -25,7 +25,7 @@ from slick.plugins import load_function
 from slick.reward import NonFiniteRewardError, RewardHub
 from slick.rollout.eval import evaluate
 from slick.rollout.manager import RolloutManager
-from slick.train.memory import keep_freed_memory
+from slick.train.memory import tune_cpu_allocator
 from slick.train.precision import resolve_device
 from slick.train.rng import seed_everything
 
@@ -69,7 +69,7 @@ class Run:
 
         self.cfg = cfg
         if resolve_device(cfg.device).type == "cpu":   # before the tokenizer, Ray or torch start threads
-            keep_freed_memory()
+            tune_cpu_allocator()
         self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         from slick.train.checkpoint import clean_stale_temp

@@ -28,7 +28,7 @@ from slick.algo.inputs import LossInputs
 from slick.train import dist as D
 from slick.train.attention import use_segments
 from slick.train.logprobs import cached_weight_casts
-from slick.train.memory import keep_freed_memory
+from slick.train.memory import tune_cpu_allocator
 from slick.train.fsdp import LogprobForward, full_tensor, make_mesh, shard, total_norm
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
@@ -75,7 +75,7 @@ class Trainer:
             precision = cfg.train_precision  # --train-precision (ignored for fp32)
         self.scheme = resolve_scheme(self.dtype, precision)
         if self.device.type == "cpu":
-            keep_freed_memory()
+            tune_cpu_allocator()
         self.rank, self.world_size = D.world()
         self.fsdp = self.world_size > 1
         # FSDP shards fp32 master weights; its mixed-precision policy gives the bf16 scheme its bf16 compute
