@@ -1,4 +1,4 @@
-"""Segment attention (slick.train.attention) equals the dense-mask path; the trainer's cast cache and allocator."""
+"""Segment attention (slick.train.attention) equals the dense-mask path; the trainer's cast cache."""
 
 import pytest
 import torch

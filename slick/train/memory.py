@@ -14,12 +14,14 @@ fresh memory costs a page fault per 4 KiB page. :func:`tune_cpu_allocator` chang
   then advises ``MADV_HUGEPAGE`` on every allocation of 2 MiB and more, and fresh memory costs one fault
   per 2 MiB. torch reads the variable at its first allocation of that size, so it must be set before.
 
-Freed memory is still given back to the OS. Keeping it instead (``M_MMAP_MAX=0``, the previous setting) was
-no faster once huge pages were on, and fragments the heap: torch allocates with ``posix_memalign``, whose
-padding keeps a freed block from fitting the next request of the same size, so a loop of 48 MiB tensors
-could grow RSS by 48 MiB per iteration. Demo train steps inside ``slick train`` (mean of steps 3-8, 2-core
-EPYC): 6.14 s with the one arena alone, 4.92 s with huge pages too, 5.69 s with huge pages but one arena per
-thread; page faults of the whole run 6.4 M, 1.2 M, 1.6 M.
+Freed memory is still given back to the OS. Keeping it instead (``M_MMAP_MAX=0``, the previous setting)
+gained 4-8% in single runs once huge pages were on (inside run-to-run noise), and fragments the heap: torch
+allocates with ``posix_memalign``, whose padding keeps a freed block from fitting the next request of the
+same size, so a loop of 48 MiB tensors could grow RSS by 48 MiB per iteration.
+
+Demo train steps inside ``slick train`` (mean of steps 3-8, 2-core EPYC): 6.14 s with the one arena alone,
+4.92 s with huge pages too, 5.69 s with huge pages but one arena per thread; page faults of the whole run
+6.4 M, 1.2 M, 1.6 M.
 
 ``SLICK_TUNE_ALLOCATOR=0`` leaves the allocator alone. Non-glibc systems are left alone.
 """
