@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from slick.train.attention import Segments
-from slick.train.logprobs import _cast, cached_weight_casts
+from slick.train.casts import cached_weight_casts
+from slick.train.casts import cast as _cast
 from slick.train.packing import pack, pack_shared_prompts
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples

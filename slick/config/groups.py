@@ -151,6 +151,8 @@ class TrainConfig:
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
     disable_prompt_sharing: bool = F(False, "Give every sample its own copy of the prompt in packed micro-batches "
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
+    disable_fused_layers: bool = F(False, "Run the HF decoder layers' own forward in training instead of slick's fused "
+                                   "attention and MLP nodes (~3x the activation memory; docs/training.md).")
     logprob_chunk_size: int = F(512, "Tokens per chunk when computing logprobs/entropy from logits.")
     device: str = F("auto", "Torch device for trainer and local engine (auto: cuda when present).")
     train_num_threads: Optional[int] = F(None, "CPU threads for training (default: all cores; with slick "

@@ -17,12 +17,12 @@ re-run through autograd, and the weight is cast to the matmul dtype once per cal
 """
 from __future__ import annotations
 
-import contextlib
-import threading
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from slick.train.casts import cast as _cast
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -44,35 +44,6 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
             with torch.no_grad():
                 ent = lse.detach() - (torch.softmax(z.detach(), dim=-1) * z.detach()).sum(-1)
     return lp, ent
-
-
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def cached_weight_casts():
-    """Within this block (one thread), :class:`FusedLogprobEntropy` casts each weight to the matmul dtype
-    once and reuses it, forward and backward, for every micro-batch. The weights must not change inside."""
-    outer = getattr(_local, "casts", None)
-    if outer is None:
-        _local.casts = {}
-    try:
-        yield
-    finally:
-        if outer is None:
-            _local.casts = None
-
-
-def _cast(t: Optional[torch.Tensor], dt: torch.dtype) -> Optional[torch.Tensor]:
-    if t is None or t.dtype == dt:
-        return t
-    casts = getattr(_local, "casts", None)
-    if casts is None:
-        return t.to(dt)
-    hit = casts.get((id(t), dt))
-    if hit is None or hit[0] is not t:
-        hit = casts[(id(t), dt)] = (t, t.to(dt))
-    return hit[1]
 
 
 def _matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:

@@ -27,9 +27,10 @@ import torch
 from slick.algo.inputs import LossInputs
 from slick.train import dist as D
 from slick.train.attention import use_segments
-from slick.train.logprobs import cached_weight_casts
+from slick.train.casts import cached_weight_casts
 from slick.train.memory import tune_cpu_allocator
-from slick.train.fsdp import LogprobForward, full_tensor, make_mesh, shard, total_norm
+from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
+from slick.train.fused_layers import fuse_decoder_layers
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
@@ -83,6 +84,8 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
         use_segments(self.model)
+        self.fused_layers = 0 if cfg.disable_fused_layers else fuse_decoder_layers(
+            decoder_layers(self.model), cache_weights=not self.fsdp)
         self.model.config.use_cache = False
         self.model.train()
         if cfg.gradient_checkpointing:
@@ -122,6 +125,8 @@ class Trainer:
             self.ref_model = AutoModelForCausalLM.from_pretrained(
                 ref_path, dtype=ref_dtype, attn_implementation="sdpa").to(self.device)
             use_segments(self.ref_model)
+            if not cfg.disable_fused_layers:
+                fuse_decoder_layers(decoder_layers(self.ref_model), cache_weights=not self.fsdp)
             self.ref_model.config.use_cache = False
             self.ref_model.eval().requires_grad_(False)
             if self.fsdp:   # sharded the same way, no optimizer

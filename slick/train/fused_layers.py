@@ -1,0 +1,357 @@
+"""Decoder layers as two autograd nodes each, saving ~3x fewer activation bytes than the HF modules.
+
+A HF Llama-family layer run under autograd saves, per token, every intermediate of its small ops: the fp32
+RMSNorm steps, a bf16 cast of the normed input per projection, the gate, up, SiLU and product of the MLP,
+the rotated q and k, and the gathered queries, keys, values and fp32 softmax of attention: ~45 KB per token
+per layer for SmolLM2 under autocast. :func:`fuse_decoder_layers` gives each supported layer a forward made of
+two :class:`torch.autograd.Function` nodes with their own backward:
+
+* :class:`AttentionBlock`: ``RMSNorm -> one qkv matmul -> (q/k RMSNorm) -> RoPE -> segment attention ->
+  o_proj``. Saves the layer input, the qkv matmul output, the attention output and one log-sum-exp per
+  query row; backward recomputes the norm, RoPE and the attention probabilities.
+* :class:`MLPBlock`: ``RMSNorm -> one gate/up matmul -> silu(gate) * up -> down``. Saves its input and the
+  gate/up output; backward recomputes the norm and the product.
+
+That is ~14 KB per token per layer (the residual stream twice in fp32, qkv, attention output and gate/up in
+the matmul dtype). The residual additions stay ordinary autograd. The q/k/v and gate/up weights are
+concatenated once per optimizer step (``slick.train.casts``), so each block runs one large matmul instead of
+three or two small ones.
+
+The maths and dtypes follow the HF modules (RMSNorm in fp32 and ``weight * normed.to(input dtype)``,
+rotate-half RoPE, ``softmax`` of fp32 scores, ``silu(gate) * up`` in the matmul dtype); the only differences
+are roundings (RoPE is computed in fp32 and rounded once). ``tests/test_train_fused_layers.py`` checks each
+node against finite differences in float64 and whole models against the HF forward/backward.
+
+A fused layer runs only where the trainer's packed segments are given (``slick_segments``); any other call
+(a plain ``model(input_ids)``, a KV cache, attention dropout in training) runs the layer's own HF forward.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from slick.train.attention import Segments
+from slick.train.casts import cast_cat
+
+FUSED_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+
+
+# ---------------------------------------------------------------------------------------------- pure maths
+def _acc(dt: torch.dtype) -> torch.dtype:
+    """The accumulation dtype: fp32, or fp64 for fp64 inputs (the gradient checks)."""
+    return torch.float64 if dt == torch.float64 else torch.float32
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
+    """HF's RMSNorm: ``(w * (x * r).to(x.dtype), r)`` with ``r = rsqrt(mean(x^2) + eps)`` in fp32 (last dim)."""
+    xa = x.to(_acc(x.dtype))
+    r = torch.rsqrt(xa.pow(2).mean(-1, keepdim=True) + eps)
+    return w * (xa * r).to(x.dtype), r
+
+
+def rms_norm_backward(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, dy: torch.Tensor):
+    """``(dx, dw)`` of :func:`rms_norm` (fp32; roundings are treated as identities, as autograd does)."""
+    xhat = x.to(r.dtype) * r
+    dxhat = dy.to(r.dtype) * w.to(r.dtype)
+    dx = r * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+    dw = (dy.to(r.dtype) * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return dx, dw
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of ``x [N, heads, D]`` with ``cos``/``sin [N, 1, D]``, in ``cos``'s dtype."""
+    x = x.to(cos.dtype)
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+
+
+def rope_backward(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The transpose of :func:`rope` applied to ``g``: ``g * cos + rotate_half^T(g * sin)``."""
+    gs = g * sin
+    h = g.shape[-1] // 2
+    return g * cos + torch.cat((gs[..., h:], -gs[..., :h]), -1)
+
+
+def _gather_qkv(seg: Segments, q, k, v, kvh: int):
+    """Per segment: queries ``[S, KVH, r*Lq, D]`` (the r query heads of a kv head stacked), keys and values
+    ``[S, KVH, Lk, D]``, from ``[N, heads, D]`` rows."""
+    S, Lq = seg.q_index.shape
+    Lk = seg.k_index.shape[1]
+    H, D = q.shape[1], q.shape[2]
+    r = H // kvh
+    Q = q.index_select(0, seg.q_index.reshape(-1)).view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4)
+    K = k.index_select(0, seg.k_index.reshape(-1)).view(S, Lk, kvh, D).transpose(1, 2)
+    V = v.index_select(0, seg.k_index.reshape(-1)).view(S, Lk, kvh, D).transpose(1, 2)
+    return Q.reshape(S, kvh, r * Lq, D), K, V
+
+
+def _probs_scores(seg: Segments, Q, K, scale: float, acc: torch.dtype):
+    """fp32 masked scores ``[S, KVH, r, Lq, Lk]`` of gathered ``Q``, ``K``."""
+    S, kvh, rLq, _ = Q.shape
+    Lq, Lk = seg.q_index.shape[1], K.shape[2]
+    s = torch.matmul(Q, K.transpose(-1, -2)).to(acc).mul_(scale).view(S, kvh, rLq // Lq, Lq, Lk)
+    return s.masked_fill_(~seg.mask.view(S, 1, 1, Lq, Lk), float("-inf"))
+
+
+def segment_attention(seg: Segments, q, k, v, scale: float):
+    """Attention over packed segments (``slick.train.attention``): ``q [N, H, D]``, ``k``/``v [N, KVH, D]`` in
+    the matmul dtype -> ``(out [N, H*D], lse [S, KVH, r, Lq, 1])``; scores and softmax in fp32."""
+    N, H, D = q.shape
+    kvh = k.shape[1]
+    S, Lq = seg.q_index.shape
+    Q, K, V = _gather_qkv(seg, q, k, v, kvh)
+    s = _probs_scores(seg, Q, K, scale, _acc(q.dtype))
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    p = s.sub_(lse).exp_().to(v.dtype).view(S, kvh, -1, K.shape[2])
+    o = torch.matmul(p, V).view(S, kvh, H // kvh, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H * D)
+    return o.index_select(0, seg.out_index), lse
+
+
+def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, dout):
+    """``(dq, dk, dv)`` (fp32, shapes of ``q``, ``k``, ``v``) of :func:`segment_attention` given ``dout [N, H*D]``."""
+    N, H, D = q.shape
+    kvh = k.shape[1]
+    r = H // kvh
+    S, Lq = seg.q_index.shape
+    Lk = seg.k_index.shape[1]
+    acc = _acc(q.dtype)
+    Q, K, V = _gather_qkv(seg, q, k, v, kvh)
+    p = _probs_scores(seg, Q, K, scale, acc).sub_(lse).exp_()                  # [S, KVH, r, Lq, Lk]
+    do = q.new_zeros(S * Lq, H * D).index_copy_(0, seg.out_index, dout.to(q.dtype))
+    do = do.view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, r * Lq, D)
+    pv = p.to(v.dtype).view(S, kvh, r * Lq, Lk)
+    dV = torch.matmul(pv.transpose(-1, -2), do)                                  # [S, KVH, Lk, D]
+    dp = torch.matmul(do, V.transpose(-1, -2)).to(acc).view_as(p)
+    ds = dp.sub_((p * dp).sum(-1, keepdim=True)).mul_(p).mul_(scale).to(q.dtype).view(S, kvh, r * Lq, Lk)
+    dQ = torch.matmul(ds, K).view(S, kvh, r, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H, D)
+    dK = torch.matmul(ds.transpose(-1, -2), Q)                                   # [S, KVH, Lk, D]
+    k_rows = seg.k_index.reshape(-1)
+    dq = dQ.index_select(0, seg.out_index).to(acc)
+    dk = q.new_zeros(N, kvh, D, dtype=acc).index_add_(0, k_rows, dK.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
+    dv = q.new_zeros(N, kvh, D, dtype=acc).index_add_(0, k_rows, dV.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------- autograd nodes
+@dataclass
+class AttentionSpec:
+    """What :class:`AttentionBlock` needs besides tensors with gradients."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+    segments: Segments
+    cos: torch.Tensor          # [N, 1, D]
+    sin: torch.Tensor
+    dtype: torch.dtype         # matmul dtype
+    cache: bool                # weights may be cast/concatenated once per step (not under FSDP)
+    qk_norm: bool
+    qkv_bias: bool
+    o_bias: bool
+
+
+def _mm_grad(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Weight gradient ``dy^T x`` of a linear layer."""
+    return torch.mm(dy.t(), x)
+
+
+class AttentionBlock(torch.autograd.Function):
+    """``x [N, hidden] -> o_proj(attention(rope(qkv(rms_norm(x)))))`` in the matmul dtype.
+
+    ``params``: input norm weight, q/k/v weights, (q/k/v biases), (q-norm, k-norm weights), o weight, (o bias)
+    -- present as ``spec`` says."""
+
+    @staticmethod
+    def forward(ctx, x, spec: AttentionSpec, *params):
+        it = iter(params)
+        ln_w, wq, wk, wv = next(it), next(it), next(it), next(it)
+        bq, bk, bv = (next(it), next(it), next(it)) if spec.qkv_bias else (None, None, None)
+        qn_w, kn_w = (next(it), next(it)) if spec.qk_norm else (None, None)
+        wo = next(it)
+        bo = next(it) if spec.o_bias else None
+        dt, H, K, D = spec.dtype, spec.heads, spec.kv_heads, spec.head_dim
+        n, r = rms_norm(x, ln_w, spec.eps)
+        w_qkv = cast_cat([wq, wk, wv], dt, spec.cache)
+        b_qkv = cast_cat([bq, bk, bv], dt, spec.cache) if spec.qkv_bias else None
+        qkv = F.linear(n.to(dt), w_qkv, b_qkv)
+        q, k, v = _split_heads(qkv, H, K, D)
+        rq = rk = None
+        if spec.qk_norm:
+            q, rq = rms_norm(q, qn_w, spec.eps)
+            k, rk = rms_norm(k, kn_w, spec.eps)
+        out, lse = segment_attention(spec.segments, rope(q, spec.cos, spec.sin).to(dt),
+                                     rope(k, spec.cos, spec.sin).to(dt), v, spec.scale)
+        y = F.linear(out, cast_cat([wo], dt, spec.cache), cast_cat([bo], dt, spec.cache) if bo is not None else None)
+        ctx.spec = spec
+        ctx.save_for_backward(x, r, qkv, out, lse, rq, rk, *params)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        spec = ctx.spec
+        x, r, qkv, out, lse, rq, rk, *params = ctx.saved_tensors
+        it = iter(params)
+        ln_w, wq, wk, wv = next(it), next(it), next(it), next(it)
+        bq, bk, bv = (next(it), next(it), next(it)) if spec.qkv_bias else (None, None, None)
+        qn_w, kn_w = (next(it), next(it)) if spec.qk_norm else (None, None)
+        wo = next(it)
+        bo = next(it) if spec.o_bias else None
+        dt, H, K, D = spec.dtype, spec.heads, spec.kv_heads, spec.head_dim
+        dy = dy.to(dt)
+        g_wo = _mm_grad(dy, out).to(wo.dtype)
+        g_bo = dy.to(_acc(dt)).sum(0).to(bo.dtype) if bo is not None else None
+        dout = torch.mm(dy, cast_cat([wo], dt, spec.cache))
+        q0, k0, v = _split_heads(qkv, H, K, D)
+        q, k = (rms_norm(q0, qn_w, spec.eps)[0], rms_norm(k0, kn_w, spec.eps)[0]) if spec.qk_norm else (q0, k0)
+        cos, sin = spec.cos, spec.sin
+        dq, dk, dv = segment_attention_backward(spec.segments, rope(q, cos, sin).to(dt), rope(k, cos, sin).to(dt),
+                                                v, spec.scale, lse, dout)
+        dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
+        g_qn = g_kn = None
+        if spec.qk_norm:
+            dq, g_qn = rms_norm_backward(q0, qn_w, rq, dq)
+            dk, g_kn = rms_norm_backward(k0, kn_w, rk, dk)
+            g_qn, g_kn = g_qn.to(qn_w.dtype), g_kn.to(kn_w.dtype)
+        N = x.shape[0]
+        dqkv = torch.cat([dq.reshape(N, -1), dk.reshape(N, -1), dv.reshape(N, -1)], -1).to(dt)
+        n = rms_norm(x, ln_w, spec.eps)[0].to(dt)
+        g_qkv = _mm_grad(dqkv, n)
+        dn = torch.mm(dqkv, cast_cat([wq, wk, wv], dt, spec.cache))
+        dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
+        sizes = [H * D, K * D, K * D]
+        grads = [g_ln.to(ln_w.dtype)] + [g.to(w.dtype) for g, w in zip(g_qkv.split(sizes), (wq, wk, wv))]
+        if spec.qkv_bias:
+            grads += [g.to(b.dtype) for g, b in zip(dqkv.to(_acc(dt)).sum(0).split(sizes), (bq, bk, bv))]
+        if spec.qk_norm:
+            grads += [g_qn, g_kn]
+        grads.append(g_wo)
+        if spec.o_bias:
+            grads.append(g_bo)
+        return (dx.to(x.dtype), None, *grads)
+
+
+def _split_heads(qkv: torch.Tensor, H: int, K: int, D: int):
+    N = qkv.shape[0]
+    q, k, v = qkv.split([H * D, K * D, K * D], -1)
+    return q.view(N, H, D), k.view(N, K, D), v.view(N, K, D)
+
+
+class MLPBlock(torch.autograd.Function):
+    """``x [N, hidden] -> down(silu(gate(n)) * up(n))`` with ``n = rms_norm(x)``, in the matmul dtype."""
+
+    @staticmethod
+    def forward(ctx, x, eps: float, dt: torch.dtype, cache: bool, ln_w, wg, wu, wd):
+        n, r = rms_norm(x, ln_w, eps)
+        gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache))
+        g, u = gu.chunk(2, -1)
+        y = F.linear(F.silu(g) * u, cast_cat([wd], dt, cache))
+        ctx.args = (eps, dt, cache)
+        ctx.save_for_backward(x, r, gu, ln_w, wg, wu, wd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        eps, dt, cache = ctx.args
+        x, r, gu, ln_w, wg, wu, wd = ctx.saved_tensors
+        acc = _acc(dt)
+        dy = dy.to(dt)
+        g, u = gu.chunk(2, -1)
+        g_wd = _mm_grad(dy, F.silu(g) * u).to(wd.dtype)
+        da = torch.mm(dy, cast_cat([wd], dt, cache)).to(acc)
+        ga, ua = g.to(acc), u.to(acc)
+        sg = torch.sigmoid(ga)
+        du = da * ga * sg
+        dg = da.mul_(ua).mul_(sg * (1 + ga * (1 - sg)))
+        dgu = torch.cat([dg, du], -1).to(dt)
+        n = rms_norm(x, ln_w, eps)[0].to(dt)
+        g_gu = _mm_grad(dgu, n)
+        dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache))
+        dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
+        g_wg, g_wu = g_gu.chunk(2, 0)
+        return (dx.to(x.dtype), None, None, None, g_ln.to(ln_w.dtype), g_wg.to(wg.dtype), g_wu.to(wu.dtype), g_wd)
+
+
+# ---------------------------------------------------------------------------------------------- the layers
+def _matmul_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return torch.promote_types(x.dtype, w.dtype)
+
+
+def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                   use_cache=False, position_embeddings=None, slick_segments: Optional[Segments] = None, **kwargs):
+    attn, mlp = self.self_attn, self.mlp
+    dropout = attn.attention_dropout if self.training else 0.0
+    if (slick_segments is None or past_key_values is not None or dropout or position_embeddings is None
+            or hidden_states.shape[0] != 1):
+        return self._slick_hf_forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                      past_key_values=past_key_values, use_cache=use_cache,
+                                      position_embeddings=position_embeddings, slick_segments=slick_segments,
+                                      **kwargs)
+    x = hidden_states[0]
+    dt = _matmul_dtype(x, attn.q_proj.weight)
+    cache = self._slick_cache_weights
+    cos, sin = (t[0].unsqueeze(1) for t in position_embeddings)
+    acc = _acc(dt)
+    D = attn.head_dim
+    spec = AttentionSpec(attn.q_proj.out_features // D, attn.k_proj.out_features // D, D,
+                         self.input_layernorm.variance_epsilon, attn.scaling, slick_segments,
+                         cos.to(acc), sin.to(acc), dt, cache, self._slick_qk_norm,
+                         attn.q_proj.bias is not None, attn.o_proj.bias is not None)
+    params = [self.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+    if spec.qkv_bias:
+        params += [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+    if spec.qk_norm:
+        params += [attn.q_norm.weight, attn.k_norm.weight]
+    params.append(attn.o_proj.weight)
+    if spec.o_bias:
+        params.append(attn.o_proj.bias)
+    with torch.autocast(x.device.type, enabled=False):
+        h = x + AttentionBlock.apply(x, spec, *params)
+        ln = self.post_attention_layernorm
+        h = h + MLPBlock.apply(h, ln.variance_epsilon, dt, cache, ln.weight, mlp.gate_proj.weight,
+                               mlp.up_proj.weight, mlp.down_proj.weight)
+    return h.unsqueeze(0)
+
+
+def fusable(layer: torch.nn.Module) -> bool:
+    """True for a HF decoder layer of a supported class whose parts the fused nodes cover (SiLU MLP without
+    biases; q/k/v with or without biases; Qwen3's q/k norms)."""
+    if type(layer).__name__ not in FUSED_LAYERS:
+        return False
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    if any(getattr(mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    act = getattr(attn.config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        return False
+    biases = [getattr(attn, n).bias is not None for n in ("q_proj", "k_proj", "v_proj")]
+    if any(biases) and not all(biases):
+        return False
+    return hasattr(layer.input_layernorm, "variance_epsilon")
+
+
+def fuse_decoder_layers(layers, cache_weights: bool = True) -> int:
+    """Give every :func:`fusable` layer of ``layers`` the fused forward; returns how many were fused.
+
+    ``cache_weights=False`` (FSDP: a layer's unsharded weights are freed between uses) concatenates and
+    casts the weights at every call instead of once per :func:`~slick.train.casts.cached_weight_casts` block.
+    """
+    count = 0
+    for layer in layers:
+        if getattr(layer, "_slick_hf_forward", None) is not None or not fusable(layer):
+            continue
+        layer._slick_hf_forward = layer.forward
+        layer._slick_cache_weights = bool(cache_weights)
+        layer._slick_qk_norm = hasattr(layer.self_attn, "q_norm") and hasattr(layer.self_attn, "k_norm")
+        layer.forward = types.MethodType(_fused_forward, layer)
+        count += 1
+    return count
