@@ -258,16 +258,17 @@ class MLPBlock(torch.autograd.Function):
     def backward(ctx, dy):
         eps, dt, cache = ctx.args
         x, r, gu, ln_w, wg, wu, wd = ctx.saved_tensors
-        acc = _acc(dt)
         dy = dy.to(dt)
         g, u = gu.chunk(2, -1)
-        g_wd = _mm_grad(dy, F.silu(g) * u).to(wd.dtype)
-        da = torch.mm(dy, cast_cat([wd], dt, cache)).to(acc)
-        ga, ua = g.to(acc), u.to(acc)
-        sg = torch.sigmoid(ga)
-        du = da * ga * sg
-        dg = da.mul_(ua).mul_(sg * (1 + ga * (1 - sg)))
-        dgu = torch.cat([dg, du], -1).to(dt)
+        sg = F.silu(g)
+        g_wd = _mm_grad(dy, sg * u).to(wd.dtype)
+        da = torch.mm(dy, cast_cat([wd], dt, cache))
+        # in the matmul dtype, as autograd through the HF MLP computes it (silu_backward: fp32 inside)
+        dgu = torch.empty_like(gu)
+        dg, du = dgu.chunk(2, -1)
+        torch.mul(da, sg, out=du)
+        torch.mul(da, u, out=dg)
+        torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
         n = rms_norm(x, ln_w, eps)[0].to(dt)
         g_gu = _mm_grad(dgu, n)
         dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache))

@@ -1,0 +1,185 @@
+"""The fused decoder layers (slick/train/fused_layers.py) against finite differences and the HF layers.
+
+Tolerances: the autograd nodes are checked by ``torch.autograd.gradcheck`` in float64 (its defaults: eps 1e-6,
+atol 1e-5, rtol 1e-3), so their backward is the exact derivative of their forward. Whole models, fp32: the
+same maths in another order, so logprobs and entropy within 1e-5 (relative to the largest entry when above 1) and every gradient within 1e-4 of its
+largest entry. bf16 (autocast and bf16 weights): both paths round differently, so each is compared with the
+fp32 reference; the fused path's error (relative L2 over all gradients, and mean |logprob difference|) may be
+at most 1.5x the HF path's error plus 1e-3 (measured on SmolLM2-135M, 64 samples: 6.2e-2 vs 5.9e-2).
+"""
+import pytest
+import torch
+
+from slick.models.tiny import make_tiny_model
+from slick.train.attention import Segments
+from slick.train.casts import cached_weight_casts, cast_cat
+from slick.train.fused_layers import (AttentionBlock, AttentionSpec, MLPBlock, fusable, fuse_decoder_layers,
+                                      rope, rope_backward)
+from slick.train.fsdp import decoder_layers
+from slick.train.trainer import Trainer
+from tests.test_train import make_cfg
+from tests.test_train_shared_prompts import grouped_samples
+
+# a prompt [0, 4) shared by two responses, then a sequence of its own: query rows of each segment
+SPANS = [(0, 0, 0, 4), (0, 4, 4, 7), (0, 4, 7, 9), (0, 0, 9, 12)]
+N = 12
+
+
+def _cos_sin(n, d, dtype):
+    pos = torch.tensor([0, 1, 2, 3, 4, 5, 6, 4, 5, 0, 1, 2], dtype=dtype)[:n]
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=dtype) / d))
+    ang = torch.outer(pos, inv)
+    ang = torch.cat([ang, ang], -1)
+    return ang.cos().unsqueeze(1), ang.sin().unsqueeze(1)
+
+
+@pytest.mark.parametrize("kv_heads,qk_norm,bias", [(2, False, False), (4, True, False), (1, False, True)])
+def test_attention_block_gradcheck(kv_heads, qk_norm, bias):
+    torch.manual_seed(0)
+    dt, hidden, H, D = torch.float64, 12, 4, 4
+    cos, sin = _cos_sin(N, D, dt)
+    spec = AttentionSpec(H, kv_heads, D, 1e-6, D ** -0.5, Segments.build(SPANS, N), cos, sin, dt, False,
+                         qk_norm, bias, bias)
+    r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)  # noqa: E731
+    params = [r(hidden), r(H * D, hidden), r(kv_heads * D, hidden), r(kv_heads * D, hidden)]
+    if bias:
+        params += [r(H * D), r(kv_heads * D), r(kv_heads * D)]
+    if qk_norm:
+        params += [r(D), r(D)]
+    params.append(r(hidden, H * D))
+    if bias:
+        params.append(r(hidden))
+    x = r(N, hidden)
+    assert torch.autograd.gradcheck(lambda x, *p: AttentionBlock.apply(x, spec, *p), (x, *params))
+
+
+def test_mlp_block_gradcheck():
+    torch.manual_seed(1)
+    dt = torch.float64
+    r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)  # noqa: E731
+    x, ln, wg, wu, wd = r(N, 6), r(6), r(10, 6), r(10, 6), r(6, 10)
+    assert torch.autograd.gradcheck(lambda *a: MLPBlock.apply(a[0], 1e-6, dt, False, *a[1:]), (x, ln, wg, wu, wd))
+
+
+def test_rope_backward_is_the_transpose():
+    torch.manual_seed(2)
+    cos, sin = _cos_sin(N, 8, torch.float64)
+    x, g = torch.randn(N, 3, 8, dtype=torch.float64), torch.randn(N, 3, 8, dtype=torch.float64)
+    # <rope(x), g> == <x, rope^T(g)> for every x, g
+    assert torch.allclose((rope(x, cos, sin) * g).sum(), (x * rope_backward(g, cos, sin)).sum(), atol=1e-12)
+
+
+def _grads(model_dir, dtype, fused, samples, precision=None):
+    kw = dict(dtype=dtype, micro_batch_size=len(samples), rollout_temperature=0.8, disable_fused_layers=not fused)
+    if precision:
+        kw["train_precision"] = precision
+    tr = Trainer(make_cfg(model_dir, **kw))
+    assert tr.fused_layers == (0 if not fused else len(decoder_layers(tr.model)))
+    mb = tr._pack(samples, list(range(len(samples))))
+    assert mb.attention()[1] is not None      # the segment path (where the fused layers run)
+    tr.model.zero_grad(set_to_none=True)
+    with tr._cast_once():
+        lps, ents = tr._forward(tr._fwd, mb, True, True)
+        lp, ent = torch.cat(lps), torch.cat(ents)
+        g = torch.Generator().manual_seed(3)
+        w1, w2 = torch.randn(lp.shape, generator=g), torch.randn(lp.shape, generator=g)
+        w1[::3] = 0.0                          # loss-mask zeros
+        ((w1 * lp).sum() + 0.1 * (w2 * ent).sum()).backward()
+    return lp.detach().float(), ent.detach().float(), {n: p.grad.float().clone() for n, p in tr.model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def arch_dirs(tmp_path_factory):
+    out = {}
+    for arch, kw in (("llama", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {})):
+        out[arch] = make_tiny_model(tmp_path_factory.mktemp(arch), arch=arch, hidden_size=64, num_layers=2,
+                                    num_heads=4, num_kv_heads=2, intermediate_size=96, seed=5, **kw)
+    return out
+
+
+def _samples():
+    samples = grouped_samples(groups=3, n=4, seed=4)
+    return samples
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_fused_model_equals_hf_fp32(arch_dirs, arch):
+    samples = _samples()
+    ref = _grads(arch_dirs[arch], "fp32", False, samples)
+    got = _grads(arch_dirs[arch], "fp32", True, samples)
+    for a, b in zip(got[:2], ref[:2]):    # logprobs, entropy
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, float(b.abs().max()))
+    assert ref[2].keys() == got[2].keys()
+    for n in ref[2]:
+        scale = ref[2][n].abs().max()
+        assert (got[2][n] - ref[2][n]).abs().max() <= 1e-4 * scale + 1e-7, n
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_model_bf16_as_accurate_as_hf(arch_dirs, arch, precision):
+    samples = _samples()
+    ref = _grads(arch_dirs[arch], "fp32", False, samples)
+
+    def err(res):
+        d = torch.cat([(res[2][n] - ref[2][n]).flatten() for n in ref[2]])
+        full = torch.cat([ref[2][n].flatten() for n in ref[2]])
+        return float((res[0] - ref[0]).abs().mean()), float(d.norm() / full.norm())
+
+    hf = err(_grads(arch_dirs[arch], "bf16", False, samples, precision))
+    fused = err(_grads(arch_dirs[arch], "bf16", True, samples, precision))
+    assert hf[1] > 1e-4                        # bf16 really rounds (the comparison is not vacuous)
+    assert fused[0] <= 1.5 * hf[0] + 1e-3, (fused, hf)
+    assert fused[1] <= 1.5 * hf[1] + 1e-3, (fused, hf)
+
+
+def test_saved_activation_bytes_per_layer(arch_dirs):
+    """Exactly what the docstring of fused_layers promises: the layer input and the residual after attention
+    in fp32, qkv, the attention output and gate/up in bf16, an RMSNorm scale per row for each of the two norms, and
+    one log-sum-exp per (segment, head, query slot)."""
+    tr = Trainer(make_cfg(arch_dirs["llama"], dtype="bf16", micro_batch_size=12))
+    layer = decoder_layers(tr.model)[0]
+    seg = Segments.build(SPANS, N)
+    x = torch.randn(1, N, 64, requires_grad=True)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 4, 5, 0, 1, 2]])
+    pe = tr.model.model.rotary_emb(x, pos)
+    seen = {}
+
+    def pack(t):
+        if not isinstance(t, torch.nn.Parameter):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x, attention_mask=seg.mask, position_ids=pos, position_embeddings=pe, slick_segments=seg)
+    S, Lq = seg.q_index.shape
+    hid, H, KVH, D, inter = 64, 4, 2, 16, 96
+    expect = (2 * N * hid * 4 + 2 * N * 4 + N * (H + 2 * KVH) * D * 2 + N * H * D * 2 + S * H * Lq * 4
+              + N * 2 * inter * 2)
+    assert sum(seen.values()) == expect
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_plain_calls_and_unsupported_layers_run_hf(arch_dirs, tmp_path):
+    """Without segments (a plain ``model(input_ids)``) a fused layer runs the HF forward: identical logits; a
+    layer the nodes do not cover (an MLP with biases) is left alone."""
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(arch_dirs["llama"])
+    b = AutoModelForCausalLM.from_pretrained(arch_dirs["llama"])
+    assert fuse_decoder_layers(decoder_layers(b)) == 2 and fuse_decoder_layers(decoder_layers(b)) == 0
+    ids = torch.tensor([[5, 9, 200, 31, 7]])
+    assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+    biased = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "mb", mlp_bias=True))
+    assert not fusable(decoder_layers(biased)[0]) and fuse_decoder_layers(decoder_layers(biased)) == 0
+
+
+def test_weights_concatenated_once_per_block():
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    with cached_weight_casts():
+        one = cast_cat([a, b], torch.bfloat16)
+        assert cast_cat([a, b], torch.bfloat16) is one
+        assert cast_cat([a, b], torch.bfloat16, cache=False) is not one
+        assert torch.equal(one, torch.cat([a, b]).bfloat16())
+    assert cast_cat([a, b], torch.bfloat16) is not one
