@@ -4,7 +4,11 @@
                                       [--schemes bf16,autocast,fp32] [--micro-batch-size 8] [--device auto]
                                       [--group-size 1] [--profile]
 
-Prints a table and writes bench/results/trainer.json. ``--group-size 8`` gives every 8 consecutive samples
+``--schemes autocast+hf,autocast`` compares the HF decoder layers with slick's fused ones in one run.
+
+Every scheme is built and warmed up first, then their timed steps interleave (a, b, a, b, ...; best of
+``--steps`` each), so a slow spell of a shared machine hits all alike. Prints a table and writes
+bench/results/trainer.json. ``--group-size 8`` gives every 8 consecutive samples
 the same prompt (GRPO's layout: prompt sharing applies). ``--profile`` also splits one step into packing,
 body forward, lm-head + logprob + entropy forward and backward, body backward, optimizer and other, for the
 fused head (``chunked_logprobs``) and for the previous implementation (activation-checkpointed plain ops)
@@ -168,7 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--response-len", type=int, default=50)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per scheme (after 1 warm-up step)")
     ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--schemes", default="bf16,autocast,fp32")
+    ap.add_argument("--schemes", default="bf16,autocast,fp32",
+                    help="comma-separated; a '+hf' suffix (autocast+hf) runs the HF decoder layers instead of "
+                         "slick's fused ones (--disable-fused-layers)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--group-size", type=int, default=1, help="consecutive samples sharing one prompt")
     ap.add_argument("--profile", action="store_true", help="also time each phase of a step (fused vs previous head)")
@@ -195,31 +201,39 @@ def main(argv=None) -> int:
         args.model = str(prepare_smollm2())
     rows = []
     ceiling = None
+    runs = []   # (scheme, trainer, samples, advantages): every scheme built and warmed up first
     for scheme in args.schemes.split(","):
-        dtype = "fp32" if scheme == "fp32" else "bf16"
+        base, _, layers = scheme.partition("+")     # "autocast+hf": the HF decoder layers, not the fused ones
+        if layers not in ("", "hf"):
+            ap.error(f"--schemes: unknown suffix in {scheme!r} (only +hf)")
+        dtype = "fp32" if base == "fp32" else "bf16"
         cfg = Config.from_flat(dict(hf_checkpoint=args.model, dtype=dtype, device=args.device, lr=1e-6,
-                                    micro_batch_size=args.micro_batch_size, rm_type="exact"))
-        tr = Trainer(cfg, precision=None if scheme == "fp32" else scheme)
+                                    micro_batch_size=args.micro_batch_size, rm_type="exact",
+                                    disable_fused_layers=layers == "hf"))
+        tr = Trainer(cfg, precision=None if base == "fp32" else base)
         if ceiling is None:
             ceiling = matmul_ceiling(tr.device)
         samples = make_batch(args.samples, args.prompt_len, args.response_len, tr.model.config.vocab_size,
                              group_size=args.group_size)
         adv = [torch.randn(len(s.response_ids)) for s in samples]
         tr.train_step(samples, adv, loss_fn)  # warm-up
-        times, fb = [], []
-        for _ in range(args.steps):
-            m = tr.train_step(samples, adv, loss_fn)
-            times.append(m["step_time"])
-            fb.append(m["fwd_bwd_time"])
+        runs.append((scheme, tr, samples, adv))
+    # the schemes' timed steps interleave (a, b, a, b, ...): a slow spell of a shared machine, or the heap
+    # growing under the first trainer, hits all of them alike
+    metrics = {scheme: [] for scheme, *_ in runs}
+    for _ in range(args.steps):
+        for scheme, tr, samples, adv in runs:
+            metrics[scheme].append(tr.train_step(samples, adv, loss_fn))
+    for scheme, tr, samples, adv in runs:
+        times = [m["step_time"] for m in metrics[scheme]]
+        m = metrics[scheme][-1]
         t = min(times)
         flops = step_flops(tr.model, samples)
-        row = {"scheme": scheme, "device": str(tr.device), "step_s": t, "fwd_bwd_s": min(fb), "tokens": m["tokens"],
+        row = {"scheme": scheme, "device": str(tr.device), "step_s": t,
+               "fwd_bwd_s": min(x["fwd_bwd_time"] for x in metrics[scheme]), "tokens": m["tokens"],
                "tokens_per_s": m["tokens"] / t, "tflops": flops / t / 1e12,
-               "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times,
-               # process peak so far: a clean number for the first scheme only
-               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        print(f"[{scheme}] step {t:.2f}s, {m['tokens'] / t:.0f} tok/s, peak RSS {row['peak_rss_mib']:.0f} MiB",
-              flush=True)
+               "mfu_vs_bf16_matmul": flops / t / ceiling, "all_step_s": times}
+        print(f"[{scheme}] step {t:.2f}s, {m['tokens'] / t:.0f} tok/s", flush=True)
         if args.profile:   # alternate the two heads, keep each phase's best of args.steps
             prof = {"fused": [], "checkpoint": []}
             for _ in range(args.steps):
@@ -228,7 +242,7 @@ def main(argv=None) -> int:
             row["profile"] = {h: {k: min(p[k] for p in ps) for k in ps[0]} for h, ps in prof.items()}
             print_profile(scheme, row["profile"])
         rows.append(row)
-        del tr
+    del runs
     # the ceiling again after the steps: on a shared machine one measurement can land in a slow spell; the best
     # of both is the conservative denominator
     ceiling_after = matmul_ceiling(torch.device(rows[0]["device"])) if rows else ceiling
@@ -250,7 +264,8 @@ def main(argv=None) -> int:
         "device": str(args.device), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "torch": torch.__version__, "bf16_matmul_ceiling_flops": ceiling,
-        "rows": rows, "note": "shared machine: timings are noisy",
+        "rows": rows, "peak_rss_mib_all_schemes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "note": "shared machine: timings are noisy; the schemes' steps interleave",
     }, indent=2))
     print(f"wrote {out}")
     return 0
