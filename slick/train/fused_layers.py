@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from slick.train.attention import Segments
 from slick.train.casts import cast_cat
+from slick.train.logprobs import _matmul_dtype
 
 FUSED_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 
@@ -160,6 +161,18 @@ def _mm_grad(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.mm(dy.t(), x)
 
 
+def _unpack(spec: AttentionSpec, params):
+    """``params`` in :class:`AttentionBlock`'s order -> ``(ln, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, bo)``,
+    None where ``spec`` says a part is absent."""
+    it = iter(params)
+    ln_w, wq, wk, wv = next(it), next(it), next(it), next(it)
+    bq, bk, bv = (next(it), next(it), next(it)) if spec.qkv_bias else (None, None, None)
+    qn_w, kn_w = (next(it), next(it)) if spec.qk_norm else (None, None)
+    wo = next(it)
+    bo = next(it) if spec.o_bias else None
+    return ln_w, wq, wk, wv, bq, bk, bv, qn_w, kn_w, wo, bo
+
+
 class AttentionBlock(torch.autograd.Function):
     """``x [N, hidden] -> o_proj(attention(rope(qkv(rms_norm(x)))))`` in the matmul dtype.
 
@@ -168,12 +181,7 @@ class AttentionBlock(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, spec: AttentionSpec, *params):
-        it = iter(params)
-        ln_w, wq, wk, wv = next(it), next(it), next(it), next(it)
-        bq, bk, bv = (next(it), next(it), next(it)) if spec.qkv_bias else (None, None, None)
-        qn_w, kn_w = (next(it), next(it)) if spec.qk_norm else (None, None)
-        wo = next(it)
-        bo = next(it) if spec.o_bias else None
+        ln_w, wq, wk, wv, bq, bk, bv, qn_w, kn_w, wo, bo = _unpack(spec, params)
         dt, H, K, D = spec.dtype, spec.heads, spec.kv_heads, spec.head_dim
         n, r = rms_norm(x, ln_w, spec.eps)
         w_qkv = cast_cat([wq, wk, wv], dt, spec.cache)
@@ -195,12 +203,7 @@ class AttentionBlock(torch.autograd.Function):
     def backward(ctx, dy):
         spec = ctx.spec
         x, r, qkv, out, lse, rq, rk, *params = ctx.saved_tensors
-        it = iter(params)
-        ln_w, wq, wk, wv = next(it), next(it), next(it), next(it)
-        bq, bk, bv = (next(it), next(it), next(it)) if spec.qkv_bias else (None, None, None)
-        qn_w, kn_w = (next(it), next(it)) if spec.qk_norm else (None, None)
-        wo = next(it)
-        bo = next(it) if spec.o_bias else None
+        ln_w, wq, wk, wv, bq, bk, bv, qn_w, kn_w, wo, bo = _unpack(spec, params)
         dt, H, K, D = spec.dtype, spec.heads, spec.kv_heads, spec.head_dim
         dy = dy.to(dt)
         g_wo = _mm_grad(dy, out).to(wo.dtype)
@@ -279,13 +282,6 @@ class MLPBlock(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------------------- the layers
-def _matmul_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return torch.promote_types(x.dtype, w.dtype)
-
-
 def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                    use_cache=False, position_embeddings=None, slick_segments: Optional[Segments] = None, **kwargs):
     attn, mlp = self.self_attn, self.mlp
