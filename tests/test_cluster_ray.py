@@ -249,3 +249,24 @@ def test_a_placement_group_that_cannot_be_placed_in_time_fails_naming_total_and_
     assert "placement group not ready within 5s" in msg and "4 CPU slot(s): 2 trainer rank(s)" in msg, msg
     assert "CPU 4 in total, CPU 2 free" in msg, msg
     assert took < 30, took
+
+
+def test_an_address_where_no_cluster_answers_fails_within_the_start_timeout(tmp_path, tiny_model_dir):
+    """`--ray-address` at a loopback port nobody listens on: exit 1 once --ray-start-timeout (4 s) has passed,
+    not after Ray's own minutes of retries; the message names the address, the wait and why it failed."""
+    from tests.ray_head import free_ports
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1 + 1 =", "label": "2"}\n')
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "slick.cli", "train", "--hf-checkpoint", str(tiny_model_dir), "--prompt-data",
+         str(tmp_path / "p.jsonl"), "--rm-type", "math", "--num-rollout", "1", "--dtype", "fp32",
+         "--run-dir", str(tmp_path / "run"), "--ray-address", address, "--ray-start-timeout", "4",
+         "--no-progress"], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    msg = proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in msg, msg[-3000:]
+    assert f"slick train: error: --ray-address {address}: cannot join the Ray cluster there" in msg, msg[-3000:]
+    assert "within 4s (--ray-start-timeout;" in msg and "its GCS port does not answer" in msg, msg[-3000:]
+    assert took < 60, took

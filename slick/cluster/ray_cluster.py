@@ -52,6 +52,56 @@ def without_job_env_keys(env: dict) -> dict:
     return {k: v for k, v in env.items() if k not in taken}
 
 
+def _cause(e: BaseException) -> str:
+    """The innermost message of an exception chain (Ray wraps the reason a join failed in a generic one)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+
+
+def _join(address: str, src: str, timeout_s: float, runtime_env: dict) -> None:
+    """``ray.init(address)`` within ``timeout_s``. Ray rewrites a loopback host to this node's IP and, left alone,
+    retries an unreachable GCS for many minutes; so the GCS port is probed at the address Ray will use first, and
+    a join that fails is tried again until the deadline (a head that has just started may not have registered
+    its node yet). The error names the address given, the one Ray used and the last reason."""
+    import socket
+
+    import ray
+    from ray._private.services import canonicalize_bootstrap_address
+
+    resolved, probe = address, None
+    if not address.startswith("ray://"):     # a Ray client address is not a GCS: ray.init alone connects it
+        try:   # "auto" is looked up among this machine's clusters; ray.init below says when there is none
+            resolved = canonicalize_bootstrap_address(address) or address
+        except Exception:  # noqa: BLE001
+            pass
+        host, _, port = resolved.rpartition(":")
+        probe = (host.strip("[]"), int(port)) if port.isdigit() else None
+    via = f" (Ray resolves it to {resolved})" if resolved != address else ""
+    deadline, attempts, last = time.monotonic() + timeout_s, 0, "no answer"
+    while True:
+        attempts += 1
+        try:
+            if probe:
+                socket.create_connection(probe, timeout=min(5.0, timeout_s)).close()
+        except OSError as e:
+            last = f"its GCS port does not answer: {e}"
+        else:
+            try:
+                ray.init(address=address, runtime_env=runtime_env, log_to_driver=True, logging_level=logging.WARNING)
+                return
+            except Exception as e:  # noqa: BLE001 - Ray raises several kinds here
+                last = f"{e} ({_cause(e)})" if _cause(e) != str(e) else str(e)
+                if ray.is_initialized():
+                    ray.shutdown()
+        if time.monotonic() + 2.0 > deadline:
+            raise ClusterError(f"{src} {address}: cannot join the Ray cluster there{via} within {timeout_s:g}s "
+                               f"(--ray-start-timeout; {attempts} attempt(s), last: {last}); start one with "
+                               f"`ray start --head` or leave it unset to let slick start a local one")
+        log.warning("%s %s: joining the Ray cluster failed (%s); trying again", src, address, last)
+        time.sleep(2.0)
+
+
 class RayCluster:
     """A connection to Ray plus this run's placement group.
 
@@ -80,14 +130,8 @@ class RayCluster:
             address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
             runtime_env = {"env_vars": without_job_env_keys(worker_env())}
             if address:
-                try:
-                    ray.init(address=address, runtime_env=runtime_env, log_to_driver=True,
-                             logging_level=logging.WARNING)
-                except Exception as e:  # noqa: BLE001 - Ray raises several kinds here
-                    src = "--ray-address" if cfg.ray_address else "RAY_ADDRESS"
-                    raise ClusterError(f"{src} {address}: cannot join the Ray cluster there ({e}); start one "
-                                       f"with `ray start --head` or leave it unset to let slick start a local "
-                                       f"one") from e
+                src = "--ray-address" if cfg.ray_address else "RAY_ADDRESS"
+                _join(address, src, float(cfg.ray_start_timeout), runtime_env)
                 c = cls(address, started_here=False, owned_init=True)
             else:
                 temp_dir = tempfile.mkdtemp(prefix="slick-ray-", dir="/tmp")
