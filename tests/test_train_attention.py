@@ -29,6 +29,27 @@ def test_segment_indices_by_hand():
         Segments.build([(0, 0, 0, 3)], 5)
 
 
+def test_a_long_prompt_is_cut_into_blocks_the_length_of_its_responses():
+    """Rows 0-8: a 9-token prompt; 3 responses of 3 tokens see it. Unsplit: 4 blocks x 9 query rows x 12 keys =
+    432 pairs; the prompt in blocks of 3 (prefixes 0, 3, 6): 6 x 3 x 12 = 216; same dense pattern."""
+    spans = [(0, 0, 0, 9), (0, 9, 9, 12), (0, 9, 12, 15), (0, 9, 15, 18)]
+    seg = Segments.build(spans, 18)
+    assert seg.spans == spans and seg.cost == 6 * 3 * 12
+    assert seg.q_index.tolist()[:3] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert seg.k_index.tolist()[1][:6] == [0, 1, 2, 3, 4, 5] and seg.k_index.tolist()[2][:9] == list(range(9))
+    assert seg.mask[1, 0].int().tolist()[0][:6] == [1, 1, 1, 1, 0, 0]      # row 3: rows 0-2 and itself
+    assert seg.out_index.tolist()[:9] == list(range(9)) and seg.out_index.tolist()[9:12] == [9, 10, 11]
+    # the blocks' pattern is the segments' pattern
+    m = torch.zeros(18, 18, dtype=torch.bool)
+    flat = seg.mask[:, 0].reshape(-1, seg.k_index.shape[1])
+    for slot, row in enumerate(seg.q_index.reshape(-1).tolist()):
+        if slot in seg.out_index.tolist():
+            m[row, seg.k_index.reshape(-1, seg.k_index.shape[1])[slot // 3][flat[slot]]] = True
+    assert torch.equal(m, seg.dense_mask()[0, 0])
+    # a cut that saves under a quarter is not made: 3 x 3 x 5 = 45 vs 4 x 2 x 5 = 40
+    assert Segments.build([(0, 0, 0, 3), (0, 3, 3, 5), (5, 0, 5, 7)], 7).q_index.shape == (3, 3)
+
+
 def test_worth_it_prefers_the_dense_mask_for_one_long_sequence():
     assert not Segments.build([(0, 0, 0, 100)], 100).worth_it()          # 100x100 either way
     assert Segments.build([(i * 10, 0, i * 10, i * 10 + 10) for i in range(10)], 100).worth_it()
@@ -45,11 +66,27 @@ def _grads_and_logprobs(trainer, samples, dense: bool):
     return lp.detach(), ent.detach(), grads
 
 
-@pytest.mark.parametrize("layout", ["plain", "shared"])
+def long_prompt_samples():
+    """Two groups of 4 responses (1-4 tokens) to 20-token prompts: the prompts are cut into blocks."""
+    samples = grouped_samples(groups=2, n=4, seed=3)
+    for g in range(2):
+        prompt = [(7 * i + 13 * g) % 900 + 3 for i in range(20)]
+        for s in samples[4 * g:4 * g + 4]:
+            s.prompt_ids = list(prompt)
+            del s.response_ids[4:]
+            s.loss_mask, s.rollout_logprobs = s.loss_mask[:len(s.response_ids)], s.rollout_logprobs[:len(s.response_ids)]
+    return samples
+
+
+@pytest.mark.parametrize("layout", ["plain", "shared", "long_prompt"])
 def test_segments_equal_dense_mask_logprobs_and_gradients(tiny_model_dir, layout):
     tr = Trainer(make_cfg(tiny_model_dir))
     assert tr.model.config.num_key_value_heads < tr.model.config.num_attention_heads   # GQA is exercised
-    samples = make_samples(6, seed=3) if layout == "plain" else grouped_samples(groups=2, n=4, seed=3)
+    samples = {"plain": lambda: make_samples(6, seed=3), "shared": lambda: grouped_samples(groups=2, n=4, seed=3),
+               "long_prompt": long_prompt_samples}[layout]()
+    if layout == "long_prompt":
+        seg = pack_shared_prompts(samples, list(range(len(samples)))).segments
+        assert len(seg.spans) == 9 and seg.q_index.shape == (21, 3), seg.q_index.shape    # prompts in 7 blocks
     lp_s, ent_s, g_s = _grads_and_logprobs(tr, samples, dense=False)
     lp_d, ent_d, g_d = _grads_and_logprobs(tr, samples, dense=True)
     assert torch.allclose(lp_s, lp_d, atol=1e-5, rtol=0), (lp_s - lp_d).abs().max()
