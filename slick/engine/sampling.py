@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from slick.fastmath import exp_, logsumexp
+
 
 def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[float],
            top_k: Sequence[int], generators: Sequence[torch.Generator],
@@ -42,14 +44,14 @@ def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[f
         temps = torch.tensor([1.0 if g else float(t) for g, t in zip(greedy, temperature)],
                              dtype=torch.float32, device=dev)
         scaled = logits / temps.view(B, 1)
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    lse = logsumexp(scaled, dim=-1, keepdim=True)
     if all(greedy):
         tok = logits.argmax(dim=-1)
     else:
         rows = [i for i, g in enumerate(greedy) if not g]
         sel = None if len(rows) == B else torch.tensor(rows, device=dev)
         part = scaled if sel is None else scaled.index_select(0, sel)
-        probs = (part - (lse if sel is None else lse.index_select(0, sel))).exp_()
+        probs = exp_(part - (lse if sel is None else lse.index_select(0, sel)))
         ks = [int(top_k[i]) if 0 < int(top_k[i]) < V else V for i in rows]
         ps = [float(top_p[i]) for i in rows]
         if any(k < V for k in ks) or any(p < 1.0 for p in ps):

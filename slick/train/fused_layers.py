@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from slick.fastmath import exp_, logsumexp
 from slick.train.attention import Segments
 from slick.train.casts import cast_cat
 from slick.train.logprobs import _matmul_dtype
@@ -106,8 +107,8 @@ def segment_attention(seg: Segments, q, k, v, scale: float):
     S, Lq = seg.q_index.shape
     Q, K, V = _gather_qkv(seg, q, k, v, kvh)
     s = _probs_scores(seg, Q, K, scale, _acc(q.dtype))
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    p = s.sub_(lse).exp_().to(v.dtype).view(S, kvh, -1, K.shape[2])
+    lse = logsumexp(s, -1, keepdim=True)
+    p = exp_(s.sub_(lse)).to(v.dtype).view(S, kvh, -1, K.shape[2])
     o = torch.matmul(p, V).view(S, kvh, H // kvh, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H * D)
     return o.index_select(0, seg.out_index), lse
 
@@ -121,7 +122,7 @@ def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, dout):
     Lk = seg.k_index.shape[1]
     acc = _acc(q.dtype)
     Q, K, V = _gather_qkv(seg, q, k, v, kvh)
-    p = _probs_scores(seg, Q, K, scale, acc).sub_(lse).exp_()                  # [S, KVH, r, Lq, Lk]
+    p = exp_(_probs_scores(seg, Q, K, scale, acc).sub_(lse))                  # [S, KVH, r, Lq, Lk]
     do = q.new_zeros(S * Lq, H * D).index_copy_(0, seg.out_index, dout.to(q.dtype))
     do = do.view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, r * Lq, D)
     pv = p.to(v.dtype).view(S, kvh, r * Lq, Lk)

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from slick.fastmath import exp, logsumexp
 from slick.train.casts import cast as _cast
 
 
@@ -85,11 +86,11 @@ class FusedLogprobEntropy(torch.autograd.Function):
             for s in range(0, n, chunk_size):
                 sl = slice(s, s + chunk_size)
                 z, _ = _scaled_logits(h[sl], w, b, temperature, softcap)
-                lse[sl] = torch.logsumexp(z, dim=-1)
+                lse[sl] = logsumexp(z, dim=-1)
                 logp = z.sub_(lse[sl].unsqueeze(-1))          # log p, in z's buffer
                 lp[sl] = logp.gather(-1, targets[sl].unsqueeze(-1)).squeeze(-1)
                 if with_entropy:   # -sum p log p: no cancellation of two large numbers (lse - E[z])
-                    ent[sl] = torch.linalg.vecdot(logp.exp(), logp).neg_()
+                    ent[sl] = torch.linalg.vecdot(exp(logp), logp).neg_()
                 del z, logp
         if not with_entropy:
             ent = lp.new_zeros(0)
@@ -120,7 +121,7 @@ class FusedLogprobEntropy(torch.autograd.Function):
                 hc = h[sl]
                 z, th = _scaled_logits(hc, w, b, temperature, softcap)
                 logp = z.sub_(lse[sl].unsqueeze(-1))
-                p = logp.exp()
+                p = exp(logp)
                 # dz = -p * (g_lp + g_ent * (z - E[z])) + g_lp * onehot(target), with z - E[z] = log p + entropy,
                 # built in z's buffer
                 if g_ent is not None:
