@@ -143,20 +143,34 @@ class RayHead:
         return self
 
     def _wait_ready(self, t0: float) -> None:
-        """Bounded wait until the dashboard and its job API answer."""
+        """Bounded wait until the dashboard's job API answers and the head's node is alive."""
         deadline, last = t0 + self.start_timeout_s, "no answer yet"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"`ray start --head` exited with {self.proc.returncode} before the cluster was "
                                    f"ready:\n{self.log_tail()}")
             try:       # Ray's own client: it sends the cluster's auth token (~/.ray/auth_token) when one is set
-                self.job_client().list_jobs()
-                return                             # the job API answers: `ray job submit` can go
+                self.job_client().list_jobs()      # the job API answers: `ray job submit` can go ...
+                if self.alive_nodes() >= 1:        # ... and the head's raylet has registered: drivers can join
+                    return
+                last = "the job API answers, but no node is alive yet"
             except Exception as e:  # noqa: BLE001 - connection refused, 5xx while the dashboard starts, ...
                 last = repr(e)[:300]
             time.sleep(0.5)
         raise TimeoutError(f"Ray head (GCS {self.gcs_address}, dashboard {self.dashboard_url}) not ready within "
                            f"{self.start_timeout_s:g}s (last: {last}):\n{self.log_tail()}")
+
+    def alive_nodes(self) -> int:
+        """Nodes in state ALIVE, from the dashboard's state API (the job API answers before the raylet has
+        registered, and a driver joining then may time out waiting for it)."""
+        import json
+        import urllib.request
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        req = urllib.request.Request(self.dashboard_url + "/api/v0/nodes", headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            nodes = json.loads(r.read())["data"]["result"]["result"]
+        return sum(1 for n in nodes if n.get("state") == "ALIVE")
 
     def log_tail(self, n: int = 3000) -> str:
         try:
