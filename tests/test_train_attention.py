@@ -29,24 +29,41 @@ def test_segment_indices_by_hand():
         Segments.build([(0, 0, 0, 3)], 5)
 
 
-def test_a_long_prompt_is_cut_into_blocks_the_length_of_its_responses():
-    """Rows 0-8: a 9-token prompt; 3 responses of 3 tokens see it. Unsplit: 4 blocks x 9 query rows x 12 keys =
-    432 pairs; the prompt in blocks of 3 (prefixes 0, 3, 6): 6 x 3 x 12 = 216; same dense pattern."""
-    spans = [(0, 0, 0, 9), (0, 9, 9, 12), (0, 9, 12, 15), (0, 9, 15, 18)]
-    seg = Segments.build(spans, 18)
-    assert seg.spans == spans and seg.cost == 6 * 3 * 12
-    assert seg.q_index.tolist()[:3] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-    assert seg.k_index.tolist()[1][:6] == [0, 1, 2, 3, 4, 5] and seg.k_index.tolist()[2][:9] == list(range(9))
-    assert seg.mask[1, 0].int().tolist()[0][:6] == [1, 1, 1, 1, 0, 0]      # row 3: rows 0-2 and itself
-    assert seg.out_index.tolist()[:9] == list(range(9)) and seg.out_index.tolist()[9:12] == [9, 10, 11]
-    # the blocks' pattern is the segments' pattern
-    m = torch.zeros(18, 18, dtype=torch.bool)
-    flat = seg.mask[:, 0].reshape(-1, seg.k_index.shape[1])
-    for slot, row in enumerate(seg.q_index.reshape(-1).tolist()):
-        if slot in seg.out_index.tolist():
-            m[row, seg.k_index.reshape(-1, seg.k_index.shape[1])[slot // 3][flat[slot]]] = True
-    assert torch.equal(m, seg.dense_mask()[0, 0])
-    # a cut that saves under a quarter is not made: 3 x 3 x 5 = 45 vs 4 x 2 x 5 = 40
+def _pattern(seg: Segments) -> torch.Tensor:
+    """The [n, n] attention pattern the blocks compute (each real query row: the rows of its unmasked keys)."""
+    Lq, Lk = seg.q_index.shape[1], seg.k_index.shape[1]
+    m = torch.zeros(seg.n, seg.n, dtype=torch.bool)
+    mask, keys = seg.mask[:, 0].reshape(-1, Lk), seg.k_index
+    for slot in seg.out_index.tolist():
+        m[seg.q_index.reshape(-1)[slot], keys[slot // Lq][mask[slot]]] = True
+    return m
+
+
+def test_long_segments_are_cut_into_query_blocks():
+    """Rows 0-17: an 18-token prompt; 3 responses of 8 tokens see it. Whole segments: 4 blocks x (18 query rows
+    + 1) x 26 keys = 1,976; in blocks of 8 (the prompt's at prefixes 0, 8, 16): 6 x 9 x 26 = 1,404; the same
+    pattern as the dense mask."""
+    spans = [(0, 0, 0, 18), (0, 18, 18, 26), (0, 18, 26, 34), (0, 18, 34, 42)]
+    seg = Segments.build(spans, 42)
+    assert seg.spans == spans and seg.q_index.shape == (6, 8) and seg.k_index.shape == (6, 26)
+    assert seg.q_index[2, :2].tolist() == [16, 17] and seg.q_index[2, 2:].tolist() == [0] * 6   # padding slots
+    assert seg.k_index[1, :16].tolist() == list(range(16))
+    assert seg.mask[1, 0, 0].int().tolist()[:10] == [1] * 9 + [0]       # row 8: rows 0-8
+    assert seg.out_index[:18].tolist() == list(range(8)) + list(range(8, 16)) + [16, 17]
+    assert torch.equal(_pattern(seg), seg.dense_mask()[0, 0])
+
+
+def test_a_long_response_is_cut_and_keeps_its_prompt():
+    """An 8-token prompt, a 24-token response and two of 8: the long response goes in 3 blocks, each seeing
+    the whole prompt and its own rows up to itself (6 x 9 x 32 = 1,728 vs 4 x 25 x 32 = 3,200 whole)."""
+    spans = [(0, 0, 0, 8), (0, 8, 8, 32), (0, 8, 32, 40), (0, 8, 40, 48)]
+    seg = Segments.build(spans, 48)
+    assert seg.q_index.shape == (6, 8) and seg.k_index.shape == (6, 32)
+    assert seg.q_index[2].tolist() == list(range(16, 24))                 # second block of the long response
+    assert seg.k_index[2, :24].tolist() == list(range(24))                 # prompt 0-7, then rows 8-23
+    assert seg.mask[2, 0, 0].int().tolist()[:18] == [1] * 17 + [0]        # row 16: prompt + rows 8-16
+    assert torch.equal(_pattern(seg), seg.dense_mask()[0, 0])
+    # a cut that saves under a quarter is not made; nor blocks under MIN_BLOCK rows
     assert Segments.build([(0, 0, 0, 3), (0, 3, 3, 5), (5, 0, 5, 7)], 7).q_index.shape == (3, 3)
 
 
@@ -67,14 +84,15 @@ def _grads_and_logprobs(trainer, samples, dense: bool):
 
 
 def long_prompt_samples():
-    """Two groups of 4 responses (1-4 tokens) to 20-token prompts: the prompts are cut into blocks."""
+    """Two groups of 4 responses to 20-token prompts; responses of 9 tokens but one of 26: prompts and the
+    long response are cut into blocks."""
     samples = grouped_samples(groups=2, n=4, seed=3)
     for g in range(2):
         prompt = [(7 * i + 13 * g) % 900 + 3 for i in range(20)]
-        for s in samples[4 * g:4 * g + 4]:
+        for k, s in enumerate(samples[4 * g:4 * g + 4]):
             s.prompt_ids = list(prompt)
-            del s.response_ids[4:]
-            s.loss_mask, s.rollout_logprobs = s.loss_mask[:len(s.response_ids)], s.rollout_logprobs[:len(s.response_ids)]
+            s.response_ids = [(11 * i + 5 * k + g) % 900 + 3 for i in range(26 if (g, k) == (1, 2) else 9)]
+            s.loss_mask, s.rollout_logprobs = [1] * len(s.response_ids), [-1.0] * len(s.response_ids)
     return samples
 
 
@@ -86,7 +104,7 @@ def test_segments_equal_dense_mask_logprobs_and_gradients(tiny_model_dir, layout
                "long_prompt": long_prompt_samples}[layout]()
     if layout == "long_prompt":
         seg = pack_shared_prompts(samples, list(range(len(samples)))).segments
-        assert len(seg.spans) == 9 and seg.q_index.shape == (21, 3), seg.q_index.shape    # prompts in 7 blocks
+        assert len(seg.spans) == 10 and seg.q_index.shape == (17, 8), seg.q_index.shape   # the long one: 4
     lp_s, ent_s, g_s = _grads_and_logprobs(tr, samples, dense=False)
     lp_d, ent_d, g_d = _grads_and_logprobs(tr, samples, dense=True)
     assert torch.allclose(lp_s, lp_d, atol=1e-5, rtol=0), (lp_s - lp_d).abs().max()

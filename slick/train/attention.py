@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 NAME = "slick_segments"
+MIN_BLOCK = 8      # query rows: smaller blocks make batched matmuls too small to pay
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Segments:
 
     ``spans``: ``(p0, P, s0, s1)`` per segment: query rows ``[s0, s1)`` attend to ``[p0, p0 + P)`` and
     causally to themselves (``P = 0``: no prompt prefix). Every row of ``[0, n)`` is in exactly one segment.
-    The index tensors are per query *block* (:func:`_blocks`): a long prompt-free segment may be cut in several.
+    The index tensors are per query *block* (:func:`_blocks`): a long segment may be cut in several.
     """
     spans: list[tuple[int, int, int, int]]
     n: int
@@ -46,22 +47,21 @@ class Segments:
         spans = [tuple(int(x) for x in sp) for sp in spans if sp[3] > sp[2]]
         blocks = _blocks(spans)
         S = len(blocks)
-        Lq = max(s1 - s0 for _, _, s0, s1 in blocks)
-        Lk = max(P + s1 - s0 for _, P, s0, s1 in blocks)
+        Lq = max(b - a for *_, a, b in blocks)
+        Lk = max(P + b for _, P, _, _, b in blocks)
         q_index = torch.zeros(S, Lq, dtype=torch.long)
         k_index = torch.zeros(S, Lk, dtype=torch.long)
         mask = torch.zeros(S, 1, Lq, Lk, dtype=torch.bool)
         out_index = torch.full((n,), -1, dtype=torch.long)
-        causal = torch.ones(Lq, Lq, dtype=torch.bool).tril()
-        for j, (p0, P, s0, s1) in enumerate(blocks):
-            L = s1 - s0
-            q_index[j, :L] = torch.arange(s0, s1)
+        for j, (p0, P, s0, a, b) in enumerate(blocks):
+            L = b - a
+            q_index[j, :L] = torch.arange(s0 + a, s0 + b)
             k_index[j, :P] = torch.arange(p0, p0 + P)
-            k_index[j, P:P + L] = torch.arange(s0, s1)
+            k_index[j, P:P + b] = torch.arange(s0, s0 + b)
             mask[j, 0, :L, :P] = True
-            mask[j, 0, :L, P:P + L] = causal[:L, :L]
+            mask[j, 0, :L, P:P + b] = torch.ones(L, b, dtype=torch.bool).tril(a)   # own rows up to itself
             mask[j, 0, L:, 0] = True          # padding queries look at one key; their outputs are dropped
-            out_index[s0:s1] = torch.arange(j * Lq, j * Lq + L)
+            out_index[s0 + a:s0 + b] = torch.arange(j * Lq, j * Lq + L)
         if bool((out_index < 0).any()):
             raise ValueError(f"segments leave rows {torch.nonzero(out_index < 0).flatten()[:5].tolist()} "
                              f"of a {n}-token row uncovered")
@@ -91,33 +91,31 @@ class Segments:
 
 
 def _split(spans: list, c: int) -> list:
-    """Spans with every prompt-free segment longer than ``c`` cut into query blocks of ``c`` rows: block
-    ``[s0 + a, s0 + b)`` attends to rows ``[s0, s0 + a)`` as its prefix and causally to itself, which is the
-    same attention as the whole segment's."""
-    out = []
-    for p0, P, s0, s1 in spans:
-        if P or s1 - s0 <= c:
-            out.append((p0, P, s0, s1))
-        else:
-            out += [(s0, a, s0 + a, min(s0 + a + c, s1)) for a in range(0, s1 - s0, c)]
-    return out
+    """Query blocks ``(p0, P, s0, a, b)`` of at most ``c`` rows: block ``[s0 + a, s0 + b)`` of a segment attends
+    to its prompt ``[p0, p0 + P)`` and causally to the segment's rows ``[s0, s0 + b)``, which is the same
+    attention those rows have in the whole segment."""
+    return [(p0, P, s0, a, min(a + c, s1 - s0)) for p0, P, s0, s1 in spans for a in range(0, s1 - s0, c)]
 
 
-def _cost(spans: list) -> int:
-    return len(spans) * max(s1 - s0 for *_, s0, s1 in spans) * max(P + s1 - s0 for _, P, s0, s1 in spans)
+def _cost(blocks: list) -> int:
+    """Work of attending ``blocks`` padded to the longest: query x key pairs, plus gathering each block's keys
+    and values (about one more query row per block: what keeps blocks from getting tiny)."""
+    return len(blocks) * (max(b - a for *_, a, b in blocks) + 1) * max(P + b for _, P, _, _, b in blocks)
 
 
 def _blocks(spans: list) -> list:
-    """The query blocks attention is computed in. All blocks are padded to the longest, so one long prompt
-    among short responses (shared-prompt packing: a 45-token prompt, 12-token responses) would make every
-    response pay for 45 query rows; cutting the long prompt-free segments into blocks of the length that
-    computes the fewest query x key pairs removes that padding. Kept as given unless it saves a quarter."""
-    best, best_cost = spans, _cost(spans)
-    for c in sorted({s1 - s0 for *_, s0, s1 in spans})[:-1]:
+    """The query blocks attention is computed in. All blocks are padded to the longest, so one long segment
+    among short ones (shared-prompt packing: a 45-token prompt among ~12-token responses; responses of 5 to 48
+    tokens) makes every block pay for the longest one's query rows; cutting segments into blocks of the length
+    that computes the fewest query x key pairs removes most of that padding. Whole segments unless cutting
+    saves at least a quarter."""
+    whole = _split(spans, max(s1 - s0 for *_, s0, s1 in spans))
+    best, best_cost = whole, _cost(whole)
+    for c in sorted({s1 - s0 for *_, s0, s1 in spans if s1 - s0 >= MIN_BLOCK})[:-1]:
         blocks = _split(spans, c)
         if _cost(blocks) < best_cost:
             best, best_cost = blocks, _cost(blocks)
-    return best if best_cost < 0.75 * _cost(spans) else spans
+    return best if best_cost < 0.75 * _cost(whole) else whole
 
 
 def segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
