@@ -6,7 +6,8 @@ prompt ``[p0, p0 + P)`` before it. A dense ``N x N`` mask over the row gives the
 attention costs ``N^2``: at 5,000 tokens of 80-token samples that is 60x the work of the segments, and
 torch's CPU flash-attention backward over it was the largest single kernel of a training step.
 
-:class:`Segments` gathers every segment's queries ``[S, Lq]`` and keys ``[S, Lk]`` (padded to the longest),
+:class:`Segments` cuts segments into query blocks where that saves work (:func:`_blocks`), gathers every
+block's queries ``[S, Lq]`` and keys ``[S, Lk]`` (padded to the longest),
 computes attention for all of them at once with a small ``[S, 1, Lq, Lk]`` mask (scores and softmax in fp32:
 at these block sizes two batched matmuls beat torch's CPU flash kernel about 2x, forward + backward) and
 scatters the rows back.
