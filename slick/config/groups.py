@@ -217,8 +217,8 @@ class ClusterConfig:
     dist_timeout: float = F(600.0, "Seconds any collective, Ray remote call or weight broadcast may take before the "
                                    "run fails naming the rank or actor that did not answer.")
     ray_start_timeout: float = F(120.0, "Seconds to wait for the Ray cluster (joining --ray-address is retried "
-                                        "until then), the placement group's bundles and the actors to start; past it the run fails naming what was asked and what the "
-                                        "cluster has.")
+                                        "until then), the placement group's bundles and the actors to start; past "
+                                        "it the run fails naming what was asked and what the cluster has.")
     use_fault_tolerance: bool = F(False, "Engine fault tolerance (docs/engine.md, Engine faults): every engine is "
                                          "health-checked; one that dies or hangs leaves the router at once, its requests "
                                          "go on on the others from the tokens already received, and a replacement is "
