@@ -74,3 +74,63 @@ def test_bf16_engine_close_to_hf_bf16(tmp_path):
         assert err.mean() < 0.05 and err.max() < 0.2, err
     finally:
         eng.close_sync()
+
+
+@needs_pack
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_packed_engine_keeps_one_copy_and_updates_exactly(tmp_path, tied):
+    """Packed, the engine drops its plain weight copies; a full and a partial update land exactly (the
+    partial one reads the untouched columns back out of the packed copies)."""
+    from transformers import AutoModelForCausalLM
+
+    from slick.models.tiny import make_tiny_model
+
+    d = make_tiny_model(tmp_path / "a", arch="qwen2", tie_word_embeddings=tied, seed=1)
+    m2 = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "b", arch="qwen2",
+                                                              tie_word_embeddings=tied, seed=2))
+    eng = LocalEngine(d, dtype="bf16")
+    try:
+        model = eng.model
+        assert model.packed
+        for L in model.layers:                       # only the packed copies are left
+            assert L.qkv_w is L.o_w is L.gu_w is L.down_w is None
+            assert all(op.w_t is None for op in (L.qkv, L.o, L.gu, L.gate, L.up, L.down))
+        assert (model.lm_head_t is None) is (not tied)
+        assert "model.layers.0.self_attn.q_proj.weight" not in model.targets
+        assert model.shapes["model.layers.0.self_attn.k_proj.weight"] == tuple(
+            m2.model.layers[0].self_attn.k_proj.weight.shape)
+
+        def weights():   # every linear weight read back from the packed ops, as HF names and shapes
+            out = {}
+            for i, L in enumerate(model.layers):
+                qkv, gate, up = L.qkv.unpacked(), L.gate.unpacked(), L.up.unpacked()
+                q = model.cfg.num_heads * model.cfg.head_dim
+                k = model.cfg.num_kv_heads * model.cfg.head_dim
+                p = f"model.layers.{i}."
+                out[p + "self_attn.q_proj.weight"] = qkv[:, :q].t()
+                out[p + "self_attn.k_proj.weight"] = qkv[:, q:q + k].t()
+                out[p + "self_attn.v_proj.weight"] = qkv[:, q + k:].t()
+                out[p + "self_attn.o_proj.weight"] = L.o.unpacked().t()
+                out[p + "mlp.gate_proj.weight"] = gate.t()
+                out[p + "mlp.up_proj.weight"] = up.t()
+                out[p + "mlp.down_proj.weight"] = L.down.unpacked().t()
+            out["lm_head.weight"] = model.head.unpacked().t()
+            return out
+
+        old = weights()
+        new = {n: t.to(torch.bfloat16) for n, t in m2.state_dict().items()}
+        if tied:
+            new["lm_head.weight"] = new["model.embed_tokens.weight"]
+        partial = ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+        eng.update_weights_sync(named_tensors=[(n, m2.state_dict()[n]) for n in partial])
+        got = weights()
+        for n in old:
+            assert torch.equal(got[n], new[n] if n in partial else old[n]), n
+        for L in model.layers:                       # dropped again after the update
+            assert L.qkv_w is L.gu_w is None
+        eng.update_weights_sync(named_tensors=m2.state_dict().items())
+        got = weights()
+        for n in old:
+            assert torch.equal(got[n], new[n]), n
+    finally:
+        eng.close_sync()

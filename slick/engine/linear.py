@@ -9,7 +9,8 @@ elementwise kernels. :class:`Dense` hides which path runs; elsewhere (CUDA, buil
 plain ``mm``/``addmm``.
 
 The packed copy is derived from the weight the model owns (a view of its storage, which weight updates
-write into); :meth:`Dense.repack` must run after the weight changes.
+write into); :meth:`Dense.repack` must run after the weight changes. Once packed, the model may drop its own
+copy (``w_t = None``): :meth:`Dense.unpacked` reads the weight back out of the packed one, exactly.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class Dense:
 
     __slots__ = ("w_t", "b", "pack", "packed", "batch_hint")
 
-    def __init__(self, w_t: torch.Tensor, b: Optional[torch.Tensor], pack: bool, batch_hint: int = 32):
+    def __init__(self, w_t: Optional[torch.Tensor], b: Optional[torch.Tensor], pack: bool, batch_hint: int = 32):
         self.w_t, self.b, self.pack, self.batch_hint = w_t, b, pack, batch_hint
         self.packed = None
 
@@ -67,6 +68,14 @@ class Dense:
             if _lp is None:
                 _bind()
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w_t.t().contiguous(), self.batch_hint)
+
+    def unpacked(self) -> torch.Tensor:
+        """The weight ``[in, out]`` read back from the packed copy: the identity matrix through the packed
+        matmul (each output is one weight times 1 plus zeros, so exact in any dtype)."""
+        if self.packed is None:
+            raise RuntimeError("Dense.unpacked: nothing is packed")
+        eye = torch.eye(self.packed.shape[1], dtype=self.packed.dtype, device=self.packed.device)
+        return _lp(eye, self.packed, None, "none", [], "")
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
         return torch.mm(x2, self.w_t) if self.b is None else torch.addmm(self.b, x2, self.w_t)

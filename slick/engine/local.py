@@ -170,9 +170,9 @@ class LocalEngine:
             raise ValueError("update_weights: pass exactly one of named_tensors or path")
         t0 = time.perf_counter()
         if path is not None:       # checked first (headers only, outside the step lock), then copied
-            named = iter_safetensors(check_dir(self.model.targets, path))
+            named = iter_safetensors(check_dir(self.model.shapes, path))
         else:
-            named = check_named(self.model.targets, named_tensors)
+            named = check_named(self.model.shapes, named_tensors)
         with self._between_steps():
             seen = self.model.copy_named(named, strict=True)
             self._version = int(version) if version is not None else self._version + 1

@@ -90,6 +90,40 @@ class ArchConfig:
             window=window)
 
 
+@dataclass
+class _Raw:
+    """A plain ``[in, out]`` weight matrix of the model that the forward only reads through packed copies.
+
+    ``names``: the HF tensors it holds and ``ops`` the ops over it, each with its columns (``first, end``).
+    Dropping it (:meth:`attach` ``None``) saves one bf16 copy of the model (~200 MB for SmolLM2-135M) in every
+    engine.
+    """
+
+    owner: object
+    attr: str
+    shape: tuple
+    names: list
+    ops: list
+
+    def attach(self, w: Optional[torch.Tensor]) -> None:
+        """Install ``w`` (or None) as the matrix and as the ops' plain weights."""
+        setattr(self.owner, self.attr, w)
+        for op, a, b in self.ops:
+            op.w_t = None if w is None else w[:, a:b]
+
+    def fill_unwritten(self, written: set) -> None:
+        """Columns of names not in ``written`` read back from the packed ops (a partial update)."""
+        w = getattr(self.owner, self.attr)
+        for name, a, b in self.names:
+            if name in written:
+                continue
+            for op, oa, ob in self.ops:
+                if op.packed is not None and oa <= a and b <= ob:
+                    with torch.no_grad():
+                        w[:, a:b].copy_(op.unpacked()[:, a - oa:b - oa])
+                    break
+
+
 class Layer:
     """One decoder layer's weights (fused qkv and gate/up) and the :class:`Dense` ops over them."""
 
@@ -124,6 +158,8 @@ class Transformer:
         self.lm_head_t = self.embed.t() if cfg.tie_word_embeddings else e(H, cfg.vocab_size)
         self.norm = e(H)
         self.layers: list[Layer] = []
+        # packed linear weights whose plain copies are dropped once packed (see _release)
+        self._raws: list[_Raw] = []
         # hf name -> a view of our storage with the HF tensor's shape (copy_ into it updates the weights)
         self.targets: dict[str, torch.Tensor] = {
             "model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm,
@@ -168,7 +204,22 @@ class Transformer:
             gb, ub = (None, None) if L.gu_b is None else (L.gu_b[:inter], L.gu_b[inter:])
             L.gate, L.up = Dense(L.gu_w[:, :inter], gb, pk), Dense(L.gu_w[:, inter:], ub, pk)
             self.layers.append(L)
+            if pk:
+                w = p + "self_attn.{}_proj.weight"
+                self._raws += [
+                    _Raw(L, "qkv_w", (H, qd + 2 * kd), [(w.format("q"), 0, qd), (w.format("k"), qd, qd + kd),
+                                                        (w.format("v"), qd + kd, qd + 2 * kd)], [(L.qkv, 0, qd + 2 * kd)]),
+                    _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)]),
+                    _Raw(L, "gu_w", (H, 2 * inter), [(p + "mlp.gate_proj.weight", 0, inter),
+                                                     (p + "mlp.up_proj.weight", inter, 2 * inter)],
+                         [(L.gu, 0, 2 * inter), (L.gate, 0, inter), (L.up, inter, 2 * inter)]),
+                    _Raw(L, "down_w", (inter, H), [(p + "mlp.down_proj.weight", 0, H)], [(L.down, 0, H)])]
         self.head = Dense(self.lm_head_t, None, pk)
+        if pk and not cfg.tie_word_embeddings:   # a tied head reads the embedding, which stays
+            self._raws.append(_Raw(self, "lm_head_t", (H, cfg.vocab_size), [("lm_head.weight", 0, cfg.vocab_size)],
+                                   [(self.head, 0, cfg.vocab_size)]))
+        self._raw_of = {name: r for r in self._raws for name, _, _ in r.names}
+        self.shapes = {name: tuple(t.shape) for name, t in self.targets.items()}
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         self._inv_freq = inv
         self._rope_len = 0
@@ -199,12 +250,19 @@ class Transformer:
     def copy_named(self, named: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> set[str]:
         """Copy ``(hf_name, tensor)`` pairs into the weights (cast to the engine dtype); return names seen.
 
-        Rotary buffers are ignored; an unknown name raises ``KeyError`` when ``strict``.
+        Rotary buffers are ignored; an unknown name raises ``KeyError`` when ``strict``. A packed matrix is
+        written through a plain copy made for the update (its parts that are not written are read back from the
+        packed one), packed again and dropped.
         """
         seen = set()
+        staged: dict[int, _Raw] = {}
         for name, tensor in named:
             if name.endswith(SKIPPED_SUFFIX):
                 continue
+            raw = self._raw_of.get(name)
+            if raw is not None and id(raw) not in staged:
+                self._stage(raw)
+                staged[id(raw)] = raw
             tgt = self.targets.get(name)
             if tgt is None:
                 if strict:
@@ -217,9 +275,27 @@ class Transformer:
             with torch.no_grad():
                 view.copy_(tensor.detach())
             seen.add(name)
+        for raw in staged.values():
+            raw.fill_unwritten(seen)
         if seen:
             self.repack()
+        self._release()
         return seen
+
+    def _stage(self, raw: "_Raw") -> None:
+        """Give a packed matrix a plain copy again (uninitialised) and make its names writable."""
+        w = torch.empty(raw.shape, dtype=self.dtype, device=self.device)
+        raw.attach(w)
+        for name, a, b in raw.names:
+            self.targets[name] = w[:, a:b].t()
+
+    def _release(self) -> None:
+        """Drop the plain copies of packed matrices: the packed copy is the only one the forward reads."""
+        for raw in self._raws:
+            if getattr(raw.owner, raw.attr) is not None:
+                raw.attach(None)
+                for name, _, _ in raw.names:
+                    self.targets.pop(name, None)
 
     def dense_ops(self) -> list[Dense]:
         """Every :class:`Dense` of the model."""
@@ -230,7 +306,8 @@ class Transformer:
         if self.packed:
             with torch.no_grad():
                 for d in self.dense_ops():
-                    d.repack()
+                    if d.w_t is not None:   # a dropped plain copy: its packed copy is current
+                        d.repack()
 
     # ---------------------------------------------------------------- forward pieces
     def _ensure_rope(self, n: int) -> None:

@@ -22,8 +22,8 @@ class WeightUpdateError(ValueError):
     """A weight update was refused; the engine's weights and weight version are unchanged."""
 
 
-def check_dir(targets: dict[str, torch.Tensor], path: str | Path) -> list[Path]:
-    """Check every ``*.safetensors`` file of ``path`` against ``targets`` (HF name -> live tensor);
+def check_dir(shapes: dict[str, tuple], path: str | Path) -> list[Path]:
+    """Check every ``*.safetensors`` file of ``path`` against ``shapes`` (HF name -> the model's shape);
     return the files. Raises :class:`WeightUpdateError` naming the file and tensor, or FileNotFoundError."""
     from safetensors import safe_open
 
@@ -39,29 +39,29 @@ def check_dir(targets: dict[str, torch.Tensor], path: str | Path) -> list[Path]:
         for name, shape, dtype in header:
             if name.endswith(SKIPPED_SUFFIX):
                 continue
-            _check_one(targets, name, shape, dtype in FLOAT_DTYPES, dtype, str(f))
+            _check_one(shapes, name, shape, dtype in FLOAT_DTYPES, dtype, str(f))
             found += 1
     if not found:
         raise WeightUpdateError(f"{path}: no weights of this model found in its safetensors files")
     return files
 
 
-def check_named(targets: dict[str, torch.Tensor], named: Iterable) -> list[tuple[str, torch.Tensor]]:
-    """Materialise ``(hf_name, tensor)`` pairs and check each against ``targets``; return the pairs."""
+def check_named(shapes: dict[str, tuple], named: Iterable) -> list[tuple[str, torch.Tensor]]:
+    """Materialise ``(hf_name, tensor)`` pairs and check each against ``shapes``; return the pairs."""
     pairs = list(named)
     for name, t in pairs:
         if name.endswith(SKIPPED_SUFFIX):
             continue
-        _check_one(targets, name, tuple(t.shape), t.is_floating_point(), str(t.dtype), "named_tensors")
+        _check_one(shapes, name, tuple(t.shape), t.is_floating_point(), str(t.dtype), "named_tensors")
     return pairs
 
 
-def _check_one(targets: dict, name: str, shape: tuple, is_float: bool, dtype: str, where: str) -> None:
-    tgt = targets.get(name)
-    if tgt is None:
+def _check_one(shapes: dict, name: str, shape: tuple, is_float: bool, dtype: str, where: str) -> None:
+    want = shapes.get(name)
+    if want is None:
         raise WeightUpdateError(f"{where}: tensor {name!r} is not a weight of this model")
-    if tuple(tgt.shape) != shape:
+    if tuple(want) != shape:
         raise WeightUpdateError(f"{where}: tensor {name!r} has shape {list(shape)}; the model's is "
-                                f"{list(tgt.shape)}")
+                                f"{list(want)}")
     if not is_float:
         raise WeightUpdateError(f"{where}: tensor {name!r} has dtype {dtype}; weights must be floating point")

@@ -25,7 +25,7 @@ from slick.plugins import load_function
 from slick.reward import NonFiniteRewardError, RewardHub
 from slick.rollout.eval import evaluate
 from slick.rollout.manager import RolloutManager
-from slick.train.memory import tune_cpu_allocator
+from slick.train.memory import release_free_memory, tune_cpu_allocator
 from slick.train.precision import resolve_device
 from slick.train.rng import seed_everything
 
@@ -121,6 +121,8 @@ class Run:
         self.manager = RolloutManager(cfg, self.data, self.engines.engine, self.rewards, self.tok) \
             if self.engines else None
         self.exporter = start_exporter(cfg, self)   # --prometheus-port: the run's /metrics, or None
+        if cpu:
+            release_free_memory()   # what loading the models freed
 
     def _stop_processes(self) -> None:
         """Stop the engines' processes, the trainer ranks and the Ray cluster slick started (idempotent)."""

@@ -55,3 +55,16 @@ def tune_cpu_allocator() -> bool:
     if not _done:
         log.info("mallopt(M_ARENA_MAX) refused; each thread keeps its own malloc arena")
     return _done
+
+
+def release_free_memory() -> bool:
+    """Give the pages of freed heap memory back to the OS (glibc ``malloc_trim``); True when it did.
+
+    For after one-time work that frees a lot (loading models, building engines): that memory would otherwise
+    stay in the process' resident set until reused."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
