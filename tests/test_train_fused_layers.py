@@ -38,8 +38,8 @@ def test_attention_block_gradcheck(kv_heads, qk_norm, bias):
     torch.manual_seed(0)
     dt, hidden, H, D = torch.float64, 12, 4, 4
     cos, sin = _cos_sin(N, D, dt)
-    spec = AttentionSpec(H, kv_heads, D, 1e-6, D ** -0.5, Segments.build(SPANS, N), cos, sin, dt, False,
-                         qk_norm, bias, bias)
+    spec = AttentionSpec(H, kv_heads, D, 1e-6, D ** -0.5, Segments.build(SPANS, N), cos, sin, dt, qk_norm,
+                         bias, bias)
     r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)  # noqa: E731
     params = [r(hidden), r(H * D, hidden), r(kv_heads * D, hidden), r(kv_heads * D, hidden)]
     if bias:
@@ -58,7 +58,7 @@ def test_mlp_block_gradcheck():
     dt = torch.float64
     r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)  # noqa: E731
     x, ln, wg, wu, wd = r(N, 6), r(6), r(10, 6), r(10, 6), r(6, 10)
-    assert torch.autograd.gradcheck(lambda *a: MLPBlock.apply(a[0], 1e-6, dt, False, *a[1:]), (x, ln, wg, wu, wd))
+    assert torch.autograd.gradcheck(lambda *a: MLPBlock.apply(a[0], 1e-6, dt, *a[1:]), (x, ln, wg, wu, wd))
 
 
 def test_rope_backward_is_the_transpose():

@@ -151,7 +151,6 @@ class AttentionSpec:
     cos: torch.Tensor          # [N, 1, D]
     sin: torch.Tensor
     dtype: torch.dtype         # matmul dtype
-    cache: bool                # weights may be cast/concatenated once per step (not under FSDP)
     qk_norm: bool
     qkv_bias: bool
     o_bias: bool
@@ -185,8 +184,8 @@ class AttentionBlock(torch.autograd.Function):
         ln_w, wq, wk, wv, bq, bk, bv, qn_w, kn_w, wo, bo = _unpack(spec, params)
         dt, H, K, D = spec.dtype, spec.heads, spec.kv_heads, spec.head_dim
         n, r = rms_norm(x, ln_w, spec.eps)
-        w_qkv = cast_cat([wq, wk, wv], dt, spec.cache)
-        b_qkv = cast_cat([bq, bk, bv], dt, spec.cache) if spec.qkv_bias else None
+        w_qkv = cast_cat([wq, wk, wv], dt, cache=False)
+        b_qkv = cast_cat([bq, bk, bv], dt, cache=False) if spec.qkv_bias else None
         qkv = F.linear(n.to(dt), w_qkv, b_qkv)
         q, k, v = _split_heads(qkv, H, K, D)
         rq = rk = None
@@ -195,7 +194,7 @@ class AttentionBlock(torch.autograd.Function):
             k, rk = rms_norm(k, kn_w, spec.eps)
         out, lse = segment_attention(spec.segments, rope(q, spec.cos, spec.sin).to(dt),
                                      rope(k, spec.cos, spec.sin).to(dt), v, spec.scale)
-        y = F.linear(out, cast_cat([wo], dt, spec.cache), cast_cat([bo], dt, spec.cache) if bo is not None else None)
+        y = F.linear(out, cast_cat([wo], dt, cache=False), cast_cat([bo], dt, cache=False) if bo is not None else None)
         ctx.spec = spec
         ctx.save_for_backward(x, r, qkv, out, lse, rq, rk, *params)
         return y
@@ -209,7 +208,7 @@ class AttentionBlock(torch.autograd.Function):
         dy = dy.to(dt)
         g_wo = _mm_grad(dy, out).to(wo.dtype)
         g_bo = dy.to(_acc(dt)).sum(0).to(bo.dtype) if bo is not None else None
-        dout = torch.mm(dy, cast_cat([wo], dt, spec.cache))
+        dout = torch.mm(dy, cast_cat([wo], dt, cache=False))
         q0, k0, v = _split_heads(qkv, H, K, D)
         q, k = (rms_norm(q0, qn_w, spec.eps)[0], rms_norm(k0, kn_w, spec.eps)[0]) if spec.qk_norm else (q0, k0)
         cos, sin = spec.cos, spec.sin
@@ -224,7 +223,7 @@ class AttentionBlock(torch.autograd.Function):
         N = x.shape[0]
         dqkv = torch.cat([dq.reshape(N, -1), dk.reshape(N, -1), dv.reshape(N, -1)], -1).to(dt)
         n = rms_norm(x, ln_w, spec.eps)[0].to(dt)
-        dn = torch.mm(dqkv, cast_cat([wq, wk, wv], dt, spec.cache))
+        dn = torch.mm(dqkv, cast_cat([wq, wk, wv], dt, cache=False))
         dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
         sizes = [H * D, K * D, K * D]
         # one weight-gradient matmul per weight: a [3 heads' rows x N] @ [N x hidden] product of the concatenation
@@ -251,24 +250,24 @@ class MLPBlock(torch.autograd.Function):
     """``x [N, hidden] -> down(silu(gate(n)) * up(n))`` with ``n = rms_norm(x)``, in the matmul dtype."""
 
     @staticmethod
-    def forward(ctx, x, eps: float, dt: torch.dtype, cache: bool, ln_w, wg, wu, wd):
+    def forward(ctx, x, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
         n, r = rms_norm(x, ln_w, eps)
-        gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache))
+        gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache=False))
         g, u = gu.chunk(2, -1)
-        y = F.linear(F.silu(g) * u, cast_cat([wd], dt, cache))
-        ctx.args = (eps, dt, cache)
+        y = F.linear(F.silu(g) * u, cast_cat([wd], dt, cache=False))
+        ctx.args = (eps, dt)
         ctx.save_for_backward(x, r, gu, ln_w, wg, wu, wd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        eps, dt, cache = ctx.args
+        eps, dt = ctx.args
         x, r, gu, ln_w, wg, wu, wd = ctx.saved_tensors
         dy = dy.to(dt)
         g, u = gu.chunk(2, -1)
         sg = F.silu(g)
         g_wd = _mm_grad(dy, sg * u).to(wd.dtype)
-        da = torch.mm(dy, cast_cat([wd], dt, cache))
+        da = torch.mm(dy, cast_cat([wd], dt, cache=False))
         # in the matmul dtype, as autograd through the HF MLP computes it (silu_backward: fp32 inside)
         dgu = torch.empty_like(gu)
         dg, du = dgu.chunk(2, -1)
@@ -276,10 +275,10 @@ class MLPBlock(torch.autograd.Function):
         torch.mul(da, u, out=dg)
         torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
         n = rms_norm(x, ln_w, eps)[0].to(dt)
-        dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache))
+        dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache=False))
         dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
         g_wg, g_wu = _mm_grad(dg, n).to(wg.dtype), _mm_grad(du, n).to(wu.dtype)   # per weight, as in AttentionBlock
-        return (dx.to(x.dtype), None, None, None, g_ln.to(ln_w.dtype), g_wg, g_wu, g_wd)
+        return (dx.to(x.dtype), None, None, g_ln.to(ln_w.dtype), g_wg, g_wu, g_wd)
 
 
 # ---------------------------------------------------------------------------------------------- the layers
@@ -295,13 +294,12 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
                                       **kwargs)
     x = hidden_states[0]
     dt = _matmul_dtype(x, attn.q_proj.weight)
-    cache = self._slick_cache_weights
     cos, sin = (t[0].unsqueeze(1) for t in position_embeddings)
     acc = _acc(dt)
     D = attn.head_dim
     spec = AttentionSpec(attn.q_proj.out_features // D, attn.k_proj.out_features // D, D,
                          self.input_layernorm.variance_epsilon, attn.scaling, slick_segments,
-                         cos.to(acc), sin.to(acc), dt, cache, self._slick_qk_norm,
+                         cos.to(acc), sin.to(acc), dt, self._slick_qk_norm,
                          attn.q_proj.bias is not None, attn.o_proj.bias is not None)
     params = [self.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
     if spec.qkv_bias:
@@ -314,7 +312,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     with torch.autocast(x.device.type, enabled=False):
         h = x + AttentionBlock.apply(x, spec, *params)
         ln = self.post_attention_layernorm
-        h = h + MLPBlock.apply(h, ln.variance_epsilon, dt, cache, ln.weight, mlp.gate_proj.weight,
+        h = h + MLPBlock.apply(h, ln.variance_epsilon, dt, ln.weight, mlp.gate_proj.weight,
                                mlp.up_proj.weight, mlp.down_proj.weight)
     return h.unsqueeze(0)
 
@@ -338,18 +336,13 @@ def fusable(layer: torch.nn.Module) -> bool:
     return hasattr(layer.input_layernorm, "variance_epsilon")
 
 
-def fuse_decoder_layers(layers, cache_weights: bool = True) -> int:
-    """Give every :func:`fusable` layer of ``layers`` the fused forward; returns how many were fused.
-
-    ``cache_weights=False`` (FSDP: a layer's unsharded weights are freed between uses) concatenates and
-    casts the weights at every call instead of once per :func:`~slick.train.casts.cached_weight_casts` block.
-    """
+def fuse_decoder_layers(layers) -> int:
+    """Give every :func:`fusable` layer of ``layers`` the fused forward; returns how many were fused."""
     count = 0
     for layer in layers:
         if getattr(layer, "_slick_hf_forward", None) is not None or not fusable(layer):
             continue
         layer._slick_hf_forward = layer.forward
-        layer._slick_cache_weights = bool(cache_weights)
         layer._slick_qk_norm = hasattr(layer.self_attn, "q_norm") and hasattr(layer.self_attn, "k_norm")
         layer.forward = types.MethodType(_fused_forward, layer)
         count += 1

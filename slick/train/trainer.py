@@ -85,7 +85,7 @@ class Trainer:
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
         use_segments(self.model)
         self.fused_layers = 0 if cfg.disable_fused_layers else fuse_decoder_layers(
-            decoder_layers(self.model), cache_weights=not self.fsdp)
+            decoder_layers(self.model))
         self.model.config.use_cache = False
         self.model.train()
         if cfg.gradient_checkpointing:
@@ -126,7 +126,7 @@ class Trainer:
                 ref_path, dtype=ref_dtype, attn_implementation="sdpa").to(self.device)
             use_segments(self.ref_model)
             if not cfg.disable_fused_layers:
-                fuse_decoder_layers(decoder_layers(self.ref_model), cache_weights=not self.fsdp)
+                fuse_decoder_layers(decoder_layers(self.ref_model))
             self.ref_model.config.use_cache = False
             self.ref_model.eval().requires_grad_(False)
             if self.fsdp:   # sharded the same way, no optimizer
@@ -152,9 +152,10 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _cast_once(self):
-        """Around a micro-batch loop: each fp32 weight is cast to bf16 once per loop instead of once per
-        micro-batch: one autocast region (autocast keeps its casts until the outermost region ends; not under
-        FSDP, whose gathered weights must be freed after each layer) and the lm head's cached cast."""
+        """Around a micro-batch loop: the lm head's weight is cast to bf16 once per loop (``slick.train.casts``;
+        the fused decoder layers cast theirs at each use), and one autocast region, so that HF layers (not
+        fused: ``--disable-fused-layers``) cast each weight once per loop too (autocast keeps its casts until the
+        outermost region ends; not under FSDP, whose gathered weights must be freed after each layer)."""
         stack = contextlib.ExitStack()
         stack.enter_context(cached_weight_casts())   # the lm head's cast (FusedLogprobEntropy), fwd and bwd
         if self.scheme == "autocast" and not self.fsdp:
