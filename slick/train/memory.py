@@ -23,6 +23,9 @@ Demo train steps inside ``slick train`` (mean of steps 3-8, 2-core EPYC): 6.14 s
 4.92 s with huge pages too, 5.69 s with huge pages but one arena per thread; page faults of the whole run
 6.4 M, 1.2 M, 1.6 M.
 
+:func:`release_free_memory` (``malloc_trim``) is for after one-time work: the drivers call it once the run is
+built, so that what loading the models freed leaves the resident set.
+
 ``SLICK_TUNE_ALLOCATOR=0`` leaves the allocator alone. Non-glibc systems are left alone.
 """
 from __future__ import annotations
