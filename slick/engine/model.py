@@ -208,7 +208,8 @@ class Transformer:
                 w = p + "self_attn.{}_proj.weight"
                 self._raws += [
                     _Raw(L, "qkv_w", (H, qd + 2 * kd), [(w.format("q"), 0, qd), (w.format("k"), qd, qd + kd),
-                                                        (w.format("v"), qd + kd, qd + 2 * kd)], [(L.qkv, 0, qd + 2 * kd)]),
+                                                        (w.format("v"), qd + kd, qd + 2 * kd)],
+                         [(L.qkv, 0, qd + 2 * kd)]),
                     _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)]),
                     _Raw(L, "gu_w", (H, 2 * inter), [(p + "mlp.gate_proj.weight", 0, inter),
                                                      (p + "mlp.up_proj.weight", inter, 2 * inter)],
@@ -256,30 +257,31 @@ class Transformer:
         """
         seen = set()
         staged: dict[int, _Raw] = {}
-        for name, tensor in named:
-            if name.endswith(SKIPPED_SUFFIX):
-                continue
-            raw = self._raw_of.get(name)
-            if raw is not None and id(raw) not in staged:
-                self._stage(raw)
-                staged[id(raw)] = raw
-            tgt = self.targets.get(name)
-            if tgt is None:
-                if strict:
-                    raise KeyError(f"unknown weight name {name!r} for a {self.cfg.model_type} model")
-                continue
-            view = tgt
-            if tuple(view.shape) != tuple(tensor.shape):
-                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} does not match "
-                                 f"the model's {tuple(view.shape)}")
-            with torch.no_grad():
-                view.copy_(tensor.detach())
-            seen.add(name)
-        for raw in staged.values():
-            raw.fill_unwritten(seen)
-        if seen:
-            self.repack()
-        self._release()
+        try:
+            for name, tensor in named:
+                if name.endswith(SKIPPED_SUFFIX):
+                    continue
+                raw = self._raw_of.get(name)
+                if raw is not None and id(raw) not in staged:
+                    self._stage(raw)
+                    staged[id(raw)] = raw
+                tgt = self.targets.get(name)
+                if tgt is None:
+                    if strict:
+                        raise KeyError(f"unknown weight name {name!r} for a {self.cfg.model_type} model")
+                    continue
+                if tuple(tgt.shape) != tuple(tensor.shape):
+                    raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} does not match "
+                                     f"the model's {tuple(tgt.shape)}")
+                with torch.no_grad():
+                    tgt.copy_(tensor.detach())
+                seen.add(name)
+            for raw in staged.values():
+                raw.fill_unwritten(seen)
+            if seen:
+                self.repack()
+        finally:   # also on an error: the packed copies (old or new) stay the weights
+            self._release()
         return seen
 
     def _stage(self, raw: "_Raw") -> None:
