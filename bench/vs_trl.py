@@ -46,7 +46,8 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
             "--rollout-max-response-len", str(args.max_new_tokens), "--rollout-temperature", "1.0",
             "--eval-temperature", "1.0", "--lr", str(args.lr), "--num-rollout", str(args.steps),
             "--eval-interval", str(args.eval_every), "--rollout-shuffle", "--run-dir", str(run_dir),
-            "--seed", str(args.seed), "--rollout-seed", str(args.seed), "--micro-batch-size", "64", "--no-progress", "--dtype", args.precision]
+            "--seed", str(args.seed), "--rollout-seed", str(args.seed), "--micro-batch-size", "64", "--no-progress", "--dtype", args.precision,
+            "--offload-rollout"]
     if args.slick_loss == "token-mean":
         argv.append("--calculate-per-token-loss")
     argv += shlex.split(args.slick_args)

@@ -134,3 +134,54 @@ def test_packed_engine_keeps_one_copy_and_updates_exactly(tmp_path, tied):
             assert torch.equal(got[n], new[n]), n
     finally:
         eng.close_sync()
+
+
+@needs_pack
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_released_engine_refuses_work_until_a_full_update_restores_it(tmp_path, tied):
+    """release_memory frees the KV cache and every packed copy (the bytes it reports are exactly theirs);
+    generating and a partial update are refused with the engine unchanged; a full update brings back the same
+    greedy tokens and logprobs, bit for bit."""
+    from slick.engine.weight_check import WeightUpdateError
+    from slick.models.tiny import make_tiny_model
+
+    d = make_tiny_model(tmp_path / "a", arch="qwen2", tie_word_embeddings=tied, seed=1)
+    eng = LocalEngine(d, dtype="bf16")
+    sp = SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=[], ignore_eos=True)
+    prompt = eng.tokenizer.encode(PROMPTS[0])
+
+    async def main():
+        g0 = await eng.generate(prompt, sp)
+        ops = [op for op in eng.model.dense_ops() if op.packed is not None]
+        assert len(ops) == 5 * len(eng.model.layers) + 1        # qkv, o, gate, up, down; the head
+        expect = eng.cache.nbytes() + sum(op.packed.numel() * op.packed.element_size() for op in ops)
+        assert eng.cache.nbytes() > 0
+        assert await eng.release_memory() == expect
+        assert eng.cache.nbytes() == 0 and all(op.packed is None for op in ops)
+        assert await eng.release_memory() == 0                  # nothing left to free
+        with pytest.raises(RuntimeError, match="weights are released"):
+            await eng.generate(prompt, sp)
+        with pytest.raises(WeightUpdateError, match="lacks .* released"):
+            await eng.update_weights(named_tensors=[("model.layers.0.mlp.up_proj.weight",
+                                                     torch.zeros(eng.model.shapes["model.layers.0.mlp.up_proj.weight"]))])
+        assert eng.model.released and await eng.get_weight_version() == 0
+        assert await eng.update_weights(path=str(d)) == 1       # every weight from the checkpoint again
+        g1 = await eng.generate(prompt, sp)
+        assert g1.token_ids == g0.token_ids and g1.logprobs == g0.logprobs
+
+        task = asyncio.ensure_future(eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=200,
+                                                                         ignore_eos=True)))
+        for _ in range(100):
+            if eng.progress():
+                break
+            await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="1 request.* running or queued"):
+            await eng.release_memory()
+        await eng.abort_all()
+        await task
+        assert not eng.model.released
+
+    try:
+        asyncio.run(main())
+    finally:
+        eng.close_sync()

@@ -1,6 +1,7 @@
 """End-to-end synchronous RL with a tiny random model: the real engine, trainer, buffer, checkpoints."""
 import asyncio
 import json
+import re
 import sys
 import textwrap
 
@@ -122,6 +123,44 @@ def test_saving_without_a_trainer_is_refused_up_front(tiny_model_dir, prompts, t
     with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} needs a trainer, but --debug-rollout-only"):
         make_cfg(tiny_model_dir, prompts, tmp_path / "run", debug_rollout_only=True, **{flag: str(tmp_path / "out")})
     assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_offload_rollout_frees_the_engine_and_changes_nothing(tiny_model_dir, prompts, tmp_path):
+    """--offload-rollout: the same run, metric for metric and weight for weight, with the engine's KV cache and
+    packed weights freed during every training phase (and refilled by every sync; version 3 after 3 steps)."""
+    plain = asyncio.run(train(make_cfg(tiny_model_dir, prompts, tmp_path / "a")))
+    off = asyncio.run(train(make_cfg(tiny_model_dir, prompts, tmp_path / "b", offload_rollout=True)))
+    rows_a, rows_b = read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl")
+    keys = [k for k in rows_a[0] if k.startswith(("rollout/", "train/")) and not k.endswith(("_time", "per_sec"))]
+    assert len(keys) > 15
+    assert [[r[k] for k in keys] for r in rows_a] == [[r[k] for k in keys] for r in rows_b]
+    wa, wb = dict(plain.trainer.named_weights()), dict(off.trainer.named_weights())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    model = off.engines.engine.model
+    packed_mb = sum(op.packed.numel() * op.packed.element_size() for op in model.dense_ops()
+                    if op.packed is not None) / 2**20
+    assert model.packed and packed_mb > 0
+    assert all(r["perf/offload_freed_mb"] > packed_mb for r in rows_b)   # the packed copies and a KV cache
+    assert "perf/offload_freed_mb" not in rows_a[0]
+    assert off.engines.engine.cache.nbytes() == 0                       # freed by the last step, not regrown
+    assert asyncio.run(off.engines.engine.get_weight_version()) == 3
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(debug_train_only=True), "needs the weight sync after each step to refill the engine; --debug-train-only"),
+    (dict(rollout_engine="http", rollout_urls=["http://127.0.0.1:1"]),
+     "frees the in-process engine's memory; --rollout-engine http engines run in processes of their own"),
+])
+def test_offload_rollout_is_refused_where_no_sync_refills_the_engine(tiny_model_dir, prompts, tmp_path, over,
+                                                                      message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_cfg(tiny_model_dir, prompts, tmp_path / "run", offload_rollout=True, **over)
+
+
+def test_offload_rollout_is_refused_by_train_async(tiny_model_dir, prompts, tmp_path):
+    cfg = Config.from_flat(dict(hf_checkpoint=str(tiny_model_dir), prompt_data=str(prompts), offload_rollout=True))
+    with pytest.raises(ConfigError, match="--offload-rollout is for slick train: in slick train-async"):
+        validate_config(cfg, driver="async")
 
 
 TARGET_RM = textwrap.dedent('''

@@ -233,6 +233,11 @@ class ClusterConfig:
                                                     "/health_generate check (time for compilation or warm-up).")
     update_weights_interval: int = F(1, "Push weights to the engines every N steps (raises --max-staleness to the "
                                         "lag this creates).")
+    offload_rollout: bool = F(False, "slick train with the in-process engine: free the engine's KV cache and packed "
+                                     "weight copies while the trainer steps (the weight sync after the step sends "
+                                     "them back): a lower peak for the same speed (docs/training.md, Where the "
+                                     "memory goes). Refused where no sync follows a step or the engines run "
+                                     "elsewhere.")
 
 
 _PLANNED = "slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-per-node"

@@ -178,6 +178,23 @@ def _transport_problems(cfg: Config, p: list[str]) -> None:
                  f"engine, or --colocate): {where} run in processes of their own; use disk or broadcast")
 
 
+def offload_problems(cfg: Config, driver: str, p: list[str]) -> None:
+    """--offload-rollout frees the in-process engine between its rollout and the weight sync that refills it."""
+    if not cfg.offload_rollout:
+        return
+    if driver != "sync":
+        p.append("--offload-rollout is for slick train: in slick train-async the engine generates while the "
+                 "trainer steps")
+    if cfg.rollout_engine != "local" or num_engine_actors(cfg):
+        where = "engine actors (--rollout-num-gpus / --colocate on Ray)" if num_engine_actors(cfg) else \
+            f"--rollout-engine {cfg.rollout_engine} engines"
+        p.append(f"--offload-rollout frees the in-process engine's memory; {where} run in processes of their own")
+    for name in ("debug_rollout_only", "debug_train_only", "load_debug_rollout_data"):
+        if getattr(cfg, name):
+            p.append(f"--offload-rollout needs the weight sync after each step to refill the engine; "
+                     f"{flag_name(name)} has none")
+
+
 def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
     """--hf-checkpoint (and --ref-load) are local HF directories; the megatron shape flags match the former."""
     if not cfg.hf_checkpoint:
@@ -390,6 +407,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     cluster_problems(cfg, p)
     megatron_problems(cfg, p)
     driver_problems(cfg, driver, p)
+    offload_problems(cfg, driver, p)
     agent_problems(cfg, p)
     black_box_agent_problems(cfg, p)
     rollout_store_problems(cfg, p)

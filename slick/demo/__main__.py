@@ -22,6 +22,7 @@ DEFAULTS = {
     "--lr": "2e-5", "--lr-warmup-steps": "0", "--num-rollout": "20", "--eval-interval": "5",
     "--n-samples-per-eval-prompt": "4", "--eval-temperature": "1.0", "--micro-batch-size": "16",
     "--rollout-shuffle": None, "--apply-chat-template": None, "--run-dir": "runs/demo", "--seed": "1",
+    "--offload-rollout": None,
 }
 
 

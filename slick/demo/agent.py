@@ -34,7 +34,7 @@ DEFAULTS = {
     "--rollout-temperature": "1.0", "--advantage-estimator": "grpo", "--lr": "2e-5", "--lr-warmup-steps": "0",
     "--num-rollout": "8", "--eval-interval": "4", "--n-samples-per-eval-prompt": "1", "--eval-temperature": "1.0",
     "--micro-batch-size": "16", "--rollout-shuffle": None, "--apply-chat-template": None,
-    "--run-dir": "runs/demo-agent", "--seed": "1",
+    "--run-dir": "runs/demo-agent", "--seed": "1", "--offload-rollout": None,
 }
 NO_TOOL_SUFFIX = " Answer with just the number."
 

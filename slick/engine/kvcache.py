@@ -63,6 +63,12 @@ class KVCache:
             k[idx, :, :length] = k[src, :, :length]
             v[idx, :, :length] = v[src, :, :length]
 
+    def release(self) -> int:
+        """Free every tensor (the cache grows again on demand, from empty); returns the bytes freed."""
+        freed = self.nbytes()
+        self.k, self.v, self.slots, self.capacity = [], [], 0, 0
+        return freed
+
     def nbytes(self) -> int:
         """Bytes currently allocated."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

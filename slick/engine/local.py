@@ -116,6 +116,9 @@ class LocalEngine:
         sp = sampling if sampling is not None else SamplingParams()
         if self._closed:
             raise RuntimeError("LocalEngine is closed")
+        if self.model.released:
+            raise RuntimeError("LocalEngine: the weights are released (release_memory); update_weights "
+                               "before generating")
         rid = uuid.uuid4().hex if rid is None else rid
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"rid must be a non-empty string, got {rid!r}")
@@ -169,16 +172,33 @@ class LocalEngine:
         if (named_tensors is None) == (path is None):
             raise ValueError("update_weights: pass exactly one of named_tensors or path")
         t0 = time.perf_counter()
+        need = self.model.required_names()   # all the released ones, after release_memory
         if path is not None:       # checked first (headers only, outside the step lock), then copied
-            named = iter_safetensors(check_dir(self.model.shapes, path))
+            named = iter_safetensors(check_dir(self.model.shapes, path, need))
         else:
-            named = check_named(self.model.shapes, named_tensors)
+            named = check_named(self.model.shapes, named_tensors, need)
         with self._between_steps():
             seen = self.model.copy_named(named, strict=True)
             self._version = int(version) if version is not None else self._version + 1
         log.info("weights updated (%d tensors) -> version %d in %.2fs", len(seen), self._version,
                  time.perf_counter() - t0)
         return self._version
+
+    async def release_memory(self) -> int:
+        """Free the KV cache and the packed weight copies while the engine is idle (a colocated trainer's
+        step, ``--offload-rollout``); returns the bytes freed. The next :meth:`update_weights` must send every
+        weight and restores them; the cache grows again with the next requests. Refused while requests are
+        running or queued; generating before the update is refused."""
+        with self._between_steps():
+            busy = len(self._running) + len(self._queue)
+            if busy:
+                raise RuntimeError(f"LocalEngine.release_memory: {busy} request(s) running or queued; "
+                                   "memory is released only between rollouts")
+            kv = self.cache.release()
+            weights = self.model.release_weights()
+        log.info("released %.0f MiB (KV cache %.0f, packed weights %.0f) until the next weight update",
+                 (kv + weights) / 2**20, kv / 2**20, weights / 2**20)
+        return kv + weights
 
     async def abort_all(self) -> None:
         """Finish every running and queued request now with finish reason "abort" (partial output kept)."""

@@ -122,6 +122,9 @@ class _Raw:
                     with torch.no_grad():
                         w[:, a:b].copy_(op.unpacked()[:, a - oa:b - oa])
                     break
+            else:
+                raise ValueError(f"weight {name!r} is not in this update and the engine released its copy "
+                                 "(release_weights): an update after a release must write every weight")
 
 
 class Layer:
@@ -220,6 +223,7 @@ class Transformer:
             self._raws.append(_Raw(self, "lm_head_t", (H, cfg.vocab_size), [("lm_head.weight", 0, cfg.vocab_size)],
                                    [(self.head, 0, cfg.vocab_size)]))
         self._raw_of = {name: r for r in self._raws for name, _, _ in r.names}
+        self.released = False      # release_weights() dropped the packed copies; a full update restores them
         self.shapes = {name: tuple(t.shape) for name, t in self.targets.items()}
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         self._inv_freq = inv
@@ -276,10 +280,15 @@ class Transformer:
                 with torch.no_grad():
                     tgt.copy_(tensor.detach())
                 seen.add(name)
+            if self.released and len(staged) < len(self._raws):
+                lacking = next(n for r in self._raws if id(r) not in staged for n, _, _ in r.names)
+                raise ValueError(f"weight {lacking!r} is not in this update and the engine released its copy "
+                                 "(release_weights): an update after a release must write every weight")
             for raw in staged.values():
                 raw.fill_unwritten(seen)
             if seen:
                 self.repack()
+                self.released = False
         finally:   # also on an error: the packed copies (old or new) stay the weights
             self._release()
         return seen
@@ -298,6 +307,28 @@ class Transformer:
                 raw.attach(None)
                 for name, _, _ in raw.names:
                     self.targets.pop(name, None)
+
+    def release_weights(self) -> int:
+        """Drop the packed weight copies until the next update (which must then write every weight it
+        dropped: :meth:`required_names`); returns the bytes freed. The forward refuses to run meanwhile.
+        Without packing the plain matrices are the weights and stay (0 bytes freed)."""
+        if not self.packed or self.released:
+            return 0
+        ops = [d for d in self.dense_ops() if d.packed is not None]
+        freed = sum(d.packed.numel() * d.packed.element_size() for d in ops)
+        for d in ops:
+            d.packed = None
+        self.released = True
+        return freed
+
+    def required_names(self) -> set[str]:
+        """The weights an update must write: after :meth:`release_weights`, every packed matrix's; else none."""
+        return {name for r in self._raws for name, _, _ in r.names} if self.released else set()
+
+    def _check_loaded(self) -> None:
+        if self.released:
+            raise RuntimeError("the engine's weights are released (release_weights); update them before "
+                               "running the model")
 
     def dense_ops(self) -> list[Dense]:
         """Every :class:`Dense` of the model."""
@@ -368,6 +399,7 @@ class Transformer:
         ``start > 0``: positions ``0..start-1`` of every slot already hold a (shared) prefix in the cache, which
         the new tokens attend to; only the suffix is computed.
         """
+        self._check_loaded()
         c = self.cfg
         u, P = tokens.shape
         self._ensure_rope(start + P)
@@ -394,6 +426,7 @@ class Transformer:
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, max_len: int) -> torch.Tensor:
         """One decode step for the sequences in cache slots ``0..B-1``: ``tokens`` [B] sit at positions
         ``pos`` [B]; ``max_len`` = max(pos)+1. Returns logits [B,V] in the model dtype."""
+        self._check_loaded()
         c = self.cfg
         B = tokens.shape[0]
         nkv, hd = c.num_kv_heads, c.head_dim

@@ -22,13 +22,14 @@ class WeightUpdateError(ValueError):
     """A weight update was refused; the engine's weights and weight version are unchanged."""
 
 
-def check_dir(shapes: dict[str, tuple], path: str | Path) -> list[Path]:
-    """Check every ``*.safetensors`` file of ``path`` against ``shapes`` (HF name -> the model's shape);
-    return the files. Raises :class:`WeightUpdateError` naming the file and tensor, or FileNotFoundError."""
+def check_dir(shapes: dict[str, tuple], path: str | Path, required: set = frozenset()) -> list[Path]:
+    """Check every ``*.safetensors`` file of ``path`` against ``shapes`` (HF name -> the model's shape), and
+    that the names in ``required`` are all there; return the files. Raises :class:`WeightUpdateError` naming
+    the file and tensor, or FileNotFoundError."""
     from safetensors import safe_open
 
     files = safetensor_files(path)
-    found = 0
+    found, names = 0, set()
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as h:
@@ -41,19 +42,31 @@ def check_dir(shapes: dict[str, tuple], path: str | Path) -> list[Path]:
                 continue
             _check_one(shapes, name, shape, dtype in FLOAT_DTYPES, dtype, str(f))
             found += 1
+            names.add(name)
     if not found:
         raise WeightUpdateError(f"{path}: no weights of this model found in its safetensors files")
+    _check_complete(required, names, str(path))
     return files
 
 
-def check_named(shapes: dict[str, tuple], named: Iterable) -> list[tuple[str, torch.Tensor]]:
-    """Materialise ``(hf_name, tensor)`` pairs and check each against ``shapes``; return the pairs."""
+def check_named(shapes: dict[str, tuple], named: Iterable,
+                required: set = frozenset()) -> list[tuple[str, torch.Tensor]]:
+    """Materialise ``(hf_name, tensor)`` pairs and check each against ``shapes`` (and that the names in
+    ``required`` are all there); return the pairs."""
     pairs = list(named)
     for name, t in pairs:
         if name.endswith(SKIPPED_SUFFIX):
             continue
         _check_one(shapes, name, tuple(t.shape), t.is_floating_point(), str(t.dtype), "named_tensors")
+    _check_complete(required, {name for name, _ in pairs}, "named_tensors")
     return pairs
+
+
+def _check_complete(required: set, names: set, where: str) -> None:
+    lacking = sorted(set(required) - names)
+    if lacking:
+        raise WeightUpdateError(f"{where}: lacks {len(lacking)} weight(s) the engine released (release_memory), "
+                                f"e.g. {lacking[0]!r}: the first update after a release must send them all")
 
 
 def _check_one(shapes: dict, name: str, shape: tuple, is_float: bool, dtype: str, where: str) -> None:

@@ -272,10 +272,8 @@ class Run:
         from slick.train.transport import make_transport
         from slick.train.weight_sync import sync_weights
 
-        if not self.engines or self.cfg.debug_train_only:
+        if not self.engines or self.cfg.debug_train_only or self._actor_unchanged():
             return {}
-        if self.critic is not None and self.cfg.num_critic_only_steps and self.trainer.version == 0:
-            return {}   # critic-only steps: the actor has not stepped, the engines hold its weights already
         cfg, name, disk_dir = self.cfg, self.weight_transport(), str(self.run_dir / "weights")
         bucket = int(cfg.weight_bucket_mb) << 20
         if self.engines.sync_mode == "ray" and name != "disk":   # broadcast from rank 0, or colocated per rank
@@ -292,6 +290,17 @@ class Run:
                     seconds = await sync_weights(self.trainer, [self.engines.engine], self._transport)
         self.engine_version = self.trainer.version
         return {"perf/update_weights_time": seconds}
+
+    def _actor_unchanged(self) -> bool:
+        """Critic-only steps (--num-critic-only-steps): the actor has not stepped; the engines hold its weights."""
+        return self.critic is not None and bool(self.cfg.num_critic_only_steps) and self.trainer.version == 0
+
+    async def offload_rollout(self) -> dict:
+        """--offload-rollout: free the in-process engine's KV cache and packed weights for the training phase
+        (the weight sync after it sends them back). Returns perf/offload_freed_mb."""
+        if self._actor_unchanged():   # no sync follows this step: the engine keeps its weights
+            return {}
+        return {"perf/offload_freed_mb": await self.engines.engine.release_memory() / 2**20}
 
     async def evaluate(self) -> dict:
         if not self.eval_sets or not self.manager:

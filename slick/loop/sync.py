@@ -44,8 +44,11 @@ async def train(cfg) -> Run:
                     log.warning("step %d: training on %d of %d groups (stale ones dropped, or kept back by "
                                 "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
             if not cfg.debug_rollout_only:
+                syncs = (step + 1) % cfg.update_weights_interval == 0
+                if syncs and cfg.offload_rollout:
+                    metrics.update(await run.offload_rollout())
                 metrics.update(await run.train_off_loop(step, batch))
-                if (step + 1) % cfg.update_weights_interval == 0:
+                if syncs:
                     metrics.update(await run.sync_weights())
             if run.engines:
                 metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
