@@ -165,6 +165,14 @@ def test_released_engine_refuses_work_until_a_full_update_restores_it(tmp_path, 
             await eng.update_weights(named_tensors=[("model.layers.0.mlp.up_proj.weight",
                                                      torch.zeros(eng.model.shapes["model.layers.0.mlp.up_proj.weight"]))])
         assert eng.model.released and await eng.get_weight_version() == 0
+        shapes = eng.model.shapes          # the model itself refuses too (the engine checks before it copies)
+        from safetensors.torch import load_file
+        every = load_file(str(d / "model.safetensors"))
+        with pytest.raises(ValueError, match="'model.layers.0.mlp.up_proj.weight' is not in this update"):
+            eng.model.copy_named([(n, t) for n, t in every.items() if n != "model.layers.0.mlp.up_proj.weight"])
+        with pytest.raises(ValueError, match="'model.layers.0.self_attn.q_proj.weight' is not in this update"):
+            eng.model.copy_named([("model.norm.weight", torch.ones(shapes["model.norm.weight"]))])
+        assert eng.model.released
         assert await eng.update_weights(path=str(d)) == 1       # every weight from the checkpoint again
         g1 = await eng.generate(prompt, sp)
         assert g1.token_ids == g0.token_ids and g1.logprobs == g0.logprobs

@@ -123,8 +123,12 @@ class _Raw:
                         w[:, a:b].copy_(op.unpacked()[:, a - oa:b - oa])
                     break
             else:
-                raise ValueError(f"weight {name!r} is not in this update and the engine released its copy "
-                                 "(release_weights): an update after a release must write every weight")
+                raise _not_restored(name)
+
+
+def _not_restored(name: str) -> ValueError:
+    return ValueError(f"weight {name!r} is not in this update and the engine released its copy "
+                      "(release_weights): an update after a release must write every weight")
 
 
 class Layer:
@@ -282,8 +286,7 @@ class Transformer:
                 seen.add(name)
             if self.released and len(staged) < len(self._raws):
                 lacking = next(n for r in self._raws if id(r) not in staged for n, _, _ in r.names)
-                raise ValueError(f"weight {lacking!r} is not in this update and the engine released its copy "
-                                 "(release_weights): an update after a release must write every weight")
+                raise _not_restored(lacking)
             for raw in staged.values():
                 raw.fill_unwritten(seen)
             if seen:
