@@ -55,6 +55,12 @@ def problems(argv):
     (["--weight-transport", "colocated", "--rollout-num-gpus", "2"],
      "--weight-transport colocated needs engines that share the trainer's process (the in-process engine, or "
      "--colocate): the 2 engine actor(s) of --rollout-num-gpus without --colocate run in processes of their own"),
+    (["--offload-rollout", "--rollout-num-gpus", "2"],
+     "--offload-rollout frees the in-process engine's memory; engine actors (--rollout-num-gpus / --colocate on "
+     "Ray) run in processes of their own"),
+    (["--offload-rollout", "--rollout-engine", "http"],
+     "--offload-rollout frees the in-process engine's memory; --rollout-engine http engines run in processes of "
+     "their own"),
     (["--weight-bucket-mb", "0"], "--weight-bucket-mb must be > 0 (got 0)"),
     (["--dist-timeout", "0"], "--dist-timeout must be > 0 (got 0.0)"),
     (["--ray-start-timeout", "-1"], "--ray-start-timeout must be > 0 (got -1.0)"),
@@ -104,6 +110,8 @@ def test_unknown_weight_transport_is_refused_by_argparse(base, capsys):
     (HTTP + ["--weight-transport", "broadcast"], 1, 0, False, "broadcast"),
     (["--weight-bucket-mb", "64", "--dist-timeout", "30", "--ray-start-timeout", "5"], 1, 0, False, "colocated"),
     (["--update-weights-interval", "2"], 1, 0, False, "colocated"),
+    (["--offload-rollout", "--update-weights-interval", "2"], 1, 0, False, "colocated"),
+    (["--offload-rollout", "--actor-num-gpus-per-node", "2"], 2, 0, True, "colocated"),
 ])
 def test_possible_layouts_pass_and_auto_transport_resolves(base, extra, ranks, engines, ray, transport):
     cfg = parse_config(base + extra)
@@ -129,7 +137,7 @@ def test_every_cluster_field_is_covered():
     """A new ClusterConfig field must be added to the tests above (honoured or refused)."""
     covered = {"ray_address", "colocate", "actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus",
                "rollout_num_gpus_per_engine", "weight_transport", "weight_bucket_mb", "dist_timeout",
-               "ray_start_timeout", "use_fault_tolerance", "update_weights_interval",
+               "ray_start_timeout", "use_fault_tolerance", "update_weights_interval", "offload_rollout",
                "rollout_health_check_interval", "rollout_health_check_timeout", "rollout_health_check_first_wait"}
     assert {f.name for f in dataclasses.fields(ClusterConfig)} == covered
 
