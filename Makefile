@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo demo-agent test test-fast bench clean chromium
+.PHONY: setup demo demo-agent test test-fast bench clean chromium tcmalloc
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo
 
-demo-agent: $(STAMP)
+demo-agent: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo agent
 
 test: $(STAMP)
@@ -31,6 +31,14 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -x -q -m "not slow" tests
 
 # headless Chromium for the inspector's browser test (tests/test_inspect_browser.py); .ci/run calls this
+# tcmalloc (Debian/Ubuntu): slick's entry points preload it when installed (docs/training.md, "Allocator").
+# Installed with apt when run as root or with password-less sudo; otherwise says how and goes on.
+tcmalloc:
+	@PATH="$$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q libtcmalloc || { SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    libtcmalloc-minimal4 >/dev/null; } 2>/dev/null || \
+	  echo "tcmalloc not installed: 'sudo apt-get install libtcmalloc-minimal4' makes training faster (optional)"; }
+
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }

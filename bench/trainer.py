@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slick.config import Config  # noqa: E402
+from slick.train.memory import tcmalloc_loaded  # noqa: E402
 from slick.train.trainer import Trainer  # noqa: E402
 from slick.types import Sample  # noqa: E402
 
@@ -264,6 +265,7 @@ def main(argv=None) -> int:
         "device": str(args.device), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "torch": torch.__version__, "bf16_matmul_ceiling_flops": ceiling,
+        "allocator": "tcmalloc" if tcmalloc_loaded() else "glibc",
         "rows": rows, "peak_rss_mib_all_schemes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "note": "shared machine: timings are noisy; the schemes' steps interleave",
     }, indent=2))
@@ -302,4 +304,7 @@ def print_profile(scheme: str, prof: dict) -> None:
 
 
 if __name__ == "__main__":
+    from slick.train.memory import use_tcmalloc
+
+    use_tcmalloc([__file__, *sys.argv[1:]])   # the allocator `slick train` runs with
     raise SystemExit(main())

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
+from slick.train.memory import tcmalloc_loaded, use_tcmalloc  # noqa: E402  (light: ctypes and os only)
+
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -118,6 +120,7 @@ def aggregate(runs: list[dict]) -> dict:
     keys = ("completions_per_sec", "tokens_per_sec", "step_time_mean_s", "time_to_target_s")
     out = {k: _mean([r.get(k) for r in runs]) for k in keys}
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    out["allocator"] = "/".join(sorted({r.get("allocator", "glibc") for r in runs}))
     out["seeds"] = len(runs)
     steps = sorted(set().union(*[_evals(r) for r in runs]))
     out["accuracy"] = {}
@@ -149,6 +152,7 @@ def table(slick: dict, trl: dict) -> str:
          ratio(slick["time_to_target_s"], trl["time_to_target_s"], inverse=True)),
         ("peak RSS (MiB, max over seeds)", fmt(slick["peak_rss_mb"], ".0f"), fmt(trl["peak_rss_mb"], ".0f"),
          ratio(slick["peak_rss_mb"], trl["peak_rss_mb"], inverse=True)),
+        ("malloc (each side's default)", slick.get("allocator", "glibc"), trl.get("allocator", "glibc"), ""),
     ]
     out = ["| metric (mean over seeds) | slick | TRL GRPOTrainer | slick advantage |", "|---|---|---|---|"]
     out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -192,6 +196,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slick-args", default="", help="extra `slick train` flags for the slick side, one string "
                     "(e.g. --slick-args='--entropy-coef 0.001')")
     args = ap.parse_args(argv)
+    if args.side == "slick" and argv is None:   # as `slick train` runs (TRL's side keeps glibc, its default)
+        use_tcmalloc([__file__, *sys.argv[1:]])
     if args.quick:
         args.seeds, args.steps, args.prompts, args.samples = 1, 2, 2, 4
         args.max_new_tokens, args.eval_every, args.test_pairs, args.test_repeats = 16, 1, 8, 2
@@ -205,6 +211,7 @@ def main(argv=None) -> int:
     n_test = args.test_pairs * args.test_repeats
     if args.side != "both":
         res = (run_slick if args.side == "slick" else run_trl_side)(args, model_dir, train, test)
+        res["allocator"] = "tcmalloc" if tcmalloc_loaded() else "glibc"
         out = Path(args.out_dir) / f"{args.side}.json"
         out.write_text(json.dumps(res, indent=2, default=str))
         print(f"[vs_trl] {args.side}: {out}")

@@ -3,6 +3,9 @@
 slick never downloads: the CLI sets ``HF_HUB_OFFLINE=1`` (unless the environment already sets it) before any
 subcommand imports huggingface_hub, and a ``ConfigError`` from any subcommand is printed without a traceback
 (exit code 2).
+
+Run as a program (the ``slick`` script, ``python -m slick.cli``), the process first re-executes itself with
+tcmalloc preloaded when it is installed (``SLICK_ALLOCATOR``; ``slick.train.memory.use_tcmalloc``).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
@@ -40,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"slick: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
         return 2
+    if as_program:
+        from slick.train.memory import AllocatorError, use_tcmalloc
+
+        try:
+            use_tcmalloc(["-m", "slick.cli", *argv])   # returns only when tcmalloc is in use or not wanted
+        except AllocatorError as e:
+            print(f"slick {cmd}: {e}", file=sys.stderr)
+            return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from slick.config import ConfigError
 

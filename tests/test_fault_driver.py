@@ -21,6 +21,7 @@ import pytest
 
 from slick.engine.router import router_available
 from slick.train import checkpoint as ckpt
+from slick.train.memory import find_tcmalloc
 from tests import test_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +172,9 @@ def test_a_reward_that_never_returns_does_not_keep_a_finished_run_alive(tiny_mod
     assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["reward/timeouts"] == 1.0         # the stuck call counted as failed after --rm-timeout
     assert "reward function stuck_rm.stuck_once is still running" in r.stderr, r.stderr[-3000:]
+    # run as a program, `slick train` re-executed itself with tcmalloc where it is installed (CI installs it)
+    want = "tcmalloc" if find_tcmalloc() else "glibc, tuned"
+    assert f"CPU allocator: {want}\n" in r.stderr, r.stderr[-3000:]
     # the exit follows the end of the run at once (a thread pool that joins its threads would wait forever)
     ended = (tmp_path / "run" / "metrics.jsonl").stat().st_mtime
     assert time.time() - ended < 15, f"exited {time.time() - ended:.1f}s after the last step ({total:.0f}s in all)"

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # a training thread (not the main one) allocates, touches and frees a 48 MiB tensor 8 times
 _LOOP = """
 import json, resource, sys, threading
@@ -58,3 +60,64 @@ def test_a_user_setting_for_huge_pages_is_kept():
     assert r["on"] == [True, True]
     assert min(r["faults"]) >= 12_000, r
 
+
+
+# tcmalloc: CI installs it (`make tcmalloc`) and sets SLICK_REQUIRE_TCMALLOC=1, so these tests run there
+from slick.train.memory import find_tcmalloc  # noqa: E402
+
+REQUIRE_TCMALLOC = os.environ.get("SLICK_REQUIRE_TCMALLOC", "0") == "1"
+_PRELOAD = """
+import json, os, sys
+from slick.train.memory import AllocatorError, tcmalloc_loaded, tune_cpu_allocator, use_tcmalloc
+try:
+    use_tcmalloc([__file__])
+except AllocatorError as e:
+    print(json.dumps({"error": str(e)})); sys.exit(0)
+import torch
+x = torch.ones(1 << 20); del x
+print(json.dumps({"pid": os.getpid(), "tcmalloc": tcmalloc_loaded(), "preload": os.environ.get("LD_PRELOAD", ""),
+                  "tuned": tune_cpu_allocator(), "huge_pages_env": os.environ.get("THP_MEM_ALLOC_ENABLE")}))
+"""
+
+
+def _preload(tmp_path, **env_extra) -> dict:
+    script = tmp_path / "preload.py"
+    script.write_text(_PRELOAD)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SLICK_ALLOCATOR", "SLICK_TCMALLOC_PRELOADED", "LD_PRELOAD", "THP_MEM_ALLOC_ENABLE")}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**env, **env_extra})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    r = json.loads(out.strip().splitlines()[-1])
+    r["popen_pid"] = proc.pid
+    return r
+
+
+def _need_tcmalloc():
+    if find_tcmalloc() is None:
+        if REQUIRE_TCMALLOC:
+            pytest.fail("no libtcmalloc is installed, and SLICK_REQUIRE_TCMALLOC=1 requires it (make tcmalloc)")
+        pytest.skip("libtcmalloc is not installed (make tcmalloc)")
+
+
+def test_entry_points_re_execute_themselves_with_tcmalloc(tmp_path):
+    """`auto` (the default): the same process (same pid) runs on with tcmalloc preloaded, and the glibc
+    settings are left alone; `glibc`: nothing changes; an unknown value and a preload that did not load are
+    refused by name."""
+    _need_tcmalloc()
+    on = _preload(tmp_path)
+    assert on["tcmalloc"] is True and on["pid"] == on["popen_pid"], on
+    assert on["preload"].split()[0] == find_tcmalloc(), on
+    assert on["tuned"] is False and on["huge_pages_env"] is None, on
+    assert _preload(tmp_path, SLICK_ALLOCATOR="tcmalloc")["tcmalloc"] is True
+    off = _preload(tmp_path, SLICK_ALLOCATOR="glibc")
+    assert off["tcmalloc"] is False and off["preload"] == "" and off["tuned"] is True, off
+    assert off["huge_pages_env"] == "1", off
+    bad = _preload(tmp_path, SLICK_ALLOCATOR="jemalloc")
+    assert bad == {"error": "SLICK_ALLOCATOR='jemalloc': expected one of auto, tcmalloc, glibc",
+                   "popen_pid": bad["popen_pid"]}
+    # a preload that was tried and did not take: `auto` goes on with glibc, `tcmalloc` says what failed
+    assert _preload(tmp_path, SLICK_TCMALLOC_PRELOADED="1")["tcmalloc"] is False
+    failed = _preload(tmp_path, SLICK_ALLOCATOR="tcmalloc", SLICK_TCMALLOC_PRELOADED="1")
+    assert failed["error"] == "SLICK_ALLOCATOR=tcmalloc: LD_PRELOAD='' did not load it", failed

@@ -25,7 +25,7 @@ from slick.plugins import load_function
 from slick.reward import NonFiniteRewardError, RewardHub
 from slick.rollout.eval import evaluate
 from slick.rollout.manager import RolloutManager
-from slick.train.memory import release_free_memory, tune_cpu_allocator
+from slick.train.memory import release_free_memory, tcmalloc_loaded, tune_cpu_allocator
 from slick.train.precision import resolve_device
 from slick.train.rng import seed_everything
 
@@ -69,7 +69,8 @@ class Run:
 
         self.cfg = cfg
         if resolve_device(cfg.device).type == "cpu":   # before the tokenizer, Ray or torch start threads
-            tune_cpu_allocator()
+            log.info("CPU allocator: %s", "tcmalloc" if tcmalloc_loaded()
+                     else "glibc, tuned" if tune_cpu_allocator() else "glibc")
         self.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         from slick.train.checkpoint import clean_stale_temp
