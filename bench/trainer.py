@@ -306,5 +306,5 @@ def print_profile(scheme: str, prof: dict) -> None:
 if __name__ == "__main__":
     from slick.train.memory import use_tcmalloc
 
-    use_tcmalloc([__file__, *sys.argv[1:]])   # the allocator `slick train` runs with
+    use_tcmalloc()   # the allocator `slick train` runs with
     raise SystemExit(main())

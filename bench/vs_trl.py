@@ -10,14 +10,17 @@ normalisation: TRL's default ``loss_type="dapo"`` is slick's ``--calculate-per-t
 (clean peak RSS, no shared thread pools). Reports, as mean over seeds: completions/s, generated tokens/s,
 wall time per step, peak RSS (max over seeds), slick's time split; and held-out accuracy (T=1.0) every
 ``--eval-every`` steps as mean, standard deviation and min-max over seeds. Writes
-bench/results/vs_trl.{json,md} (``--quick``: a 2-step, 1-seed smoke run with a small batch and 16 held-out
-questions, written under the out dir only).
+bench/results/vs_trl.{json,md} (``--results NAME``: NAME.{json,md}; ``--quick``: a 2-step, 1-seed smoke run with
+a small batch and 16 held-out questions, written under the out dir only). Each side runs with its default
+malloc: slick's side re-executes itself with tcmalloc when installed (as ``slick train`` does), TRL's keeps
+glibc; ``--trl-allocator tcmalloc`` gives TRL's side tcmalloc too. The table names each side's.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import resource
 import shlex
 import subprocess
@@ -152,7 +155,7 @@ def table(slick: dict, trl: dict) -> str:
          ratio(slick["time_to_target_s"], trl["time_to_target_s"], inverse=True)),
         ("peak RSS (MiB, max over seeds)", fmt(slick["peak_rss_mb"], ".0f"), fmt(trl["peak_rss_mb"], ".0f"),
          ratio(slick["peak_rss_mb"], trl["peak_rss_mb"], inverse=True)),
-        ("malloc (each side's default)", slick.get("allocator", "glibc"), trl.get("allocator", "glibc"), ""),
+        ("malloc", slick.get("allocator", "glibc"), trl.get("allocator", "glibc"), ""),
     ]
     out = ["| metric (mean over seeds) | slick | TRL GRPOTrainer | slick advantage |", "|---|---|---|---|"]
     out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -193,11 +196,18 @@ def main(argv=None) -> int:
                     help="smoke run: 1 seed, 2 steps, 2x4 samples, 16 new tokens, 16 held-out questions")
     ap.add_argument("--out-dir", default="runs/vs_trl")
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved side results")
+    ap.add_argument("--trl-allocator", choices=["glibc", "tcmalloc"], default="glibc",
+                    help="malloc of TRL's side: glibc (its default) or tcmalloc preloaded, as slick's side runs "
+                         "by default (SLICK_ALLOCATOR chooses slick's)")
+    ap.add_argument("--results", default="vs_trl", help="name of the bench/results/NAME.{md,json} to write")
     ap.add_argument("--slick-args", default="", help="extra `slick train` flags for the slick side, one string "
                     "(e.g. --slick-args='--entropy-coef 0.001')")
     args = ap.parse_args(argv)
-    if args.side == "slick" and argv is None:   # as `slick train` runs (TRL's side keeps glibc, its default)
-        use_tcmalloc([__file__, *sys.argv[1:]])
+    if argv is None and args.side != "both":   # slick's side runs as `slick train` does; TRL's keeps its default
+        if args.side == "trl" and args.trl_allocator == "tcmalloc":
+            os.environ["SLICK_ALLOCATOR"] = "tcmalloc"   # an error if it cannot be had
+        if args.side == "slick" or args.trl_allocator == "tcmalloc":
+            use_tcmalloc()
     if args.quick:
         args.seeds, args.steps, args.prompts, args.samples = 1, 2, 2, 4
         args.max_new_tokens, args.eval_every, args.test_pairs, args.test_repeats = 16, 1, 8, 2
@@ -227,7 +237,8 @@ def main(argv=None) -> int:
                        "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
                        "--eval-every", str(args.eval_every), "--test-pairs", str(args.test_pairs),
                        "--test-repeats", str(args.test_repeats), "--precision", args.precision,
-                       "--slick-loss", args.slick_loss, "--slick-args", args.slick_args]
+                       "--slick-loss", args.slick_loss, "--slick-args", args.slick_args,
+                       "--trl-allocator", args.trl_allocator]
                 subprocess.run(cmd, check=True)
             per_side[side].append(json.loads((seed_dir / f"{side}.json").read_text()))
     agg = {side: aggregate(runs) for side, runs in per_side.items()}
@@ -239,8 +250,8 @@ def main(argv=None) -> int:
     print("\n" + header + "\n\n" + md)
     results_dir = Path(args.out_dir) if args.quick else RESULTS
     results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "vs_trl.md").write_text(header + "\n\n" + md + "\n")
-    (results_dir / "vs_trl.json").write_text(json.dumps({"config": vars(args), "aggregate": agg, "runs": per_side},
+    (results_dir / f"{args.results}.md").write_text(header + "\n\n" + md + "\n")
+    (results_dir / f"{args.results}.json").write_text(json.dumps({"config": vars(args), "aggregate": agg, "runs": per_side},
                                                         indent=2, default=str))
     return 0
 

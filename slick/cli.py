@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         from slick.train.memory import AllocatorError, use_tcmalloc
 
         try:
-            use_tcmalloc(["-m", "slick.cli", *argv])   # returns only when tcmalloc is in use or not wanted
+            use_tcmalloc()   # returns only when tcmalloc is in use or not wanted
         except AllocatorError as e:
             print(f"slick {cmd}: {e}", file=sys.stderr)
             return 2

@@ -70,7 +70,7 @@ _PRELOAD = """
 import json, os, sys
 from slick.train.memory import AllocatorError, tcmalloc_loaded, tune_cpu_allocator, use_tcmalloc
 try:
-    use_tcmalloc([__file__])
+    use_tcmalloc()
 except AllocatorError as e:
     print(json.dumps({"error": str(e)})); sys.exit(0)
 import torch

@@ -76,5 +76,5 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from slick.train.memory import use_tcmalloc
 
-    use_tcmalloc(["-m", "slick.demo", *sys.argv[1:]])   # returns only when tcmalloc is in use or not wanted
+    use_tcmalloc()   # returns only when tcmalloc is in use or not wanted
     sys.exit(main())

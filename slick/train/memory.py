@@ -31,14 +31,14 @@ built, so that what loading the models freed leaves the resident set.
 **tcmalloc** (the better choice where installed: Debian's ``libtcmalloc-minimal4``, ``make tcmalloc``). The
 slick entry points (the ``slick`` command, ``python -m slick.demo``, the benches) call :func:`use_tcmalloc`
 first thing: when ``SLICK_ALLOCATOR`` is ``auto`` (the default) or ``tcmalloc`` and the library is found, the
-process replaces itself (``execve``, same pid, same arguments) with tcmalloc in ``LD_PRELOAD``, which every
+process replaces itself (``execve``: same pid, same command line) with tcmalloc in ``LD_PRELOAD``, which every
 process it starts inherits (engine servers, a local Ray cluster and its workers). tcmalloc keeps freed pages
 for reuse in size-classed spans, so a step neither faults its memory in again nor strands it between
 differently sized blocks, the two costs glibc has here. On ``bench/vs_trl.py``'s slick side (2-core EPYC,
 6 steps each, one after another): train forward+backward of the later steps 3.1-3.7 s vs 4.6-5.1 s, kernel
 time 8.5-10 s vs 18-23 s, peak RSS 3.90 GB vs 4.37-4.97 GB. jemalloc, tried the same way, held 4.0 GB but ran
 slower than glibc (its decay returns pages the next step faults in again). Under tcmalloc the glibc settings
-above are not applied (torch's huge-page advice only pads its allocations there).
+above are not applied (with torch's huge-page advice the same run measured no faster).
 ``SLICK_ALLOCATOR=glibc`` keeps glibc; ``tcmalloc`` makes a missing library an error.
 """
 from __future__ import annotations
@@ -75,11 +75,11 @@ def find_tcmalloc() -> str | None:
     return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
 
 
-def use_tcmalloc(argv: list[str]) -> None:
-    """Re-execute this process as ``python argv...`` with tcmalloc preloaded, when ``SLICK_ALLOCATOR`` asks
-    for it (``auto``: if installed) and it is not in use yet. Returns only when nothing is to be done.
-    Raises :class:`AllocatorError` for an unknown ``SLICK_ALLOCATOR``, or ``tcmalloc`` that is not installed
-    or did not load."""
+def use_tcmalloc() -> None:
+    """Re-execute this process (its exact command line, ``sys.orig_argv``) with tcmalloc preloaded, when
+    ``SLICK_ALLOCATOR`` asks for it (``auto``: if installed) and it is not in use yet. Returns only when nothing
+    is to be done. Raises :class:`AllocatorError` for an unknown ``SLICK_ALLOCATOR``, or ``tcmalloc`` that is
+    not installed or did not load. Call it before the process does anything it should not do twice."""
     choice = os.environ.get("SLICK_ALLOCATOR", "auto").strip().lower() or "auto"
     if choice not in ALLOCATORS:
         raise AllocatorError(f"SLICK_ALLOCATOR={choice!r}: expected one of {', '.join(ALLOCATORS)}")
@@ -95,7 +95,8 @@ def use_tcmalloc(argv: list[str]) -> None:
     preload = " ".join(x for x in (lib, os.environ.get("LD_PRELOAD", "")) if x)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *argv], {**os.environ, "LD_PRELOAD": preload, _TRIED: "1"})
+    env = {**os.environ, "LD_PRELOAD": preload, _TRIED: "1"}
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def tune_cpu_allocator() -> bool:
