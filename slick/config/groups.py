@@ -153,7 +153,8 @@ class TrainConfig:
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
     disable_fused_layers: bool = F(False, "Run the HF decoder layers' own forward in training instead of slick's fused "
                                    "attention and MLP nodes (~3x the activation memory; docs/training.md).")
-    logprob_chunk_size: int = F(512, "Tokens per chunk when computing logprobs/entropy from logits.")
+    logprob_chunk_size: int = F(128, "Tokens per chunk when computing logprobs/entropy from logits "
+                                "(the lm head's logits exist one chunk at a time).")
     device: str = F("auto", "Torch device for trainer and local engine (auto: cuda when present).")
     train_num_threads: Optional[int] = F(None, "CPU threads for training (default: all cores; with slick "
                                          "train-async on CPU, half of them, rounded up).")
