@@ -30,8 +30,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -x -q -m "not slow" tests
 
-# headless Chromium for the inspector's browser test (tests/test_inspect_browser.py); .ci/run calls this
-# tcmalloc (Debian/Ubuntu): slick's entry points preload it when installed (docs/training.md, "Allocator").
+# tcmalloc (Debian/Ubuntu): slick's entry points preload it when installed (docs/training.md, "The allocator").
 # Installed with apt when run as root or with password-less sudo; otherwise says how and goes on.
 tcmalloc:
 	@PATH="$$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q libtcmalloc || { SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
@@ -39,6 +38,7 @@ tcmalloc:
 	    libtcmalloc-minimal4 >/dev/null; } 2>/dev/null || \
 	  echo "tcmalloc not installed: 'sudo apt-get install libtcmalloc-minimal4' makes training faster (optional)"; }
 
+# headless Chromium for the inspector's browser test (tests/test_inspect_browser.py); .ci/run calls this
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }

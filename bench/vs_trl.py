@@ -251,8 +251,8 @@ def main(argv=None) -> int:
     results_dir = Path(args.out_dir) if args.quick else RESULTS
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / f"{args.results}.md").write_text(header + "\n\n" + md + "\n")
-    (results_dir / f"{args.results}.json").write_text(json.dumps({"config": vars(args), "aggregate": agg, "runs": per_side},
-                                                        indent=2, default=str))
+    (results_dir / f"{args.results}.json").write_text(
+        json.dumps({"config": vars(args), "aggregate": agg, "runs": per_side}, indent=2, default=str))
     return 0
 
 

@@ -74,7 +74,11 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from slick.train.memory import use_tcmalloc
+    from slick.train.memory import AllocatorError, use_tcmalloc
 
-    use_tcmalloc()   # returns only when tcmalloc is in use or not wanted
+    try:
+        use_tcmalloc()   # returns only when tcmalloc is in use or not wanted
+    except AllocatorError as e:
+        print(f"slick demo: {e}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())
