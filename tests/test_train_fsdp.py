@@ -307,3 +307,42 @@ def test_two_ranks_bf16_schemes_match_one_process_within_bf16_rounding(tiny_mode
                 assert float((d > 1e-4).float().mean()) < 0.15, n
             else:
                 assert float(d.max()) <= 1e-5, (n, float(d.max()))
+
+
+# ---------------------------------------------------------------- bf16 AdamW moments
+def _low_moment_steps(tr, samples):
+    """Two steps of the simple loss with bf16 AdamW moments: the weights after each, and the moments' types."""
+    from tests.test_train import simple_loss
+
+    adv = [torch.ones(len(s.response_ids)) for s in samples]
+    out = {"w0": {n: w.clone() for n, w in tr.named_weights()}}
+    for k in ("w1", "w2"):
+        tr.train_step(samples, adv, simple_loss)
+        out[k] = {n: w.clone() for n, w in tr.named_weights()}
+    st = next(iter(tr.optimizer.state.values()))
+    out["moments"] = [(type(st[k]).__name__, str(st[k].dtype)) for k in ("exp_avg", "exp_avg_sq")]
+    return out
+
+
+def _rank_low_moments(rank, world, model_dir):
+    from slick.train.trainer import Trainer
+
+    tr = Trainer(make_cfg(model_dir, lr=1e-3, micro_batch_size=2, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    return _low_moment_steps(tr, batch())
+
+
+def test_two_ranks_bf16_moments_update_their_shards(tiny_model_dir, tmp_path):
+    from slick.train.trainer import Trainer
+
+    ranks = run_ranks(_rank_low_moments, 2, (str(tiny_model_dir),), tmp_path)
+    want = _low_moment_steps(Trainer(make_cfg(tiny_model_dir, lr=1e-3, micro_batch_size=2, exp_avg_dtype="bf16",
+                                              exp_avg_sq_dtype="bf16")), batch())
+    assert want["moments"] == [("Tensor", "torch.bfloat16")] * 2
+    for r in ranks:
+        assert r["moments"] == [("DTensor", "torch.bfloat16")] * 2
+        for n, t in want["w1"].items():       # step 1 reads zero moments: no rounding has acted yet
+            assert float((r["w1"][n] - t).abs().max()) <= 1e-5, n
+        # step 2 reads rounded moments; each rank dithers its own shard: the update differs by the rounding only
+        d_want = torch.cat([(want["w2"][n] - want["w0"][n]).flatten() for n in want["w0"]])
+        d_rank = torch.cat([(r["w2"][n] - r["w0"][n]).flatten() for n in want["w0"]])
+        assert float((d_rank - d_want).norm() / d_want.norm()) < 0.005

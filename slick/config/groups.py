@@ -137,6 +137,10 @@ class TrainConfig:
     adam_beta1: float = F(0.9, "AdamW beta1.")
     adam_beta2: float = F(0.999, "AdamW beta2.")
     weight_decay: float = F(0.0, "AdamW weight decay.")
+    exp_avg_dtype: str = F("fp32", "AdamW first moment (exp_avg) storage: fp32, or bf16 with stochastic "
+                           "rounding (2 bytes less per parameter; docs/training.md).", choices=["fp32", "bf16"])
+    exp_avg_sq_dtype: str = F("fp32", "AdamW second moment (exp_avg_sq) storage: fp32, or bf16 with "
+                              "stochastic rounding (2 bytes less per parameter).", choices=["fp32", "bf16"])
     clip_grad: float = F(1.0, "Gradient-norm clip (0 disables).")
     global_batch_size: Optional[int] = F(None, "Samples per optimizer step (derived when unset).")
     num_steps_per_rollout: Optional[int] = F(None, "Optimizer steps per rollout (derived when unset).")

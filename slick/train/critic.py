@@ -36,6 +36,7 @@ from torch import nn
 from slick.train import dist as D
 from slick.train.attention import use_segments
 from slick.train.fsdp import make_mesh, shard
+from slick.train.optim import make_adamw
 from slick.train.packing import pad_stack
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.trainer import Trainer, _loss_mask
@@ -148,8 +149,7 @@ class Critic(Trainer):
         else:
             self.master = self.params
         lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
-        self.optimizer = torch.optim.AdamW(self.master, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay, fused=True)
+        self.optimizer = make_adamw(self.master, cfg, lr)
         warm = int(cfg.critic_lr_warmup_iters or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)

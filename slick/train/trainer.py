@@ -29,6 +29,7 @@ from slick.train import dist as D
 from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
 from slick.train.memory import tune_cpu_allocator
+from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
 from slick.train.fused_layers import fuse_decoder_layers
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
@@ -106,9 +107,7 @@ class Trainer:
             self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         else:
             self.master = self.params
-        # fused AdamW (one kernel over all fp32 params) is much faster than the per-tensor loop on CPU too
-        self.optimizer = torch.optim.AdamW(self.master, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay, fused=True)
+        self.optimizer = make_adamw(self.master, cfg, cfg.lr)
         warm = int(cfg.lr_warmup_steps or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
