@@ -82,7 +82,7 @@ def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
             "time_to_target_s": reached, "initial_accuracy": evals[0][1] if evals else None,
             "final_accuracy": evals[-1][1] if evals else None, "evals": evals, "wall_time_s": wall,
             "peak_rss_mb": peak_rss_mb(), "time_split_s": split, "reward_time_s": overlapped_reward,
-            "target_accuracy": 0.8}
+            "target_accuracy": 0.8, "slick_args": args.slick_args}
 
 
 def run_trl_side(args, model_dir: Path, train: Path, test: Path) -> dict:
@@ -247,6 +247,9 @@ def main(argv=None) -> int:
               f"{args.precision} on CPU, {args.prompts}x{args.samples} per step, {args.steps} steps, "
               f"{args.max_new_tokens} new tokens, T=1.0, lr {args.lr}, slick loss {args.slick_loss}, "
               f"{args.seeds} seed(s), {n_test} held-out questions per evaluation")
+    extra = sorted({r.get("slick_args", "") for r in per_side["slick"]})
+    if extra != [""]:
+        header += f"; slick's extra flags: {' | '.join(repr(e) for e in extra)}"
     print("\n" + header + "\n\n" + md)
     results_dir = Path(args.out_dir) if args.quick else RESULTS
     results_dir.mkdir(parents=True, exist_ok=True)

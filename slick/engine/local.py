@@ -66,9 +66,9 @@ class LocalEngine:
         self.model_path = str(model_path)
         self.model = Transformer.load(model_path, self.dtype, self.device)
         cfg = self.model.cfg
-        from transformers import AutoTokenizer
+        from slick.models.tokenizer import load_tokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.vocab_size = cfg.vocab_size
         ctx = cfg.max_position if cfg.window is None else min(cfg.max_position, cfg.window)
         if max_seq_len is not None:

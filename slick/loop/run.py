@@ -82,9 +82,9 @@ class Run:
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         seed_everything(cfg.seed)
         # cheap things that can fail on bad input first, then the trainer, then the engines (processes)
-        from transformers import AutoTokenizer
+        from slick.models.tokenizer import load_tokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(cfg.hf_checkpoint)
+        self.tok = load_tokenizer(cfg.hf_checkpoint)
         self.data = DataSource(PromptDataset.from_config(cfg, self.tok), cfg.n_samples_per_prompt,
                                shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
         pairs = list(cfg.eval_prompt_data)

@@ -62,11 +62,11 @@ def get_tokenizer(args):
     ``args.hf_checkpoint`` (a local directory; nothing is downloaded)."""
     key = str(getattr(args, "hf_checkpoint", None))
     if key not in _TOKENIZERS:
-        from transformers import AutoTokenizer
+        from slick.models.tokenizer import load_tokenizer
 
         if not getattr(args, "hf_checkpoint", None):
             raise ValueError("get_tokenizer(args): args.hf_checkpoint is not set (--hf-checkpoint)")
-        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        _TOKENIZERS[key] = load_tokenizer(args.hf_checkpoint)
     return _TOKENIZERS[key]
 
 

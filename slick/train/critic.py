@@ -100,7 +100,9 @@ class Critic(Trainer):
     """The value model, its AdamW and warm-up; collective over FSDP ranks like the Trainer (same rules)."""
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel
+
+        from slick.models.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.model_path = str(model_path or cfg.critic_load or cfg.hf_checkpoint or "")
@@ -134,7 +136,7 @@ class Critic(Trainer):
         self.model = ValueModel(backbone, head).to(self.device)
         self.model.train()
         tok_dir = cfg.hf_checkpoint if cfg.hf_checkpoint and Path(cfg.hf_checkpoint).is_dir() else backbone_dir
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        self.tokenizer = load_tokenizer(tok_dir)
         self.mesh = make_mesh(self.device) if self.fsdp else None
         if self.fsdp:
             with D.named_errors("sharding the critic"):

@@ -63,7 +63,9 @@ class Trainer:
     """
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from slick.models.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.model_path = str(model_path or cfg.hf_checkpoint or "")
@@ -94,7 +96,7 @@ class Trainer:
                 self.model.activation_checkpointing_enable({"use_reentrant": False})
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.mesh = make_mesh(self.device) if self.fsdp else None
         if self.fsdp:
             with D.named_errors("sharding the policy model"):
