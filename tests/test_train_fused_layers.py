@@ -53,12 +53,14 @@ def test_attention_block_gradcheck(kv_heads, qk_norm, bias):
     assert torch.autograd.gradcheck(lambda x, *p: AttentionBlock.apply(x, spec, *p), (x, *params))
 
 
-def test_mlp_block_gradcheck():
+@pytest.mark.parametrize("recompute", [False, True])
+def test_mlp_block_gradcheck(recompute):
     torch.manual_seed(1)
     dt = torch.float64
     r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)  # noqa: E731
     x, ln, wg, wu, wd = r(N, 6), r(6), r(10, 6), r(10, 6), r(6, 10)
-    assert torch.autograd.gradcheck(lambda *a: MLPBlock.apply(a[0], 1e-6, dt, *a[1:]), (x, ln, wg, wu, wd))
+    assert torch.autograd.gradcheck(lambda *a: MLPBlock.apply(a[0], 1e-6, dt, recompute, *a[1:]),
+                                    (x, ln, wg, wu, wd))
 
 
 def test_rope_backward_is_the_transpose():
@@ -183,3 +185,31 @@ def test_weights_concatenated_once_per_block():
         assert cast_cat([a, b], torch.bfloat16, cache=False) is not one
         assert torch.equal(one, torch.cat([a, b]).bfloat16())
     assert cast_cat([a, b], torch.bfloat16) is not one
+
+
+def test_recompute_mlp_gives_the_same_step_and_keeps_no_gate_up(tiny_model_dir):
+    """--recompute-mlp: bitwise the same gradients and weights; no [tokens, 2 x intermediate] tensor is saved."""
+    from slick.config.config import ConfigError
+    from slick.train.trainer import Trainer
+    from tests.test_train import simple_loss
+
+    samples = _samples()
+    adv = [torch.linspace(-1, 1, len(s.response_ids)) for s in samples]
+    inter = None
+    out = {}
+    for recompute in (False, True):
+        tr = Trainer(make_cfg(tiny_model_dir, dtype="bf16", recompute_mlp=recompute, micro_batch_size=len(samples)))
+        assert tr.fused_layers == 2
+        inter = tr.model.config.intermediate_size
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+            tr.train_step(samples, adv, simple_loss)
+        out[recompute] = ({n: w.clone() for n, w in tr.named_weights()}, saved)
+    (w_keep, saved_keep), (w_re, saved_re) = out[False], out[True]
+    for n, w in w_keep.items():
+        assert torch.equal(w, w_re[n]), n
+    gate_up = [s for s in saved_keep if len(s) == 2 and s[1] == 2 * inter]
+    assert len(gate_up) == 2                         # one per decoder layer of the tiny model
+    assert not [s for s in saved_re if len(s) == 2 and s[1] == 2 * inter]
+    with pytest.raises(ConfigError, match="--recompute-mlp recomputes inside slick's fused decoder layers"):
+        make_cfg(tiny_model_dir, recompute_mlp=True, disable_fused_layers=True)

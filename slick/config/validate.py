@@ -414,6 +414,9 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     prometheus_problems(cfg, p)
     critic_problems(cfg, p)
     algo_plugin_problems(cfg, p)
+    if cfg.recompute_mlp and cfg.disable_fused_layers:
+        p.append("--recompute-mlp recomputes inside slick's fused decoder layers, which --disable-fused-layers "
+                 "turns off (use --gradient-checkpointing for the HF layers)")
     if cfg.update_weights_interval < 1:
         p.append("--update-weights-interval must be >= 1")
     elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:

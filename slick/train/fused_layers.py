@@ -247,22 +247,28 @@ def _split_heads(qkv: torch.Tensor, H: int, K: int, D: int):
 
 
 class MLPBlock(torch.autograd.Function):
-    """``x [N, hidden] -> down(silu(gate(n)) * up(n))`` with ``n = rms_norm(x)``, in the matmul dtype."""
+    """``x [N, hidden] -> down(silu(gate(n)) * up(n))`` with ``n = rms_norm(x)``, in the matmul dtype.
+
+    ``recompute``: keep only ``x`` and the norm's scale, and recompute the gate/up product in backward (the same
+    matmul on the same inputs: bitwise the same values) -- ``--recompute-mlp``."""
 
     @staticmethod
-    def forward(ctx, x, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
+    def forward(ctx, x, eps: float, dt: torch.dtype, recompute: bool, ln_w, wg, wu, wd):
         n, r = rms_norm(x, ln_w, eps)
         gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache=False))
         g, u = gu.chunk(2, -1)
         y = F.linear(F.silu(g) * u, cast_cat([wd], dt, cache=False))
         ctx.args = (eps, dt)
-        ctx.save_for_backward(x, r, gu, ln_w, wg, wu, wd)
+        ctx.save_for_backward(x, r, None if recompute else gu, ln_w, wg, wu, wd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         eps, dt = ctx.args
         x, r, gu, ln_w, wg, wu, wd = ctx.saved_tensors
+        n = rms_norm(x, ln_w, eps)[0].to(dt)
+        if gu is None:
+            gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
         dy = dy.to(dt)
         g, u = gu.chunk(2, -1)
         sg = F.silu(g)
@@ -274,11 +280,10 @@ class MLPBlock(torch.autograd.Function):
         torch.mul(da, sg, out=du)
         torch.mul(da, u, out=dg)
         torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
-        n = rms_norm(x, ln_w, eps)[0].to(dt)
         dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache=False))
         dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
         g_wg, g_wu = _mm_grad(dg, n).to(wg.dtype), _mm_grad(du, n).to(wu.dtype)   # per weight, as in AttentionBlock
-        return (dx.to(x.dtype), None, None, g_ln.to(ln_w.dtype), g_wg, g_wu, g_wd)
+        return (dx.to(x.dtype), None, None, None, g_ln.to(ln_w.dtype), g_wg, g_wu, g_wd)
 
 
 # ---------------------------------------------------------------------------------------------- the layers
@@ -312,8 +317,8 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     with torch.autocast(x.device.type, enabled=False):
         h = x + AttentionBlock.apply(x, spec, *params)
         ln = self.post_attention_layernorm
-        h = h + MLPBlock.apply(h, ln.variance_epsilon, dt, ln.weight, mlp.gate_proj.weight,
-                               mlp.up_proj.weight, mlp.down_proj.weight)
+        h = h + MLPBlock.apply(h, ln.variance_epsilon, dt, self._slick_recompute_mlp, ln.weight,
+                               mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
     return h.unsqueeze(0)
 
 
@@ -336,12 +341,14 @@ def fusable(layer: torch.nn.Module) -> bool:
     return hasattr(layer.input_layernorm, "variance_epsilon")
 
 
-def fuse_decoder_layers(layers) -> int:
-    """Give every :func:`fusable` layer of ``layers`` the fused forward; returns how many were fused."""
+def fuse_decoder_layers(layers, recompute_mlp: bool = False) -> int:
+    """Give every :func:`fusable` layer of ``layers`` the fused forward; returns how many were fused.
+    ``recompute_mlp``: their MLP nodes recompute the gate/up product in backward (:class:`MLPBlock`)."""
     count = 0
     for layer in layers:
         if getattr(layer, "_slick_hf_forward", None) is not None or not fusable(layer):
             continue
+        layer._slick_recompute_mlp = bool(recompute_mlp)
         layer._slick_hf_forward = layer.forward
         layer._slick_qk_norm = hasattr(layer.self_attn, "q_norm") and hasattr(layer.self_attn, "k_norm")
         layer.forward = types.MethodType(_fused_forward, layer)

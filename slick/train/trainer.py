@@ -31,7 +31,7 @@ from slick.train.casts import cached_weight_casts
 from slick.train.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
-from slick.train.fused_layers import fuse_decoder_layers
+from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
@@ -88,7 +88,10 @@ class Trainer:
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
         use_segments(self.model)
         self.fused_layers = 0 if cfg.disable_fused_layers else fuse_decoder_layers(
-            decoder_layers(self.model))
+            decoder_layers(self.model), recompute_mlp=cfg.recompute_mlp)
+        if cfg.recompute_mlp and not self.fused_layers:
+            raise ValueError(f"--recompute-mlp: none of {self.model_path}'s decoder layers can be fused "
+                             f"(supported: {', '.join(FUSED_LAYERS)}); use --gradient-checkpointing")
         self.model.config.use_cache = False
         self.model.train()
         if cfg.gradient_checkpointing:
