@@ -89,10 +89,11 @@ class LowPrecisionAdamW(torch.optim.Optimizer):
                 st = self._state(p)
                 st["step"] += 1
                 gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(st["step"]))
-                views = [_local(t).reshape(-1) for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])]
-                if views[0].data_ptr() != _local(p).data_ptr():
-                    raise ValueError("LowPrecisionAdamW needs contiguous parameters")
-                w, g, m, v = views
+                locals_ = [_local(t) for t in (p, p.grad, st["exp_avg"], st["exp_avg_sq"])]
+                if not all(t.is_contiguous() for t in locals_):
+                    raise ValueError(f"LowPrecisionAdamW: a parameter of shape {tuple(p.shape)} or its gradient "
+                                     "is not contiguous (its update would be written to a copy)")
+                w, g, m, v = (t.view(-1) for t in locals_)
                 for s in range(0, w.numel(), _SLICE):
                     sl = slice(s, s + _SLICE)
                     m32, v32 = m[sl].float(), v[sl].float()   # copies when bf16, views when fp32
