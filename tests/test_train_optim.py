@@ -127,3 +127,11 @@ def test_moment_dtype_flags_are_checked():
     with pytest.raises((ConfigError, SystemExit)):
         parse_config(["--hf-checkpoint", "x", "--exp-avg-sq-dtype", "fp16"], validate=False)
     assert O.DTYPES["bf16"] is torch.bfloat16
+
+
+def test_a_non_contiguous_gradient_is_refused_not_updated_in_a_copy():
+    p = torch.zeros(4, 3, requires_grad=True)
+    opt = LowPrecisionAdamW([p], lr=1e-2)
+    p.grad = torch.ones(3, 4).t()                 # a transposed view: not contiguous
+    with pytest.raises(ValueError, match=r"shape \(4, 3\) or its gradient is not contiguous"):
+        opt.step()
