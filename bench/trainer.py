@@ -4,7 +4,8 @@
                                       [--schemes bf16,autocast,fp32] [--micro-batch-size 8] [--device auto]
                                       [--group-size 1] [--profile]
 
-``--schemes autocast+hf,autocast`` compares the HF decoder layers with slick's fused ones in one run.
+``--schemes autocast+hf,autocast`` compares the HF decoder layers with slick's fused ones in one run;
+``autocast+recompute`` runs the fused layers with ``--recompute-mlp``.
 
 Every scheme is built and warmed up first, then their timed steps interleave (a, b, a, b, ...; best of
 ``--steps`` each), so a slow spell of a shared machine hits all alike. Prints a table and writes
@@ -175,7 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--schemes", default="bf16,autocast,fp32",
                     help="comma-separated; a '+hf' suffix (autocast+hf) runs the HF decoder layers instead of "
-                         "slick's fused ones (--disable-fused-layers)")
+                         "slick's fused ones (--disable-fused-layers), '+recompute' the fused ones with "
+                         "--recompute-mlp")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--group-size", type=int, default=1, help="consecutive samples sharing one prompt")
     ap.add_argument("--profile", action="store_true", help="also time each phase of a step (fused vs previous head)")
@@ -205,12 +207,12 @@ def main(argv=None) -> int:
     runs = []   # (scheme, trainer, samples, advantages): every scheme built and warmed up first
     for scheme in args.schemes.split(","):
         base, _, layers = scheme.partition("+")     # "autocast+hf": the HF decoder layers, not the fused ones
-        if layers not in ("", "hf"):
-            ap.error(f"--schemes: unknown suffix in {scheme!r} (only +hf)")
+        if layers not in ("", "hf", "recompute"):
+            ap.error(f"--schemes: unknown suffix in {scheme!r} (+hf or +recompute)")
         dtype = "fp32" if base == "fp32" else "bf16"
         cfg = Config.from_flat(dict(hf_checkpoint=args.model, dtype=dtype, device=args.device, lr=1e-6,
                                     micro_batch_size=args.micro_batch_size, rm_type="exact",
-                                    disable_fused_layers=layers == "hf"))
+                                    disable_fused_layers=layers == "hf", recompute_mlp=layers == "recompute"))
         tr = Trainer(cfg, precision=None if base == "fp32" else base)
         if ceiling is None:
             ceiling = matmul_ceiling(tr.device)
