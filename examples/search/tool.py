@@ -3,6 +3,8 @@
 Use it with the multi-turn rollout by dotted path: ``--tool-path examples.search.tool:TOOLS`` (run from the
 repository root or put it on ``PYTHONPATH``). The corpus is rebuilt from its seed on first use;
 ``SLICK_SEARCH_TOWNS`` / ``SLICK_SEARCH_SEED`` pick another corpus (the data generator takes the same).
+The query is policy-written text: longer than :data:`MAX_QUERY_CHARS` it is refused with an error message, so
+one call costs a few milliseconds at most.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ SEARCH_SCHEMA = {
     },
 }
 MAX_RESULTS = 3
+MAX_QUERY_CHARS = 1000
 
 
 @functools.lru_cache(maxsize=4)
@@ -41,6 +44,8 @@ def search(query: str, top_k: int = 2) -> str:
     """The ``top_k`` (1..3) best passages for ``query``, one per line, or a message saying none matched."""
     if not isinstance(query, str) or not query.strip():
         return "error: query must be a non-empty string"
+    if len(query) > MAX_QUERY_CHARS:
+        return f"error: query longer than {MAX_QUERY_CHARS} characters (got {len(query)})"
     if isinstance(top_k, bool) or not isinstance(top_k, int):
         return "error: top_k must be an integer"
     docs, index = _index(*_corpus_settings())

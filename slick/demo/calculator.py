@@ -2,10 +2,14 @@
 multiplication questions that SmolLM2-135M cannot answer reliably alone.
 
 ``calculator(expression)`` evaluates ``+ - * / // % **`` and parentheses over integer and decimal
-literals by walking the :mod:`ast` tree (nothing is ever ``eval``-ed); the expression length, the
-exponent and the size of every intermediate result are bounded, so no input can hang or exhaust the
-process. A bad expression raises :class:`CalculatorError`; the multi-turn rollout turns that into an
-``Error: ...`` tool message (counted in ``rollout/tool_errors``) and the conversation goes on.
+literals by walking the :mod:`ast` tree (nothing is ever ``eval``-ed), in exact fractions. Every
+intermediate result is bounded, not just the answer: its magnitude by :data:`MAX_MAGNITUDE` ("result too
+large") and its numerator and denominator by :data:`MAX_BITS` bits ("result too precise"), and a power is
+refused *before* it is computed when its result could not fit (exponents are whole numbers of at most
+:data:`MAX_EXPONENT`). With at most :data:`MAX_EXPRESSION_CHARS` characters, every input is answered in well
+under 0.1 s (``((1.0000001 ** 64) ** 64) ** 64`` used to take two minutes). A bad expression raises
+:class:`CalculatorError`; the multi-turn rollout turns that into an ``Error: ...`` tool message (counted in
+``rollout/tool_errors``) and the conversation goes on.
 ``TOOLS`` is what ``--tool-path slick.demo.calculator:TOOLS`` loads.
 
 ``calculator_rows`` builds chat rows ``{"prompt", "label", "metadata", "tools"}`` with a seeded, disjoint
@@ -21,6 +25,7 @@ appears in a tool result earns nothing.
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import random
 import re
@@ -34,6 +39,8 @@ from slick.demo.addition import write_jsonl
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10 ** 40
+MAX_BITS = 4096          # of the numerator and of the denominator of every intermediate result
+_MAX_LOG2 = MAX_MAGNITUDE.bit_length()
 
 CALCULATOR_SCHEMA = {
     "type": "function",
@@ -64,24 +71,45 @@ class CalculatorError(ValueError):
 def _check(value: Fraction) -> Fraction:
     if abs(value) > MAX_MAGNITUDE:
         raise CalculatorError("result too large")
+    if value.numerator.bit_length() > MAX_BITS or value.denominator.bit_length() > MAX_BITS:
+        raise CalculatorError(f"result too precise (its exact fraction needs more than {MAX_BITS} bits)")
     return value
+
+
+def _literal(value) -> Fraction:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalculatorError("result too large")
+    return _check(Fraction(str(value)))
+
+
+def _power(base: Fraction, exp: Fraction) -> Fraction:
+    """``base ** exp``, refused before it is computed when the result could not pass :func:`_check`."""
+    if exp.denominator != 1 or abs(exp) > MAX_EXPONENT:
+        raise CalculatorError(f"exponent must be a whole number of at most {MAX_EXPONENT}")
+    e = int(exp)
+    if base == 0 and e < 0:
+        raise CalculatorError("division by zero")
+    if e < 0:
+        base, e = 1 / base, -e
+    num, den = abs(base.numerator), base.denominator
+    # lower bounds of the result's size: |base| > 2**(bits(num) - 1 - bits(den)); bits(n**e) > e * (bits(n) - 1)
+    if e * (num.bit_length() - 1 - den.bit_length()) > _MAX_LOG2:
+        raise CalculatorError("result too large")
+    if e * (max(num.bit_length(), den.bit_length()) - 1) >= MAX_BITS:
+        raise CalculatorError(f"result too precise (its exact fraction needs more than {MAX_BITS} bits)")
+    return _check(base ** e)   # fewer than MAX_BITS + MAX_EXPONENT bits each: cheap
 
 
 def _walk(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
         return _walk(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return _check(Fraction(str(node.value)))
+        return _literal(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
         value = _walk(node.operand)
         return value if isinstance(node.op, ast.UAdd) else -value
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-        base, exp = _walk(node.left), _walk(node.right)
-        if exp.denominator != 1 or abs(exp) > MAX_EXPONENT:
-            raise CalculatorError(f"exponent must be a whole number of at most {MAX_EXPONENT}")
-        if base == 0 and exp < 0:
-            raise CalculatorError("division by zero")
-        return _check(base ** int(exp))
+        return _power(_walk(node.left), _walk(node.right))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         left, right = _walk(node.left), _walk(node.right)
         if right == 0 and type(node.op) in (ast.Div, ast.FloorDiv, ast.Mod):
@@ -101,7 +129,7 @@ def evaluate(expression: str) -> Fraction:
         raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError) as e:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise CalculatorError(f"not an arithmetic expression: {text!r}") from e
     try:
         return _walk(tree)

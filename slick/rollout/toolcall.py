@@ -12,6 +12,13 @@ body is not such JSON is still returned, with ``error`` set: the rollout answers
 (counted in ``rollout/tool_errors``) so the policy learns from it instead of the rollout failing. An unclosed
 ``<tool_call>`` at the end of a turn counts as a malformed call.
 
+**Hostile text.** The policy's turn is untrusted input, so parsing it is linear in its length and cannot raise:
+the tags are found with ``str.find`` (no regex that rescans an unclosed tag), and a body (or an ``arguments``
+string) nested deeper than :data:`slick.rollout.safejson.MAX_DEPTH` (64) levels, or holding an integer of more
+than 4300 digits, is refused before ``json`` parses it (:mod:`slick.rollout.safejson`), as a call with
+``error`` set. A ``--tool-parser`` plug-in that raises gets the same treatment: its exception becomes one
+malformed call (an ``Error:`` tool message), not a failed rollout.
+
 **Other parsers**: ``--tool-parser pkg.mod:fn`` (any spelling :func:`slick.plugins.load_function` takes) where
 ``fn(text: str) -> list[ToolCall | dict]`` and a dict has ``name`` and ``arguments`` (and optionally ``id``,
 ``error``). :data:`PARSERS` holds the built-in names.
@@ -37,13 +44,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from slick.plugins import load_function
+from slick.rollout.safejson import JSONLimitError, loads
 
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+log = logging.getLogger("slick.toolcall")
 _ids = itertools.count()
 
 
@@ -64,20 +73,28 @@ class ToolCall:
         return {"id": self.id, "name": self.name, "arguments": self.arguments, "error": self.error}
 
 
+def _json_error(what: str, e: JSONLimitError, text: str) -> str:
+    if e.limit:
+        return f"{what} refused: {e}: {text[:200]!r}"
+    return f"{what} is not valid JSON ({e}): {text[:200]!r}"
+
+
 def _call_from_json(body: str) -> ToolCall:
     body = body.strip()
     try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return ToolCall(name="", error=f"tool call is not valid JSON ({e.msg} at column {e.colno}): {body[:200]!r}")
+        obj = loads(body)
+    except JSONLimitError as e:
+        return ToolCall(name="", error=_json_error("tool call", e, body))
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return ToolCall(name="", error=f"tool call must be an object with a string 'name': {body[:200]!r}")
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return ToolCall(name=obj["name"], error=f"arguments of {obj['name']!r} are not a JSON object: {args[:200]!r}")
+            args = loads(args) if args.strip() else {}
+        except JSONLimitError as e:
+            why = _json_error(f"arguments of {obj['name']!r}", e, args) if e.limit else \
+                f"arguments of {obj['name']!r} are not a JSON object: {args[:200]!r}"
+            return ToolCall(name=obj["name"], error=why)
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -86,13 +103,40 @@ def _call_from_json(body: str) -> ToolCall:
     return ToolCall(name=obj["name"], arguments=args, id=str(obj.get("id") or ""))
 
 
+def tool_call_spans(text: str) -> tuple[list[tuple[int, int]], int]:
+    """``([(start, end), ...], unclosed)``: the ``<tool_call>...</tool_call>`` spans of ``text`` in order (each
+    from its opening tag to the end of its closing tag; a body runs to the first closing tag after its opening
+    tag) and the position of an opening tag no closing tag follows (-1 when none). Linear time."""
+    spans, pos = [], 0
+    while True:
+        start = text.find(OPEN, pos)
+        if start < 0:
+            return spans, -1
+        end = text.find(CLOSE, start + len(OPEN))
+        if end < 0:
+            return spans, start
+        pos = end + len(CLOSE)
+        spans.append((start, pos))
+
+
 def parse_hermes(text: str) -> list[ToolCall]:
     """Every ``<tool_call>{json}</tool_call>`` in ``text``, in order (module doc)."""
-    calls = [_call_from_json(m.group(1)) for m in _CALL_RE.finditer(text)]
-    tail = text[text.rfind("</tool_call>") + len("</tool_call>"):] if "</tool_call>" in text else text
-    if "<tool_call>" in tail:
+    spans, unclosed = tool_call_spans(text)
+    calls = [_call_from_json(text[a + len(OPEN):b - len(CLOSE)]) for a, b in spans]
+    if unclosed >= 0:
         calls.append(ToolCall(name="", error="unclosed <tool_call> (no </tool_call> before the turn ended)"))
     return calls
+
+
+def strip_tool_calls(text: str) -> str:
+    """``text`` without its closed ``<tool_call>...</tool_call>`` spans (linear time)."""
+    spans, _ = tool_call_spans(text)
+    parts, pos = [], 0
+    for a, b in spans:
+        parts.append(text[pos:a])
+        pos = b
+    parts.append(text[pos:])
+    return "".join(parts)
 
 
 PARSERS: dict[str, Callable[[str], list]] = {"hermes": parse_hermes}
@@ -104,13 +148,23 @@ def get_parser(name: Optional[str] = None, flag: str = "--tool-parser") -> Calla
     fn = PARSERS.get(name) or load_function(name, flag)
 
     def parse(text: str) -> list[ToolCall]:
+        try:
+            found = list(fn(text) or [])
+        except Exception as e:  # noqa: BLE001 - policy text that breaks a parser is the policy's mistake
+            log.warning("%s %r raised %s on a turn of %d characters; answering with an error tool message",
+                        flag, name, type(e).__name__, len(text))
+            return [ToolCall(name="", error=f"the tool call could not be parsed ({flag} {name!r} raised "
+                                            f"{type(e).__name__}: {str(e)[:200]})")]
         out = []
-        for c in fn(text) or []:
+        for c in found:
             if isinstance(c, ToolCall):
                 out.append(c)
             elif isinstance(c, dict) and "name" in c:
-                out.append(ToolCall(name=str(c["name"]), arguments=dict(c.get("arguments") or {}),
-                                    id=str(c.get("id") or ""), error=c.get("error")))
+                args, error = c.get("arguments") or {}, c.get("error")
+                if not isinstance(args, dict):
+                    args, error = {}, error or f"arguments of {c['name']!r} must be a JSON object, " \
+                                               f"got {type(args).__name__}"
+                out.append(ToolCall(name=str(c["name"]), arguments=args, id=str(c.get("id") or ""), error=error))
             else:
                 raise ValueError(f"{flag} {name!r}: a parser must return ToolCall objects or dicts with 'name' and "
                                  f"'arguments', got {type(c).__name__}")
