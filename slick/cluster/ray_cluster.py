@@ -1,7 +1,8 @@
 """The Ray cluster of a run: join one (--ray-address ADDR|auto, or RAY_ADDRESS as under `ray job submit`) or
-start a local one bound to 127.0.0.1 with its own temp dir; one placement group for the layout, ready within
-a timeout whose error names what was asked and what the cluster has. :meth:`RayCluster.stop` removes the
-placement group and stops the cluster only when slick started it."""
+start a local one with its own temp dir whose every socket (GCS, raylet, object manager, dashboard and its
+agent, runtime-env agent, metrics, workers, the driver) listens on 127.0.0.1 only; one placement group for
+the layout, ready within a timeout whose error names what was asked and what the cluster has.
+:meth:`RayCluster.stop` removes the placement group and stops the cluster only when slick started it."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from typing import Optional
 
 from slick.cluster.layout import ClusterFailure, Layout, shortfall, slots_per_node
@@ -18,6 +20,7 @@ log = logging.getLogger("slick.cluster")
 
 # what every actor's process needs to find slick's files and stay offline
 WORKER_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "SLICK_CACHE", "SLICK_NATIVE", "CXX", "PYTHONPATH")
+LOOPBACK = ("127.0.0.1", "::1")
 
 
 class ClusterError(ClusterFailure):
@@ -50,6 +53,38 @@ def without_job_env_keys(env: dict) -> dict:
         return env
     taken = ((job.get("runtime_env") or {}).get("env_vars") or {}) if isinstance(job, dict) else {}
     return {k: v for k, v in env.items() if k not in taken}
+
+
+@contextmanager
+def _loopback_node():
+    """While starting the local cluster, keep its node address 127.0.0.1. Ray binds its gRPC servers (GCS,
+    raylet, workers) and agents to loopback only when the node address is literally 127.0.0.1, but ray.init
+    rewrites a loopback ``_node_ip_address`` to this machine's routable address, except when multi-node
+    clusters are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once into
+    ``ray._private.ray_constants.ENABLE_RAY_CLUSTER``); that switch is turned off here for the start only
+    (a local cluster has one node) and restored after. The processes Ray starts get the address on their
+    command lines."""
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):     # another Ray: _check_loopback says what it did
+        yield
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def _check_loopback() -> None:
+    """Say loudly when the local cluster's node is not on 127.0.0.1 (a Ray upgrade changed how it binds)."""
+    import ray
+
+    ip = ray._private.worker.global_worker.node.node_ip_address
+    if ip not in LOOPBACK:
+        log.warning("the local Ray cluster's node address is %s, not 127.0.0.1: its sockets may listen on every "
+                    "interface, without authentication unless Ray's token auth is on (see docs/security.md)", ip)
 
 
 def _cause(e: BaseException) -> str:
@@ -135,9 +170,11 @@ class RayCluster:
                 c = cls(address, started_here=False, owned_init=True)
             else:
                 temp_dir = tempfile.mkdtemp(prefix="slick-ray-", dir="/tmp")
-                ray.init(address="local", num_cpus=num_cpus or _cores(), num_gpus=None,
-                         include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp_dir,
-                         runtime_env=runtime_env, log_to_driver=True, logging_level=logging.WARNING)
+                with _loopback_node():      # every socket on 127.0.0.1; other machines: --ray-address
+                    ray.init(address="local", num_cpus=num_cpus or _cores(), num_gpus=None,
+                             include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp_dir,
+                             runtime_env=runtime_env, log_to_driver=True, logging_level=logging.WARNING)
+                _check_loopback()
                 c = cls("local", started_here=True, owned_init=True, temp_dir=temp_dir)
                 log.info("started a local Ray cluster (%s CPUs, temp dir %s)", num_cpus or _cores(), temp_dir)
         c.start_seconds = time.perf_counter() - t0

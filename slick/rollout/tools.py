@@ -14,9 +14,12 @@ the policy (OpenAI function format) is built from the signature (``int``/``float
 ``--tool-key`` schemas, when present, are what the chat template shows instead.
 
 ``@tool(unsafe=True)`` runs a function in a fresh Python subprocess per call (``python -m
-slick.rollout.tools``): it must be importable by module and name; whatever it prints is captured and put before
-its result; a crash, a hang or a kill of that process becomes an error message. ``@tool(timeout=S)`` overrides
-``--tool-timeout`` for one tool.
+slick.rollout.tool_process``, see :mod:`slick.rollout.tool_process`): it must be importable by module and name;
+whatever it prints is captured and put before its result; a crash, a hang or a kill of that process becomes an
+error message. That process is a process group of its own, killed whole (grandchildren too) when the call
+ends or times out, and gets a clean environment: none of the driver's variables (API keys, tokens) except
+those named in ``@tool(unsafe=True, env=["NAME", ...])``. ``@tool(timeout=S)`` overrides ``--tool-timeout`` for
+one tool.
 
 **Failures never crash a rollout.** A tool that raises, times out (``--tool-timeout``), is unknown, gets bad
 arguments, or whose call could not be parsed, answers with a tool message starting ``Error:`` and counts in
@@ -30,25 +33,31 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import os
-import sys
-import tempfile
 import threading
 import time
 import types
 from typing import Callable, Optional, Sequence
 
 from slick.plugins import _import
+from slick.rollout.tool_process import run_in_subprocess
 from slick.rollout.toolcall import ToolCall
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
 def tool(fn: Optional[Callable] = None, *, unsafe: bool = False, timeout: Optional[float] = None,
-         name: Optional[str] = None, schema: Optional[dict] = None):
-    """Mark a function as a tool with options (usable bare, ``@tool``, or with arguments)."""
+         name: Optional[str] = None, schema: Optional[dict] = None, env: Sequence[str] = ()):
+    """Mark a function as a tool with options (usable bare, ``@tool``, or with arguments). ``env``: names of
+    the driver's environment variables an unsafe tool's process gets (it gets no others)."""
+    if isinstance(env, str) or not all(isinstance(k, str) and k for k in env):
+        raise TypeError(f"@tool(env=...): expected a list of environment variable names, got {env!r}")
+    if env and not unsafe:
+        raise TypeError(f"@tool(env={list(env)!r}): only an unsafe tool's process gets a filtered environment; "
+                        f"a safe tool runs in the driver and sees all of it (add unsafe=True)")
+
     def mark(f):
-        f.__slick_tool__ = {"unsafe": unsafe, "timeout": timeout, "name": name, "schema": schema}
+        f.__slick_tool__ = {"unsafe": unsafe, "timeout": timeout, "name": name, "schema": schema,
+                            "env": tuple(env)}
         return f
     return mark(fn) if fn is not None else mark
 
@@ -210,7 +219,8 @@ class ToolSet:
         timeout = float(opts.get("timeout") or self.timeout)
         try:
             if opts.get("unsafe"):
-                return await run_in_subprocess(fn, call.arguments, timeout, self.max_output_chars)
+                return await run_in_subprocess(fn, call.arguments, timeout, self.max_output_chars,
+                                               opts.get("env", ()))
             if inspect.iscoroutinefunction(fn):
                 value = await asyncio.wait_for(fn(**call.arguments), timeout)
             else:
@@ -222,89 +232,3 @@ class ToolSet:
             return f"Error: tool {call.name!r} timed out after {timeout:g} s", True
         except Exception as e:  # noqa: BLE001 - a tool's failure is the policy's observation
             return f"Error: tool {call.name!r} raised {type(e).__name__}: {e}", True
-
-
-async def _read_capped(stream, cap: int) -> tuple[bytes, int]:
-    """Read a stream to its end, keeping the first ``cap`` bytes; returns (kept, bytes dropped)."""
-    kept, dropped = bytearray(), 0
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            return bytes(kept), dropped
-        room = cap - len(kept)
-        kept += chunk[:max(room, 0)]
-        dropped += max(len(chunk) - max(room, 0), 0)
-
-
-async def run_in_subprocess(fn: Callable, arguments: dict, timeout: float, max_chars: int) -> tuple[str, bool]:
-    """Call ``fn(**arguments)`` in a fresh ``python -m slick.rollout.tools`` process; (text, error)."""
-    name = getattr(fn, "__name__", "tool")
-    module, qualname = fn.__module__, fn.__qualname__
-    if module == "__main__" or "<locals>" in qualname:
-        return f"Error: unsafe tool {name!r} must be importable (defined at module level, not in __main__)", True
-    fd, result_path = tempfile.mkstemp(prefix="slick-tool-", suffix=".json")
-    os.close(fd)
-    request = json.dumps({"module": module, "qualname": qualname, "arguments": arguments, "result": result_path})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "slick.rollout.tools",
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE, env=env)
-    out_task = err_task = None
-    try:
-        proc.stdin.write(request.encode())
-        proc.stdin.close()
-        out_task = asyncio.ensure_future(_read_capped(proc.stdout, 4 * max_chars + 1024))
-        err_task = asyncio.ensure_future(_read_capped(proc.stderr, 4096))
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.TimeoutError:
-            return f"Error: tool {name!r} timed out after {timeout:g} s (its process was killed)", True
-        (out, dropped), (err, _) = await asyncio.gather(out_task, err_task)
-        printed = out.decode("utf-8", "replace")
-        if dropped:
-            printed += f"\n...[truncated {dropped} bytes of printed output]"
-        try:
-            with open(result_path, encoding="utf-8") as fh:
-                result = json.load(fh)
-        except (OSError, ValueError):
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
-            return (f"Error: tool {name!r} crashed (its process exited with code {proc.returncode}"
-                    f"{': ' + ' | '.join(tail) if tail else ''})"), True
-        if not result.get("ok"):
-            return f"Error: tool {name!r} raised {result.get('error')}", True
-        return printed + result.get("text", ""), False
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for task in (out_task, err_task):
-            if task is not None and not task.done():
-                task.cancel()
-        try:
-            os.unlink(result_path)
-        except OSError:
-            pass
-
-
-def _worker() -> None:
-    """Child side of :func:`run_in_subprocess`: read the request on stdin, write the result file."""
-    import importlib
-
-    req = json.loads(sys.stdin.read())
-    try:
-        obj = importlib.import_module(req["module"])
-        for part in req["qualname"].split("."):
-            obj = getattr(obj, part)
-        value = obj(**req["arguments"])
-        if inspect.isawaitable(value):
-            value = asyncio.run(value)
-        result = {"ok": True, "text": _to_text(value)}
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    sys.stdout.flush()
-    with open(req["result"], "w", encoding="utf-8") as fh:
-        json.dump(result, fh)
-
-
-if __name__ == "__main__":
-    _worker()
