@@ -26,7 +26,8 @@ FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort
 class SamplingParams:
     """Sampling settings, named as in SGLang's ``sampling_params``.
 
-    ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` disable truncation.
+    ``temperature == 0`` means greedy (below 1e-5 too: ``slick.engine.sampling.GREEDY_BELOW``); engines check
+    the settings with ``slick.engine.sampling.validate_sampling``. ``top_k <= 0`` and ``top_p == 1`` disable truncation.
     ``seed`` makes one request's sampling reproducible. ``ignore_eos`` keeps generating past EOS and
     ``stop_token_ids`` (as in SGLang, stop strings still stop) up to ``max_new_tokens``.
     ``skip_special_tokens`` and ``no_stop_trim`` only shape the response text of ``slick serve``.

@@ -35,7 +35,7 @@ import torch
 from slick.engine.kvcache import KVCache
 from slick.engine.model import Transformer, iter_safetensors, pick_dtype
 from slick.engine.request import Request, deliver
-from slick.engine.sampling import sample
+from slick.engine.sampling import sample, validate_sampling
 from slick.engine.weight_check import check_dir, check_named
 from slick.types import Generation, SamplingParams
 
@@ -111,9 +111,11 @@ class LocalEngine:
 
         ``rid`` names the request for :meth:`abort` (default: a fresh uuid); a rid already in flight is a
         ``ValueError``. While the engine is paused the request is queued and starts at ``continue_generation``.
+        Bad sampling settings (a seed out of range, a NaN temperature, ...) raise
+        :class:`slick.engine.sampling.SamplingError` (a ValueError) before anything is queued.
         """
         prompt = self._check_prompt(prompt_ids)
-        sp = sampling if sampling is not None else SamplingParams()
+        sp = validate_sampling(sampling if sampling is not None else SamplingParams(), "sampling")
         if self._closed:
             raise RuntimeError("LocalEngine is closed")
         if self.model.released:
@@ -285,6 +287,10 @@ class LocalEngine:
     async def health(self) -> bool:
         """True while the engine is open (and its scheduler thread alive, when threaded)."""
         return (not self._closed) and (self._thread is None or self._thread.is_alive())
+
+    def weight_shapes(self) -> dict[str, tuple]:
+        """HF weight name -> shape of every weight an update may write (what a broadcast bucket may announce)."""
+        return dict(self.model.shapes)
 
     async def get_weight_version(self) -> int:
         """The current weight version (0 after load, +1 per update unless set)."""

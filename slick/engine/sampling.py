@@ -9,14 +9,73 @@ the batch. One uniform per row (instead of one Gumbel draw per vocabulary entry)
 
 The returned logprob is ``log_softmax(logits / T)`` of the chosen token in fp32, *before* top-p/top-k
 truncation (``T = 1`` for greedy rows) -- the quantity the trainer recomputes.
+
+Numerics: a temperature below ``GREEDY_BELOW`` (1e-5) samples greedily, as 0 does (SGLang and vLLM do the same):
+``logits / T`` would overflow fp32 for such a T (1e-45 turned every logprob into -inf or NaN), and the
+distribution is one-hot at that point anyway; its logprobs are then those of a greedy row (``T = 1``). A chosen
+token's logprob is never below ``LOGPROB_FLOOR`` (-1e4): a token sampled with a nonzero fp32 probability has a
+logprob above -104 and a greedy one above -log(V), so the floor changes no real value and only keeps a
+``-inf`` (which is not JSON) out of any answer. :func:`validate_sampling` checks a request's settings before the
+engine starts it.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Any, Sequence
 
 import torch
 
 from slick.fastmath import exp_, logsumexp
+
+GREEDY_BELOW = 1e-5                  # temperatures in [0, GREEDY_BELOW) sample greedily
+LOGPROB_FLOOR = -1e4                 # the lowest logprob reported for a chosen token
+TEMPERATURE_CAP = 1e30               # higher temperatures sample as this one (uniform; 1/T stays an fp32 > 0)
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1     # what torch.Generator.manual_seed takes
+
+
+class SamplingError(ValueError):
+    """A sampling setting the engine cannot honour; ``field`` names it (e.g. ``choice[3].seed``)."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+def validate_sampling(sp: Any, where: str = "sampling_params", error=SamplingError):
+    """Check every setting of a :class:`slick.types.SamplingParams` (returned unchanged) and raise ``error`` naming
+    ``where.field`` for the first bad one: temperature and top_p finite numbers (temperature >= 0, top_p in
+    (0, 1]), top_k and max_new_tokens integers (max_new_tokens >= 0), seed an integer in [-2**63, 2**64 - 1] or
+    None, stop a list of strings, stop_token_ids a list of integers. Cheap: call it for every choice of a request
+    before starting any."""
+    def bad(name: str, why: str, value: Any):
+        r = repr(value)
+        return error(f"{where}.{name} {why}, got {r if len(r) <= 80 else r[:80] + '...'}",
+                     **({"field": f"{where}.{name}"} if error is SamplingError else {}))
+
+    for name, lo, hi, lo_open in (("temperature", 0.0, math.inf, False), ("top_p", 0.0, 1.0, True)):
+        v = getattr(sp, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise bad(name, "must be a finite number", v)
+        if v < lo or v > hi or (lo_open and v == lo):
+            raise bad(name, f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}]", v)
+    for name in ("top_k", "max_new_tokens"):
+        v = getattr(sp, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(name, "must be an integer", v)
+    if sp.max_new_tokens < 0:
+        raise bad("max_new_tokens", "must be >= 0", sp.max_new_tokens)
+    if sp.seed is not None:
+        if isinstance(sp.seed, bool) or not isinstance(sp.seed, int):
+            raise bad("seed", "must be an integer", sp.seed)
+        if not SEED_MIN <= sp.seed <= SEED_MAX:
+            raise bad("seed", f"must be in [{SEED_MIN}, {SEED_MAX}]", sp.seed)
+    if sp.stop is not None and not (isinstance(sp.stop, list) and all(isinstance(x, str) for x in sp.stop)):
+        raise bad("stop", "must be a list of strings", sp.stop)
+    ids = sp.stop_token_ids
+    if ids is not None and not (isinstance(ids, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in ids)):
+        raise bad("stop_token_ids", "must be a list of integers", ids)
+    return sp
 
 
 def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[float],
@@ -29,19 +88,21 @@ def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[f
     """
     B, V = logits.shape
     dev = logits.device
-    greedy = [t <= 0 for t in temperature]
+    greedy = [t < GREEDY_BELOW for t in temperature]
     if native is not None and dev.type == "cpu" and logits.dtype in native.dtypes and not any(
             _truncates(k, p, V) for k, p, g in zip(top_k, top_p, greedy) if not g):
-        inv = torch.tensor([0.0 if g else 1.0 / float(t) for g, t in zip(greedy, temperature)], dtype=torch.float32)
+        inv = torch.tensor([0.0 if g else 1.0 / min(float(t), TEMPERATURE_CAP)
+                            for g, t in zip(greedy, temperature)], dtype=torch.float32)
         u = torch.zeros(B, dtype=torch.float32)
         if not all(greedy):
             u[torch.tensor([not g for g in greedy])] = _uniforms(generators, greedy, dev)
-        return native.sample(logits, inv, u)
+        tok, lps = native.sample(logits, inv, u)
+        return tok, [max(lp, LOGPROB_FLOOR) if lp == lp else lp for lp in lps]     # NaN (NaN logits) stays
     logits = logits.float()
     if all(t == 1.0 or g for t, g in zip(temperature, greedy)):
         scaled = logits
     else:
-        temps = torch.tensor([1.0 if g else float(t) for g, t in zip(greedy, temperature)],
+        temps = torch.tensor([1.0 if g else min(float(t), TEMPERATURE_CAP) for g, t in zip(greedy, temperature)],
                              dtype=torch.float32, device=dev)
         scaled = logits / temps.view(B, 1)
     lse = logsumexp(scaled, dim=-1, keepdim=True)
@@ -67,7 +128,7 @@ def sample(logits: torch.Tensor, temperature: Sequence[float], top_p: Sequence[f
         else:
             tok = logits.argmax(dim=-1)
             tok[sel] = pick
-    chosen = scaled.gather(1, tok.view(B, 1)) - lse
+    chosen = (scaled.gather(1, tok.view(B, 1)) - lse).clamp_(min=LOGPROB_FLOOR)    # NaN (NaN logits) stays
     return tok.tolist(), chosen.view(B).tolist()
 
 

@@ -7,15 +7,23 @@ lives on beside it). The three calls, with SGLang's request fields:
 
 * ``init_weights_update_group``: ``master_address``, ``master_port``, ``rank_offset`` (this engine's rank),
   ``world_size``, ``group_name`` (default "weight_update_group"), ``backend`` ("gloo" or "nccl"); slick adds
-  ``timeout_s`` (default 600), the bound on joining and on every later broadcast of this group.
+  ``timeout_s`` (default 600), the bound on joining and on every later broadcast of this group. It must be a
+  finite number of seconds in (0, ``MAX_TIMEOUT_S``] (3600; ``WeightGroups(max_timeout_s=)``); anything else is
+  refused (400 naming ``timeout_s``), so no caller makes the engine wait on it longer than that.
 * ``update_weights_from_distributed``: ``names``, ``dtypes``, ``shapes`` (one broadcast from rank 0 per tensor,
   in that order), ``group_name``, ``flush_cache``, ``weight_version``; slick adds ``last_bucket`` (default
   true). A call with ``last_bucket: false`` only receives and keeps the tensors (staged, in the engine's
   memory); the call with ``last_bucket: true`` applies everything staged plus its own tensors in one
   all-or-nothing ``engine.update_weights(named_tensors=..., version=weight_version)``: the engine checks
   every name, shape and dtype first, then copies between two decode steps (pause -> load -> set version ->
-  continue). Generation goes on while buckets arrive; only the final copy holds the step lock. Every tensor
-  announced is received even when the update will be refused, so the sender never blocks on this engine.
+  continue). Generation goes on while buckets arrive; only the final copy holds the step lock (and, in
+  ``slick serve``, the server's weights lock: receiving holds neither, so a member whose sender never
+  broadcasts delays no other update and fails by itself at its ``timeout_s``). Before any buffer is allocated
+  every announced tensor is held to the engine's own model (``slick/engine/weight_staging.py``: a weight's name,
+  its shape, float32/bfloat16/float16, each name once per update, all groups together within the model's size
+  at float32); a bucket that fails these checks is refused without receiving anything and the group is dropped
+  (its connections close, so the sender fails at once instead of blocking). An update that passes them but
+  names too few weights is still refused as a whole by ``engine.update_weights``, after the receive.
   A failed receive (sender gone, timeout, a request that cannot be sized) drops the group and what was
   staged: the weights and version stay as they were, and the sender's next update forms a new group.
 * ``destroy_weights_update_group``: ``group_name``; drops the group and anything staged for it.
@@ -27,8 +35,10 @@ HTTP (``slick serve``) and ``slick.train.transport.broadcast`` drives it directl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
+import math
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -36,8 +46,11 @@ from typing import Any, Optional
 
 import torch
 
+from slick.engine.weight_staging import StagingBudget, StagingError, budget_bytes, check_announced, engine_shapes
+
 DEFAULT_GROUP = "weight_update_group"
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 3600.0       # the most seconds a caller may ask the engine to wait on a group (join, broadcast)
 PATHS = ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group")
 JOINED_KEY = "slick_joined/{rank}"       # set by every receiver before it builds the group (names the missing)
 
@@ -123,7 +136,10 @@ def _field(body: dict, name: str, kind, default=Any):
     if kind is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
         v = int(v)
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:
+            raise WeightGroupError(f"field {name!r} is out of range, got {v}") from None
     if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
         raise WeightGroupError(f"field {name!r} must be {kind.__name__}, got {v!r}")
     return v
@@ -148,11 +164,14 @@ class WeightGroups:
     ``get_weight_version``). Blocking calls (``init``, ``receive``) run in a worker thread when called through
     the async methods, so an event loop serving the engine keeps answering meanwhile."""
 
-    def __init__(self, engine, device: Optional[torch.device] = None):
+    def __init__(self, engine, device: Optional[torch.device] = None, max_timeout_s: float = MAX_TIMEOUT_S):
         self.engine = engine
         self.device = device if device is not None else getattr(engine, "device", None)
+        self.max_timeout_s = float(max_timeout_s)
         self.groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
+        self.shapes = engine_shapes(engine)     # the model's weights: what a bucket may announce
+        self.budget = StagingBudget(budget_bytes(self.shapes) if self.shapes is not None else 0)
 
     # ---------------------------------------------------------------- init / destroy
     def init_sync(self, body: dict) -> str:
@@ -168,13 +187,14 @@ class WeightGroups:
         world = _field(body, "world_size", int)
         name = _field(body, "group_name", str, DEFAULT_GROUP) or DEFAULT_GROUP
         backend = _field(body, "backend", str, "gloo")
-        timeout_s = _field(body, "timeout_s", float, DEFAULT_TIMEOUT_S)
+        timeout_s = _field(body, "timeout_s", float, min(DEFAULT_TIMEOUT_S, self.max_timeout_s))
         if not 0 < port < 65536:
             raise WeightGroupError(f"master_port {port} is not a TCP port")
         if world < 2 or not 1 <= rank < world:
             raise WeightGroupError(f"rank_offset {rank} must be in [1, world_size={world}) (rank 0 is the sender)")
-        if timeout_s <= 0:
-            raise WeightGroupError(f"timeout_s must be > 0, got {timeout_s}")
+        if not (math.isfinite(timeout_s) and 0 < timeout_s <= self.max_timeout_s):
+            raise WeightGroupError(f"timeout_s must be a finite number of seconds in (0, {self.max_timeout_s:g}] "
+                                   f"(this engine's maximum), got {timeout_s!r}")
         if backend not in ("gloo", "nccl"):
             raise WeightGroupError(f"backend {backend!r}: choose gloo or nccl")
         self.destroy(name)
@@ -198,6 +218,7 @@ class WeightGroups:
             g = self.groups.pop(name, None)
         if g is None:
             return False
+        self.budget.release(name)
         g.staged.clear()
         g.pg = None          # the last reference: gloo closes its connections, peers blocked on it fail at once
         return True
@@ -211,17 +232,23 @@ class WeightGroups:
 
     # ---------------------------------------------------------------- receive
     def receive_sync(self, name: str, names: list, dtypes: list, shapes: list) -> list:
-        """Receive one broadcast from rank 0 per announced tensor, in order; returns ``(name, tensor)``."""
+        """Receive one broadcast from rank 0 per announced tensor, in order; returns ``(name, tensor)``. The
+        announcement is checked against the model and the staging budget before any buffer exists."""
         g = self._group(name)
-        try:
-            metas = _metas(names, dtypes, shapes)
-        except WeightGroupError:
-            self.destroy(name)     # the sender is broadcasting tensors we cannot size: close, so it fails now
-            raise
         dev = tensor_device(g.backend, self.device)
         td = datetime.timedelta(seconds=g.timeout_s)
         out = []
         with g.lock:
+            try:
+                metas = _metas(names, dtypes, shapes)
+                if self.shapes is None:
+                    raise WeightGroupError(f"engine {type(self.engine).__name__} does not expose its weight "
+                                           "shapes (weight_shapes()); broadcast updates are refused")
+                nbytes = check_announced(self.shapes, metas, {n for n, _ in g.staged})
+                self.budget.reserve(name, nbytes, self._idle_groups, self.destroy)
+            except (WeightGroupError, StagingError) as e:
+                self.destroy(name)  # the sender is broadcasting tensors we will not take: close, so it fails now
+                raise WeightGroupError(f"weight group {name!r}: {e}") from None
             for n, dt, shape in metas:
                 t = torch.empty(shape, dtype=dt, device=dev)
                 try:
@@ -235,9 +262,16 @@ class WeightGroups:
                 out.append((n, t))
         return out
 
-    async def update_from_distributed(self, body: dict) -> dict:
+    def _idle_groups(self) -> list[str]:
+        """Groups holding staged buckets that are not receiving now (their sender left them): dropped first
+        when another group needs the room."""
+        with self._lock:
+            return [n for n, g in self.groups.items() if g.staged and not g.lock.locked()]
+
+    async def update_from_distributed(self, body: dict, apply_lock: Optional[asyncio.Lock] = None) -> dict:
         """SGLang's update_weights_from_distributed (see the module doc); returns the JSON answer. Any failure
-        drops the group (the sender closes its side too and forms a new group for its next update)."""
+        drops the group (the sender closes its side too and forms a new group for its next update).
+        ``apply_lock`` (the server's weights lock) is held for the final copy only, never while receiving."""
         if not isinstance(body, dict):
             raise WeightGroupError("update_weights_from_distributed body must be a JSON object")
         name = _field(body, "group_name", str, DEFAULT_GROUP) or DEFAULT_GROUP
@@ -259,7 +293,9 @@ class WeightGroups:
                 return {"success": True, "message": f"received {len(got)} tensors (staged)",
                         "staged": len(g.staged)}
             pairs, g.staged = g.staged + got, []
-            new = await self.engine.update_weights(named_tensors=pairs, version=version)
+            async with apply_lock if apply_lock is not None else contextlib.nullcontext():
+                new = await self.engine.update_weights(named_tensors=pairs, version=version)
+            self.budget.release(name)
         except BaseException:
             self.destroy(name)
             raise
@@ -347,9 +383,8 @@ class WeightGroupRoutes:
         from aiohttp import web
 
         body = await self._body(request)
-        try:
-            async with self.server._weights_lock:   # shielded: a client that goes away cannot cut a copy short
-                out = await asyncio.shield(self.groups.update_from_distributed(body))
+        try:   # shielded: a client that goes away cannot cut a copy short; the weights lock only for the copy
+            out = await asyncio.shield(self.groups.update_from_distributed(body, self.server._weights_lock))
         except (WeightGroupError, ValueError, KeyError, RuntimeError) as e:   # the group is dropped
             return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
         if "weight_version" in out:

@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from slick.engine.weight_group import JOINED_KEY, WeightGroups, dtype_name, in_daemon_thread, make_group
+from slick.engine.weight_group import JOINED_KEY, MAX_TIMEOUT_S, WeightGroups, dtype_name, in_daemon_thread, make_group
 from slick.train.transport import TransportError, engine_name, is_http
 from slick.train.transport.buckets import iter_buckets, tensor_bytes, with_last
 from slick.train.transport.common import bounded
@@ -40,7 +40,8 @@ class _HttpMember:
         self.engine, self.url, self.label = engine, url, url
 
     async def join(self, body: dict, timeout_s: float) -> None:
-        await self.engine.init_weights_update_group(self.url, timeout_s=timeout_s, **body)
+        # an engine waits on a group at most MAX_TIMEOUT_S (it refuses more); the sender keeps its own bound
+        await self.engine.init_weights_update_group(self.url, timeout_s=min(timeout_s, MAX_TIMEOUT_S), **body)
 
     async def receive(self, body: dict, timeout_s: float) -> dict:
         return await self.engine.control(self.url, "/update_weights_from_distributed", body, timeout=timeout_s)
@@ -55,7 +56,7 @@ class _LocalMember:
         self.groups = WeightGroups(engine)
 
     async def join(self, body: dict, timeout_s: float) -> None:
-        await in_daemon_thread(self.groups.init_sync, {**body, "timeout_s": timeout_s})
+        await in_daemon_thread(self.groups.init_sync, {**body, "timeout_s": min(timeout_s, MAX_TIMEOUT_S)})
 
     async def receive(self, body: dict, timeout_s: float) -> dict:
         return await self.groups.update_from_distributed(body)
