@@ -89,6 +89,8 @@ class RayHead:
         self.object_store_mb, self.n_worker_ports = object_store_mb, worker_ports
         self.env = dict(os.environ if env is None else env)
         self.env.pop("RAY_ADDRESS", None)
+        # without this, Ray rewrites --node-ip-address 127.0.0.1 to the machine's address and listens everywhere
+        self.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         # Ray turns token authentication on when a token exists (~/.ray/auth_token); say so explicitly, so the
         # head and every client of it (client_env) agree: token when there is one, off otherwise
         self.token = auth_token(self.env)

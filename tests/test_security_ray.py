@@ -108,3 +108,25 @@ def test_every_socket_of_the_local_ray_cluster_listens_on_loopback_only(monkeypa
     left = [p for p in pids if _alive(p)]
     assert left == [], f"Ray processes outlived the cluster: {left}"
     assert not Path(temp_dir).exists()
+
+
+def _listening_after_all_reduce(rank, world):
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(4)
+    dist.all_reduce(t)          # gloo's pair sockets are up once a collective has run
+    mine = sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN})
+    dist.barrier()              # rank 0's store stays up until every rank has looked
+    return {"sum": t.tolist(), "listening": mine}
+
+
+def test_trainer_ranks_rendezvous_and_gloo_listen_on_loopback_only(tmp_path):
+    """Trainer ranks on 127.0.0.1 (slick/train/dist.py): rank 0's TCPStore and gloo's sockets listen on loopback,
+    not on '::' (what torch's own bind picks whatever address it is given)."""
+    from tests.test_train_fsdp import run_ranks
+    res = run_ranks(_listening_after_all_reduce, 2, (), tmp_path)
+    assert [r["sum"] for r in res] == [[2.0] * 4, [2.0] * 4]
+    assert res[0]["listening"], "rank 0 should be listening (the rendezvous store)"
+    exposed = [(rank, ip, port) for rank, r in enumerate(res) for ip, port in r["listening"] if not _is_loopback(ip)]
+    assert exposed == []

@@ -17,6 +17,7 @@ import torch
 
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
+from slick.data.dataset import DataError
 from slick.config.validate import async_lead
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
@@ -115,6 +116,9 @@ def main(argv=None) -> int:
     except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
+    except DataError as e:   # bad prompt data: the message names the file, line and field
+        print(f"slick train-async: {e}", file=sys.stderr)
+        return 2
     except (asyncio.CancelledError, KeyboardInterrupt) as e:
         sigterm = isinstance(e, asyncio.CancelledError)
         print(f"slick train-async: stopped ({'SIGTERM' if sigterm else 'interrupted'}); resume with --load", file=sys.stderr)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
 import os
+import socket
+import sys
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -49,13 +52,44 @@ def init_process_group(backend: str, rank: int, world_size: int, master_addr: st
             raise RuntimeError(f"rank {rank}: backend nccl needs a CUDA device and none is visible")
         local = os.environ.get("LOCAL_RANK")
         torch.cuda.set_device(int(local) if local is not None else torch.cuda.current_device())
+    if backend == "gloo" and sys.platform == "linux" and is_loopback(master_addr):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # gloo's pair sockets on loopback too, not every interface
+    timeout = datetime.timedelta(seconds=float(timeout_s))
     try:
-        dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{int(master_port)}",
-                                rank=int(rank), world_size=int(world_size),
-                                timeout=datetime.timedelta(seconds=float(timeout_s)))
+        store = _rendezvous_store(master_addr, int(master_port), int(rank), int(world_size), timeout)
+        dist.init_process_group(backend=backend, store=store, rank=int(rank), world_size=int(world_size),
+                                timeout=timeout)
     except Exception as e:  # rendezvous timeout, port in use...
         raise RankError(f"trainer rank {rank} of {world_size}: could not join the process group at "
                         f"{master_addr}:{master_port} ({backend}) within {timeout_s:g}s: {e}") from e
+
+
+def is_loopback(addr: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    try:
+        return addr == "localhost" or ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def _rendezvous_store(master_addr: str, port: int, rank: int, world_size: int, timeout) -> dist.TCPStore:
+    """The group's TCPStore. Rank 0 binds its listening socket to ``master_addr`` itself and hands it over, so
+    the store listens there only (torch's own bind takes every interface, whatever address it is given)."""
+    if rank != 0:
+        return dist.TCPStore(master_addr, port, world_size, False, timeout)
+    host = "127.0.0.1" if master_addr == "localhost" else master_addr
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(max(128, world_size))
+        store = dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                              master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()   # the store owns the listening socket now
+    return store
 
 
 def world() -> tuple[int, int]:
