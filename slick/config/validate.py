@@ -404,6 +404,8 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     if cfg.debug_rollout_only and (cfg.save or cfg.save_hf):
         flag = "--save" if cfg.save else "--save-hf"
         p.append(f"{flag} needs a trainer, but --debug-rollout-only builds none (nothing to save)")
+    from slick.train.output_dirs import config_problems as output_dir_problems   # no output replaces data
+    p += output_dir_problems(cfg, check_files)
     cluster_problems(cfg, p)
     megatron_problems(cfg, p)
     driver_problems(cfg, driver, p)

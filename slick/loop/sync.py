@@ -15,6 +15,7 @@ import time
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.data.dataset import DataError
+from slick.train.safe_load import UnsafeCheckpointError
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
 from slick.train.checkpoint import CheckpointWriteError
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
     except (NonFiniteTrainingError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
         print(f"slick train: error: {e}", file=sys.stderr)
         return 1
-    except DataError as e:   # bad prompt data: the message names the file, line and field
+    except (DataError, UnsafeCheckpointError) as e:   # bad prompt data or checkpoint file: named in the message
         print(f"slick train: {e}", file=sys.stderr)
         return 2
     except (asyncio.CancelledError, KeyboardInterrupt) as e:

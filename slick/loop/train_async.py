@@ -18,6 +18,7 @@ import torch
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.data.dataset import DataError
+from slick.train.safe_load import UnsafeCheckpointError
 from slick.config.validate import async_lead
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
-    except DataError as e:   # bad prompt data: the message names the file, line and field
+    except (DataError, UnsafeCheckpointError) as e:   # bad prompt data or checkpoint file: named in the message
         print(f"slick train-async: {e}", file=sys.stderr)
         return 2
     except (asyncio.CancelledError, KeyboardInterrupt) as e:

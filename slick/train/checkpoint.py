@@ -22,6 +22,11 @@ With several trainer ranks (``slick.train.dist``) every rank calls these functio
 collective (a sharded ``slick.train.dcp`` directory instead of ``model/`` + ``optimizer.pt``), rank 0 alone
 creates and renames the temp directory and writes ``state``, ``step.json`` and ``latest``, with barriers in
 between; all ranks return once the checkpoint is in place. The filesystem must be shared by the ranks.
+
+No write removes what slick did not create (``slick.train.output_dirs``): :func:`write_dir_atomic` replaces an
+existing directory only when it is empty or slick's output of the same kind (an HF export carries
+``.slick-output.json``); retention and the stale-temp cleanup touch only ``step_*`` checkpoints and slick's
+own temp entries. Every ``.pt`` file loads with ``weights_only=True`` (``slick.train.safe_load``).
 """
 from __future__ import annotations
 
@@ -35,6 +40,9 @@ from typing import Optional
 import torch
 
 from slick.train import dist as D
+from slick.train.output_dirs import (CHECKPOINT_ROOT, CHECKPOINT_STEP, HF_EXPORT, TEMP_ENTRY, OutputDirError,
+                                     describe, export_problems, is_checkpoint_step, owned, write_marker)
+from slick.train.safe_load import load_pt, unsafe_globals
 
 STEP_PREFIX = "step_"
 MANIFEST = "manifest.json"
@@ -72,8 +80,24 @@ def write_text_atomic(path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
-    """Move the finished ``tmp_dir`` to ``final_dir``; an existing ``final_dir`` is swapped out first."""
+MARKED_KINDS = (HF_EXPORT,)   # output kinds recognised by slick's marker file alone (no file of their own)
+
+
+def _check_replaceable(final_dir: Path, kind: str) -> None:
+    """Refuse (OutputDirError) to replace ``final_dir`` unless it is absent, empty or slick's ``kind``."""
+    if final_dir.is_symlink() or (final_dir.exists() and not final_dir.is_dir()):
+        what = "a symbolic link" if final_dir.is_symlink() else "not a directory"
+        raise OutputDirError(f"{final_dir}: is {what}; slick replaces only a directory of its own (nothing was "
+                             f"written)")
+    if final_dir.is_dir() and not owned(final_dir, kind):
+        raise OutputDirError(f"{final_dir}: refusing to replace it with {kind}: it is {describe(final_dir)}; "
+                             f"writing would delete what it holds (nothing was written)")
+
+
+def replace_dir_atomic(tmp_dir: Path, final_dir: Path, kind: str) -> None:
+    """Move the finished ``tmp_dir`` to ``final_dir``; an existing ``final_dir`` is swapped out first, and only
+    when it is empty or slick's output of ``kind`` (``slick.train.output_dirs.owned``)."""
+    _check_replaceable(final_dir, kind)
     old = None
     if final_dir.exists():
         old = final_dir.with_name(f".old-{final_dir.name}-{os.getpid()}")
@@ -86,14 +110,17 @@ def replace_dir_atomic(tmp_dir: Path, final_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_dir_atomic(final_dir, writer) -> Path:
+def write_dir_atomic(final_dir, writer, *, kind: str) -> Path:
     """Call ``writer(tmp_dir)`` on a fresh sibling temp dir, then rename it to ``final_dir``.
 
+    ``kind`` (``slick.train.output_dirs``): an existing ``final_dir`` is replaced only when it is empty or
+    slick's output of that kind, else OutputDirError before ``writer`` runs; an ``hf-export`` gets its marker.
     If ``writer`` raises, the temp dir is removed and ``final_dir`` is untouched. With several ranks: call it
     on every rank with a collective ``writer``; rank 0 owns the directories.
     """
+    _check_replaceable(Path(final_dir), kind)
     if D.is_distributed():
-        return _write_dir_atomic_ranks(Path(final_dir), writer)
+        return _write_dir_atomic_ranks(Path(final_dir), writer, kind)
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = final_dir.with_name(f".tmp-{final_dir.name}-{os.getpid()}")
@@ -102,14 +129,16 @@ def write_dir_atomic(final_dir, writer) -> Path:
     tmp.mkdir()
     try:
         writer(tmp)
-        replace_dir_atomic(tmp, final_dir)
+        if kind in MARKED_KINDS:
+            write_marker(tmp, kind)
+        replace_dir_atomic(tmp, final_dir, kind)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final_dir
 
 
-def _write_dir_atomic_ranks(final_dir: Path, writer) -> Path:
+def _write_dir_atomic_ranks(final_dir: Path, writer, kind: str) -> Path:
     rank, n = D.world()
     tmp = final_dir.with_name(f".tmp-{final_dir.name}-ranks")
     if rank == 0:
@@ -133,16 +162,34 @@ def _write_dir_atomic_ranks(final_dir: Path, writer) -> Path:
         raise D.RankError(f"trainer rank {rank} of {n}: writing {final_dir} failed on {int(failed)} other "
                           "rank(s); the previous checkpoint is intact")
     if rank == 0:
-        replace_dir_atomic(tmp, final_dir)
+        if kind in MARKED_KINDS:
+            write_marker(tmp, kind)
+        replace_dir_atomic(tmp, final_dir, kind)
     D.barrier(f"{final_dir}: renamed into place")
     return final_dir
 
 
+def _plain(obj):
+    """``obj`` with numpy scalars and arrays (in dicts, lists, tuples) as Python numbers and lists."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_plain(v) for v in obj)
+    if type(obj).__module__ == "numpy" and hasattr(obj, "tolist"):
+        return obj.tolist()
+    return obj
+
+
 def _write_state(d: Path, state: dict) -> None:
+    state = _plain(state)
     try:
         text = json.dumps(state)
     except (TypeError, ValueError):
         torch.save(state, d / "state.pt")
+        unsafe = unsafe_globals(d / "state.pt")
+        if unsafe:   # it would not load (weights_only=True): say so now, not at the resume
+            raise ValueError(f"the loop state of this checkpoint holds {', '.join(unsafe)}: a checkpoint stores "
+                             f"tensors and plain data only (it loads with torch.load(weights_only=True))")
         return
     (d / "state.json").write_text(text)
 
@@ -151,7 +198,7 @@ def _read_state(d: Path) -> dict:
     if (d / "state.json").is_file():
         return json.loads((d / "state.json").read_text())
     if (d / "state.pt").is_file():
-        return torch.load(d / "state.pt", weights_only=False)
+        return load_pt(d / "state.pt")
     return {}
 
 
@@ -165,6 +212,9 @@ def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None,
     """Write ``save_root/step_{step:06d}`` (trainer + loop ``state``) atomically, point ``latest`` at it, then
     prune older checkpoints by ``keep_last`` / ``keep_every`` (:func:`prune_checkpoints`; None keeps all)."""
     root = Path(save_root)
+    if root.is_dir() and not owned(root, CHECKPOINT_ROOT):
+        raise OutputDirError(f"--save {root}: it is {describe(root)}; slick writes checkpoints only into a new or "
+                             f"empty directory or one holding checkpoints ('latest', step_*); nothing was written")
     root.mkdir(parents=True, exist_ok=True)
 
     def writer(tmp: Path) -> None:
@@ -175,7 +225,7 @@ def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None,
             write_manifest(tmp)
 
     try:
-        final = write_dir_atomic(root / step_dir_name(step), writer)
+        final = write_dir_atomic(root / step_dir_name(step), writer, kind=CHECKPOINT_STEP)
     except (OSError, RuntimeError) as e:   # a full disk surfaces as torch's RuntimeError, not always ENOSPC
         from slick.cluster.layout import ClusterFailure
 
@@ -334,15 +384,16 @@ def _size(path: Path) -> int:
 
 
 def clean_stale_temp(save_root) -> tuple[int, int]:
-    """Remove what interrupted writes left in ``save_root`` (``.tmp-*`` and ``.old-*`` directories, temp files
-    of ``latest``); logs each removal with its size. Call it only when no other process writes there (the
-    start of a run). Returns (entries removed, bytes freed)."""
+    """Remove what interrupted writes left in ``save_root`` (``.tmp-NAME-PID`` and ``.old-NAME-PID``
+    directories, ``.latest.tmp-PID`` files: the names slick's atomic writes use, ``output_dirs.TEMP_ENTRY``);
+    logs each removal with its size. Call it only when no other process writes there (the start of a run).
+    Returns (entries removed, bytes freed)."""
     root = Path(save_root)
     if not root.is_dir():
         return 0, 0
     count = freed = 0
     for p in sorted(root.iterdir()):
-        if not (p.name.startswith(".tmp-") or p.name.startswith(".old-") or p.name.startswith(".latest.tmp-")):
+        if not TEMP_ENTRY.match(p.name):
             continue
         n = _size(p)
         if p.is_dir() and not p.is_symlink():
@@ -372,10 +423,10 @@ def retained_steps(steps, keep_last: Optional[int], keep_every: Optional[int]) -
 
 def prune_checkpoints(save_root, keep_last: Optional[int], keep_every: Optional[int] = None) -> list[int]:
     """Delete the checkpoints retention does not keep (:func:`retained_steps`; the one ``latest`` names is
-    always kept). Each is renamed to ``.tmp-delete-*`` first, so a reader never sees half of one. Returns the
-    deleted steps."""
+    always kept; a ``step_*`` directory without ``trainer_state.json`` is not slick's and never deleted). Each
+    is renamed to ``.tmp-delete-*`` first, so a reader never sees half of one. Returns the deleted steps."""
     root = Path(save_root)
-    dirs = _step_dirs(root)
+    dirs = {s: p for s, p in _step_dirs(root).items() if is_checkpoint_step(p)}
     keep = retained_steps(dirs, keep_last, keep_every)
     latest = _latest_step(root)
     if latest is not None:
@@ -393,18 +444,24 @@ def prune_checkpoints(save_root, keep_last: Optional[int], keep_every: Optional[
 
 
 def save_hf(out_dir, trainer) -> Path:
-    """Write an HF model directory (safetensors, config, generation config, tokenizer) atomically."""
-    return write_dir_atomic(out_dir, trainer.save_hf_files)
+    """Write an HF model directory (safetensors, config, generation config, tokenizer) atomically, marked as
+    slick's export; an existing ``out_dir`` must be empty or a previous export (OutputDirError otherwise)."""
+    return write_dir_atomic(out_dir, trainer.save_hf_files, kind=HF_EXPORT)
 
 
 def export_checkpoint(load_root, out_dir, step: Optional[int] = None) -> Path:
     """HF model directory of a run checkpoint in ``out_dir``, atomically: a copy of a one-process checkpoint's
-    ``model/`` (no model is loaded), or the fp32 weights gathered from a sharded one (``slick.train.dcp``)."""
+    ``model/`` (no model is loaded), or the fp32 weights gathered from a sharded one (``slick.train.dcp``).
+    ``out_dir`` is checked first (``output_dirs.export_problems``): not the checkpoint nor inside it, and new,
+    empty or a previous slick export; OutputDirError otherwise, before any work."""
     from slick.train.dcp import export_sharded, is_sharded
 
+    problems = export_problems(load_root, out_dir)
+    if problems:
+        raise OutputDirError("; ".join(problems))
     s, d = resolve_step_dir(load_root, step)
     if is_sharded(d):
-        return write_dir_atomic(out_dir, lambda tmp: export_sharded(d, tmp))
+        return write_dir_atomic(out_dir, lambda tmp: export_sharded(d, tmp), kind=HF_EXPORT)
     src = d / "model"
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src}: checkpoint has no HF model (config.json missing)")
@@ -414,4 +471,4 @@ def export_checkpoint(load_root, out_dir, step: Optional[int] = None) -> Path:
             if f.is_file():
                 shutil.copy2(f, tmp / f.name)
 
-    return write_dir_atomic(out_dir, writer)
+    return write_dir_atomic(out_dir, writer, kind=HF_EXPORT)

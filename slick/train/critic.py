@@ -300,8 +300,10 @@ class Critic(Trainer):
                 p.copy_(sd[n])
                 if id(p) in master and master[id(p)] is not p:
                     master[id(p)].copy_(sd[n])
-        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location=self.device))
-        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
+        from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
+
+        self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
+        self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
         self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from slick.train import dist as D
-from slick.train.rng import rng_state, set_rng_state
+from slick.train.rng import read_rng_file, save_rng_file, set_rng_state
+from slick.train.safe_load import load_pt
 
 MARKER = "trainer_state.json"
 
@@ -84,7 +85,7 @@ def save_sharded(tr, out_dir) -> None:
                 has_optim = True
     with D.named_errors(f"save {out}: torch.distributed.checkpoint.save"):
         dcp.save(sd, checkpoint_id=str(out / "dcp"))
-    torch.save(rng_state(), _rng_file(out, tr.rank))
+    save_rng_file(_rng_file(out, tr.rank))
     if tr.rank == 0:
         torch.save(tr.scheduler.state_dict(), out / "scheduler.pt")
         torch.save([{k: v for k, v in g.items() if k != "params"} for g in tr.optimizer.param_groups],
@@ -148,13 +149,13 @@ def load_sharded(tr, in_dir) -> None:
             for p, m in zip(tr.params, tr.master):
                 if p is not m:   # one-process bf16 scheme: bf16 weights from the fp32 masters
                     p.copy_(m)
-    groups = torch.load(d / "optim_groups.pt")
+    groups = load_pt(d / "optim_groups.pt")
     groups[0]["params"] = list(range(len(tr.master)))
     state = {i: {k: sd[key] for k, key in ks.items()} for i, ks in optim_keys.items()}
     tr.optimizer.load_state_dict({"state": state, "param_groups": groups})
-    tr.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
+    tr.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
     rng = _rng_file(d, tr.rank)
-    set_rng_state(torch.load(rng if rng.is_file() else _rng_file(d, 0), weights_only=False))
+    set_rng_state(read_rng_file(rng if rng.is_file() else _rng_file(d, 0)))
     tr.version = int(meta["version"])
     D.barrier(f"load {d}: done")
 
@@ -173,15 +174,15 @@ def load_legacy_sharded(tr, d: Path, full_sd: dict) -> None:
     with torch.no_grad():
         for n, m in zip(tr.param_names, tr.master):
             m.copy_(local_shard(full_sd[n], m))
-    opt = torch.load(d / "optimizer.pt", map_location="cpu")
+    opt = load_pt(d / "optimizer.pt", map_location="cpu")
     state = {}
     for i, m in enumerate(tr.master):
         st = opt["state"].get(i)
         if st:
             state[i] = {k: local_shard(v, m) if torch.is_tensor(v) and v.dim() else v for k, v in st.items()}
     tr.optimizer.load_state_dict({"state": state, "param_groups": opt["param_groups"]})
-    tr.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
-    set_rng_state(torch.load(d / "rng.pt", weights_only=False))
+    tr.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
+    set_rng_state(read_rng_file(d / "rng.pt"))
     tr.version = int(_read_meta(d)["version"])
     D.barrier(f"load {d}: done")
 

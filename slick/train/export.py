@@ -4,7 +4,11 @@ A one-process checkpoint stores a complete HF directory (config, tokenizer with 
 safetensors): export copies it. A sharded checkpoint (several trainer ranks, ``slick.train.dcp``) stores the
 fp32 weights as torch.distributed.checkpoint shards plus config and tokenizer: export gathers the shards in
 this one process (no process group, any number of writer ranks) and writes the HF directory. Either way
-export needs nothing but the checkpoint, and the output is written atomically.
+export needs nothing but the checkpoint (no pickle is read), and the output is written atomically.
+
+OUT_DIR must be new, empty, or an earlier ``slick export`` / ``--save-hf`` (it holds ``.slick-output.json``),
+and must not be, contain or lie inside CKPT_DIR, another checkpoint or a run directory
+(``slick.train.output_dirs``); otherwise export exits 2 naming the problem, before any work and deleting nothing.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="slick export", description=__doc__.splitlines()[0])
     ap.add_argument("ckpt_dir", help="checkpoint root (with 'latest') or one step_XXXXXX directory, "
                                      "one-process or sharded")
-    ap.add_argument("out_dir", help="HF model directory to write")
+    ap.add_argument("out_dir", help="HF model directory to write: new, empty, or an earlier slick export "
+                                    "(anything else is refused, never overwritten)")
     ap.add_argument("--step", type=int, default=None, help="export this step instead of the latest")
     args = ap.parse_args(argv)
     try:

@@ -472,7 +472,7 @@ class Trainer:
         self.save_hf_files(out / "model")
         torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), out / "scheduler.pt")
-        torch.save(rng_state(), out / "rng.pt")
+        torch.save(rng_state(), out / "rng.pt")   # tensors and plain data: loads with weights_only=True
         (out / "trainer_state.json").write_text(json.dumps(
             {"version": self.version, "scheme": self.scheme, "model_path": self.model_path}))
 
@@ -498,9 +498,12 @@ class Trainer:
                 p.copy_(sd[n])
                 if id(p) in master and master[id(p)] is not p:
                     master[id(p)].copy_(sd[n])
-        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location=self.device))
-        self.scheduler.load_state_dict(torch.load(d / "scheduler.pt"))
-        set_rng_state(torch.load(d / "rng.pt", weights_only=False))
+        from slick.train.rng import read_rng_file
+        from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
+
+        self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
+        self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
+        set_rng_state(read_rng_file(d / "rng.pt"))
         self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
 
     def _read_legacy_weights(self, d: Path) -> dict[str, torch.Tensor]:

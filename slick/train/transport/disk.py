@@ -55,7 +55,7 @@ def write_weights_dir(out_dir, version: int, named: Iterable[tuple[str, torch.Te
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
         (tmp / MARKER).write_text(json.dumps({"version": int(version), "tensors": count, "bytes": total}))
 
-    return write_dir_atomic(out_dir, writer)
+    return write_dir_atomic(out_dir, writer, kind="weights")   # slick.train.output_dirs
 
 
 def read_marker(path) -> dict:
