@@ -95,6 +95,8 @@ class AlgorithmConfig:
     normalize_advantages: bool = F(False, "Whiten advantages over the batch.")
     disable_grpo_std_normalization: bool = F(False, "GRPO without dividing by the group std (Dr.GRPO).")
     disable_rewards_normalization: bool = F(False, "Use raw rewards as the advantage signal (no group baseline).")
+    allow_zero_advantages: bool = F(False, "Train even when every advantage is 0 (a group-relative estimator with "
+                                           "--n-samples-per-prompt 1), which is otherwise refused at start-up.")
     calculate_per_token_loss: bool = F(False, "Mean over all tokens instead of mean of per-sample token means.")
     use_tis: bool = F(False, "Truncated importance sampling against rollout logprobs.")
     tis_clip: float = F(2.0, "Upper clamp of TIS weights.")

@@ -2,8 +2,11 @@
 
 A dataset *spec* is a path with an optional row slice: ``data.jsonl``, ``data.parquet@[100:]``,
 ``data.jsonl@[:-50]`` (Python slice semantics, either side optional). Every bad row raises
-``DataError`` naming the file, the 1-based line (JSONL) or row (Parquet), and the key; nothing is
-silently dropped, except prompts longer than ``max_prompt_len`` tokens, which are counted and logged.
+``DataError`` naming the file, the 1-based line (JSONL) or row (Parquet), and the key; text that is not
+valid Unicode (a lone surrogate such as JSON ``"\\ud800"``) in the prompt, label, metadata or tools is
+refused the same way, naming the field. Nothing is silently dropped, except prompts longer than
+``max_prompt_len`` tokens, which are counted and logged. Whether prompts fit the model's context is checked
+when a run starts (slick/data/checks.py).
 """
 from __future__ import annotations
 
@@ -20,6 +23,41 @@ _SLICE_RE = re.compile(r"^(?P<path>.*)@\[(?P<start>[+-]?\d*):(?P<end>[+-]?\d*)\]
 
 class DataError(ValueError):
     """A problem with a prompt file; the message names the file, line/row and key."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _bad_text(value: Any, at: str) -> Optional[tuple[str, str, int]]:
+    """(where in ``value``, the string, index) of the first string holding a lone surrogate (JSON text like
+    ``"\\ud800"`` decodes to one; it is not Unicode text and cannot be encoded), else None."""
+    if isinstance(value, str):
+        if value.isascii():                     # O(1) in CPython, and the common case
+            return None
+        m = _SURROGATE.search(value)
+        return None if m is None else (at, value, m.start())
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        if isinstance(k, str) and not k.isascii() and _SURROGATE.search(k):
+            return f"{at} (a key)", k, _SURROGATE.search(k).start()
+        found = _bad_text(v, f"{at}[{k!r}]" if isinstance(k, str) else f"{at}[{k}]")
+        if found:
+            return found
+    return None
+
+
+def _check_text(value: Any, where: str, key: str) -> None:
+    """Refuse a value of the row's ``key`` that holds a lone surrogate, naming the field and character."""
+    found = None if value is None or isinstance(value, (int, float)) else _bad_text(value, key)
+    if found:
+        field, text, i = found
+        raise DataError(f"{where}: field {field} holds a lone surrogate {text[i]!r} at character {i} (a \\uD800-"
+                        f"\\uDFFF escape without its pair): not valid Unicode text; fix or remove this row")
 
 
 def parse_spec(spec: str) -> tuple[str, slice]:
@@ -103,8 +141,15 @@ def load_prompt_rows(spec: str, input_key: str = "prompt", label_key: Optional[s
     Returns dicts ``{"prompt_index", "prompt", "label", "metadata", "tools"}`` where
     ``prompt_index`` is the 0-based row number in the file (blank JSONL lines are not rows).
     A missing label is ``None``; a missing metadata is ``{}``; metadata and tools given as JSON
-    text (common in Parquet) are decoded. Raises ``DataError`` on any problem.
+    text (common in Parquet) are decoded. Raises ``DataError`` on any problem, a lone surrogate
+    (JSON ``"\\ud800"``) in any of these fields included.
     """
+    return _load_rows(spec, input_key, label_key, metadata_key, tool_key)[0]
+
+
+def _load_rows(spec: str, input_key: str, label_key: Optional[str], metadata_key: Optional[str],
+               tool_key: Optional[str]) -> tuple[list[dict], list[str]]:
+    """:func:`load_prompt_rows` and, per row, where it is (``path:line`` or ``path row N``)."""
     path_str, sl = parse_spec(spec)
     path = Path(path_str)
     if not path.exists():
@@ -124,7 +169,7 @@ def load_prompt_rows(spec: str, input_key: str = "prompt", label_key: Optional[s
         extra = f" after slice [{spec.rsplit('@[', 1)[-1]}" if sl != slice(None) else ""
         raise DataError(f"{path}: empty dataset ({len(raw)} rows{extra})")
 
-    rows = []
+    rows, wheres = [], []
     for prompt_index, (num, obj) in selected:
         where = f"{path}:{num}" if unit == "line" else f"{path} row {num}"
         if not isinstance(obj, dict):
@@ -142,9 +187,12 @@ def load_prompt_rows(spec: str, input_key: str = "prompt", label_key: Optional[s
             tools = _maybe_json(obj.get(tool_key), where, tool_key)
             if tools is not None and not isinstance(tools, list):
                 raise DataError(f"{where}: key '{tool_key}' must be a list of tools, got {type(tools).__name__}")
+        for key, value in ((input_key, prompt), (label_key, label), (metadata_key, metadata), (tool_key, tools)):
+            _check_text(value, where, key)
         rows.append({"prompt_index": prompt_index, "prompt": prompt, "label": label,
                      "metadata": metadata, "tools": tools})
-    return rows
+        wheres.append(where)
+    return rows, wheres
 
 
 class PromptDataset:
@@ -162,18 +210,19 @@ class PromptDataset:
                  apply_chat_template: bool = False, max_prompt_len: Optional[int] = None):
         self.spec = spec
         self.path, _ = parse_spec(spec)
-        rows = load_prompt_rows(spec, input_key=input_key, label_key=label_key,
-                                metadata_key=metadata_key, tool_key=tool_key)
+        rows, wheres = _load_rows(spec, input_key, label_key, metadata_key, tool_key)
         texts = [self._render(r, tokenizer, apply_chat_template, input_key) for r in rows]
         ids = _encode(tokenizer, texts)
         self.rows: list[dict] = []
+        self.where: list[str] = []     # per kept row: its file and line (JSONL) or row (Parquet), for messages
         self.num_dropped = 0
-        for row, text, prompt_ids in zip(rows, texts, ids):
+        for row, where, text, prompt_ids in zip(rows, wheres, texts, ids):
             if max_prompt_len is not None and len(prompt_ids) > max_prompt_len:
                 self.num_dropped += 1
                 continue
             row["text"], row["prompt_ids"] = text, list(prompt_ids)
             self.rows.append(row)
+            self.where.append(where)
         if self.num_dropped:
             logger.warning("%s: dropped %d of %d prompts longer than %d tokens (--rollout-max-prompt-len)",
                            self.path, self.num_dropped, len(rows), max_prompt_len)

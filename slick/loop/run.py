@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from slick.data.buffer import RolloutBuffer
+from slick.data.checks import check_run_prompts, check_zero_advantages
 from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.engine.factory import make_engines
@@ -81,6 +82,7 @@ class Run:
             clean_stale_temp(d)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         seed_everything(cfg.seed)
+        check_zero_advantages(cfg)   # a group-relative estimator with groups of one (slick/data/checks.py)
         # cheap things that can fail on bad input first, then the trainer, then the engines (processes)
         from slick.models.tokenizer import load_tokenizer
 
@@ -89,6 +91,7 @@ class Run:
                                shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
         pairs = list(cfg.eval_prompt_data)
         self.eval_sets = {n: PromptDataset.from_config(cfg, self.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
+        check_run_prompts(cfg, self.data.dataset if self.data else None, self.eval_sets)   # prompts fit the context
         self.buffer = RolloutBuffer.from_config(cfg)
         self.rewards = RewardHub(cfg)
         self.loss_fn = make_loss_fn(cfg)

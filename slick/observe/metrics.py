@@ -1,8 +1,10 @@
 """Metrics sinks: one JSON line per step in ``run_dir/metrics.jsonl``, plus TensorBoard and wandb on request.
 
-The JSONL file is the source of truth (plots and resumption read it back). Each line is written and
-flushed on its own, so a crash loses at most the line being written; ``read_metrics`` tolerates such a
-truncated last line with a warning and names file and line for any other corrupt line.
+The JSONL file is the source of truth (plots and resumption read it back). Each line goes out as one
+``os.write`` and opening the file (a resumed run) first cuts a partial last line left by a crash or a full
+disk (slick/observe/appendlog.py), so a crash loses at most the line being written and never corrupts the
+next one; ``read_metrics`` tolerates a truncated last line (a run writing it right now) with a warning and
+names file and line for any other corrupt line.
 
 Metric names follow slime so dashboards carry over: ``rollout/raw_reward``,
 ``rollout/response_len/mean``, ``rollout/truncated_ratio``, ``rollout/zero_std/count``,
@@ -21,6 +23,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from slick.observe.appendlog import AppendLog
 
 METRICS_FILE = "metrics.jsonl"
 RESERVED = ("step", "time")
@@ -84,7 +88,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = AppendLog(self.path)       # cuts a partial last line left by a crash or a full disk
         self._tb = None
         self._wandb_run = None
         self._closed = False
@@ -110,7 +114,9 @@ class MetricsLogger:
 
         Values may be Python/numpy/torch scalars; ``None`` values are dropped, other non-numbers are dropped
         with a warning (once per key). Keys ``step`` and ``time``
-        are reserved. The JSONL line is flushed before returning.
+        are reserved. The JSONL line is written (one ``os.write``) before returning; a failed write (disk
+        full) raises :class:`slick.observe.appendlog.AppendLogError` naming the file, which still ends with
+        its last complete line.
         """
         if self._closed:
             raise RuntimeError(f"MetricsLogger for {self.run_dir} is closed")
@@ -123,8 +129,7 @@ class MetricsLogger:
                 clean[k] = f
         line = {"step": int(step), "time": time.time()}
         line.update({k: _json_value(v) for k, v in clean.items()})
-        self._file.write(json.dumps(line, allow_nan=False) + "\n")
-        self._file.flush()
+        self._file.write_line(json.dumps(line, allow_nan=False))
         if self._tb is not None:
             for k, v in clean.items():
                 self._tb.add_scalar(k, v, global_step=int(step))
@@ -185,7 +190,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
             if is_last and not complete_last:
                 warnings.warn(f"{path}:{i}: skipping truncated last line (crash while writing?): {e}")
                 continue
-            raise MetricsCorruptError(f"{path}:{i}: corrupt metrics line: {e}: {raw[:200]!r}") from None
+            raise MetricsCorruptError(f"{path}:{i}: corrupt metrics line: {e}: {raw[:200]!r} (remove or repair "
+                                      f"line {i} to read the file)") from None
         rows.append({k: _from_json_value(v) for k, v in row.items()})
     return rows
 

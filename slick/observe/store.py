@@ -201,11 +201,41 @@ def read_table(run_dir, columns: Optional[list[str]] = None, steps: Optional[Ite
         want = {int(s) for s in steps}
         files = [f for f in files if int(f.stem.split("_")[1]) in want]
     if not files:
-        import pyarrow as pa
+        return _empty(columns)
+    try:
+        return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=columns)
+    except (OSError, ValueError):    # pyarrow's ArrowInvalid is a ValueError: a step file is unreadable
+        return _read_each(files, columns)
 
-        schema = _schema()
-        return schema.empty_table().select(columns) if columns else pa.Table.from_pylist([], schema=schema)
-    return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=columns)
+
+def _read_each(files: list[Path], columns: Optional[list[str]]):
+    """The readable step files one by one; each unreadable one (not written by slick's atomic rename: a disk
+    error, a copy cut short) is skipped with a warning naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for f in files:
+        try:
+            names = pq.read_schema(f).names
+        except (OSError, ValueError) as e:
+            log.warning("rollout store: skipping unreadable step file %s (%s)", f, e)
+            continue
+        missing = [c for c in columns or () if c not in names]
+        if missing:
+            raise ValueError(f"{f}: the rollout store file has no column(s) {missing}")
+        try:
+            tables.append(pq.read_table(f, columns=columns))
+        except (OSError, ValueError) as e:
+            log.warning("rollout store: skipping unreadable step file %s (%s)", f, e)
+    return pa.concat_tables(tables, promote_options="default") if tables else _empty(columns)
+
+
+def _empty(columns: Optional[list[str]]):
+    import pyarrow as pa
+
+    schema = _schema()
+    return schema.empty_table().select(columns) if columns else pa.Table.from_pylist([], schema=schema)
 
 
 def read_rollouts(run_dir, columns: Optional[list[str]] = None, steps: Optional[Iterable[int]] = None):
