@@ -172,9 +172,9 @@ class TrainConfig:
 @dataclass
 class CheckpointConfig:
     load: Optional[str] = F(None, "Resume from this checkpoint directory (the latest step inside it).")
-    save: Optional[str] = F(None, "Save checkpoints into this directory.")
+    save: Optional[str] = F(None, "Save checkpoints into this directory: new, empty, or holding slick checkpoints (a resume); anything else, or one overlapping --save-hf, the run directory or an input model, is refused at start.")
     save_interval: Optional[int] = F(None, "Save every N rollout steps (and at the end).")
-    save_hf: Optional[str] = F(None, "Write a Hugging Face model directory here: with every checkpoint when --save is set, otherwise once after the last step.")
+    save_hf: Optional[str] = F(None, "Write a Hugging Face model directory here: with every checkpoint when --save is set, otherwise once after the last step. New, empty or an earlier slick export; anything else is refused at start.")
     keep_checkpoints: Optional[int] = F(None, "Keep only the newest K checkpoints in --save (older ones are deleted after each save; default: keep all, or the newest one with --save-retain-interval).")
     save_retain_interval: Optional[int] = F(None, "Also keep every checkpoint whose step is a multiple of N; the others except the newest (--keep-checkpoints K: the newest K) are deleted (Megatron's flag).")
 
