@@ -96,6 +96,21 @@ AGENTS = textwrap.dedent('''
                 await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}], max_tokens=4)
         return 1.0
 
+    SEEN = {}       # probe_web_page: the statuses a web page's requests got
+
+    async def probe_web_page(args, sample, base_url):
+        """A page in the user's browser (foreign Origin, rebound Host) tries the session; then a real call."""
+        import aiohttp
+        body = {"model": "p", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        async with aiohttp.ClientSession() as s:
+            for name, headers in (("origin", {"Origin": "http://evil.example"}),
+                                  ("host", {"Host": "attacker.example"})):
+                async with s.post(base_url + "/chat/completions", json=body, headers=headers) as r:
+                    SEEN[name] = r.status
+        async with _client(base_url) as c:
+            await c.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+        return 1.0
+
     def rm_length(args, sample):
         return float(len(sample.response))
 
@@ -463,3 +478,11 @@ def test_aborted_session_comes_back_to_start_over(tiny_model_dir, agents_module)
     group, out = asyncio.run(go())
     assert out is group and group[0].status == Status.ABORTED
     assert group[0].response_ids == [] and group[0].reward is None
+
+
+def test_web_page_cannot_drive_an_agent_session(tiny_model_dir, agents_module):
+    """The per-session OpenAI endpoint refuses a foreign Origin and a rebound Host (docs/security.md); the
+    agent's own calls go on and make one sample."""
+    out, spy, _ = run_agent(tiny_model_dir, "probe_web_page", [Sample(index=3, prompt="p")])
+    assert agents_module.SEEN == {"origin": 403, "host": 403}
+    assert len(spy.seen) == 1 and len(out) == 1 and out[0].reward == 1.0

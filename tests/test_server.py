@@ -18,10 +18,12 @@ PROMPT = [1, 422, 2014, 314, 253, 1232, 30]
 
 
 def call(url, path, body=None, *, method=None, headers=None, raw=None, timeout=60):
-    """One HTTP request; returns (status, parsed JSON or text)."""
+    """One HTTP request with this module's API key (harmless to a server without one); returns (status, parsed
+    JSON or text)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url + path, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
+                                          **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, text = r.status, r.read().decode()
@@ -40,8 +42,9 @@ def gen_body(ids=PROMPT, n=8, **kw):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", api_key=KEY, startup_timeout=240)
+def server(tiny_model_dir, tmp_path_factory):
+    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", api_key=KEY, startup_timeout=240,   # weights: tmp dirs
+                          extra_args=["--allowed-weight-dirs", str(tmp_path_factory.getbasetemp())])
     yield w
     w.stop()
 
@@ -139,14 +142,15 @@ def test_info_endpoints(server, tiny_model_dir):
     assert call(server.url, "/no_such_endpoint")[0] == 404
 
 
-def test_api_key_protects_control_endpoints(server):
+def test_api_key_protects_every_endpoint_but_health(server):
     for path in ["/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
-                 "/update_weights_from_disk"]:
-        assert call(server.url, path, {})[0] == 401, path
+                 "/update_weights_from_disk", "/generate"]:
+        assert call(server.url, path, {}, headers={"Authorization": ""})[0] == 401, path
         assert call(server.url, path, {}, headers={"Authorization": "Bearer wrong"})[0] == 401, path
     assert call(server.url, "/flush_cache", {}, headers={"Authorization": f"Bearer {KEY}"})[0] == 200
     assert call(server.url, "/abort_request", {}, headers={"Authorization": f"Bearer {KEY}"})[0] == 200
-    assert call(server.url, "/generate", gen_body(n=1))[0] == 200     # generation stays open
+    assert call(server.url, "/generate", gen_body(n=1))[0] == 200     # with the key (call() sends it)
+    assert call(server.url, "/health", headers={"Authorization": ""})[0] == 200   # health stays open, as in SGLang
 
 
 def _metrics(url):
@@ -268,7 +272,7 @@ def test_stream_true_sends_the_tokens_so_far_then_the_final_sse_chunk(server):
     body = gen_body(n=200, sp={"temperature": 0.0, "ignore_eos": True})
     body.update(stream=True, return_logprob=True)
     req = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         chunks = [ln[len("data: "):] for ln in r.read().decode().splitlines() if ln.startswith("data: ")]

@@ -14,8 +14,9 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
 
 @pytest.fixture(scope="module")
-def workers(tiny_model_dir):
-    ws = launch_workers(tiny_model_dir, 2, dtype="fp32", startup_timeout=240)
+def workers(tiny_model_dir, tmp_path_factory):
+    ws = launch_workers(tiny_model_dir, 2, dtype="fp32", startup_timeout=240,   # weights from the tests' tmp dirs
+                        extra_args=["--allowed-weight-dirs", str(tmp_path_factory.getbasetemp())])
     yield ws
     for w in ws:
         w.stop()

@@ -28,7 +28,8 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(models):
-    ws = launch_workers(models[0], 2, dtype="fp32", startup_timeout=240)
+    ws = launch_workers(models[0], 2, dtype="fp32", startup_timeout=240,   # the other weights: models[1]
+                        extra_args=["--allowed-weight-dirs", str(models[1])])
     yield ws
     for w in ws:
         w.stop()

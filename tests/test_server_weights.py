@@ -10,8 +10,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
+def server(tiny_model_dir, tmp_path_factory):
+    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240,   # weights from the tests' tmp dirs
+                          extra_args=["--allowed-weight-dirs", str(tmp_path_factory.getbasetemp())])
     yield w
     w.stop()
 

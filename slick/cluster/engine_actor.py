@@ -68,7 +68,7 @@ class EngineHost:
 
         from slick.engine.server import SlickServer
 
-        server = SlickServer(self.engine, model_path=self.model_path,
+        server = SlickServer(self.engine, model_path=self.model_path, host=self.host,
                              server_args={"host": self.host, "pid": os.getpid(), **self.kwargs})
         runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()

@@ -107,6 +107,8 @@ class HttpEngine:
                     timeout: Optional[float] = None) -> Any:
         session, _ = self._ensure()
         to = aiohttp.ClientTimeout(total=timeout or self.timeout)
+        if payload is None and method != "GET":
+            payload = {}     # a POST always says Content-Type: application/json (control endpoints need it)
         try:
             async with session.request(method, url + path, json=payload, timeout=to) as resp:
                 text = await resp.text()

@@ -56,6 +56,8 @@ def _check_ids(ids: Any, where: str, vocab_size: int) -> list[int]:
         raise RequestError(f"{where} must be a list of token ids, got {type(ids).__name__}")
     if not ids:
         raise RequestError(f"{where} is empty")
+    if set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size:
+        return ids      # the common case, at C speed; the loop below only names the first bad id
     for i, t in enumerate(ids):
         if not _is_int(t):
             raise RequestError(f"{where}[{i}] must be an integer token id, got {t!r}")
@@ -126,7 +128,8 @@ def parse_sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
         raise RequestError(f"{where}.top_p must be in (0, 1], got {sp.top_p}")
     if sp.max_new_tokens < 0:
         raise RequestError(f"{where}.max_new_tokens must be >= 0, got {sp.max_new_tokens}")
-    return sp
+    from slick.engine.sampling import validate_sampling     # the engine's own checks (seed range, ...)
+    return validate_sampling(sp, where, error=RequestError)
 
 
 def text_prompts(body: Any, *, max_batch: int = 4096, max_chars: Optional[int] = None) -> Optional[list[str]]:
@@ -156,6 +159,13 @@ def text_prompts(body: Any, *, max_batch: int = 4096, max_chars: Optional[int] =
                 raise RequestError(f"{w} has {len(t)} characters; more than {max_chars} cannot fit the context "
                                    f"(longest token x (context - 1)), rejected before tokenizing", status=413)
     return texts
+
+
+def text_char_limit(tokenizer, max_context: int) -> int:
+    """Characters no text that fits the context can exceed: each token covers at most as many characters as
+    its longest vocabulary entry has (byte-level BPE: bytes), and a prompt has at most ``max_context - 1``."""
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    return max(1, longest) * max(1, max_context - 1)
 
 
 def parse_generate(body: Any, *, vocab_size: int, max_context: int,
@@ -210,12 +220,13 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
     elif not (isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) for r in rids)):
         raise RequestError(f"rid must be a string or a list of {n} strings")
 
+    for i, p in enumerate(prompts):     # lengths before any per-token work
+        if isinstance(p, list) and len(p) >= max_context:
+            raise RequestError(f"{where.format(i)} has {len(p)} tokens; the context is {max_context}", status=413)
     items = []
     for i, (p, sp, rid) in enumerate(zip(prompts, samplings, rids)):
         w = where.format(i)
         p = _check_ids(p, w, vocab_size)
-        if len(p) >= max_context:
-            raise RequestError(f"{w} has {len(p)} tokens; the context is {max_context}", status=413)
         if not explicit[i] and len(p) + sp.max_new_tokens > max_context:
             # the default (128) shrinks to fit; an explicit max_new_tokens beyond the context is an error
             sp = dataclasses.replace(sp, max_new_tokens=max_context - len(p))

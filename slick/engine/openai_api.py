@@ -27,11 +27,14 @@ streaming is not supported yet. Every field is honoured or refused: fields OpenA
 ways slick cannot follow (``presence_penalty`` other than 0, ``logit_bias``, ``response_format`` other than text,
 ``tool_choice`` "required" or a named function, ...) and unknown fields answer 400 naming the field. Errors use
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. Any ``model`` name is accepted.
+
+Bodies are read by ``slick/engine/http_body.py`` (strict JSON, lone surrogates refused naming the field, large
+bodies checked in a thread); sizes are checked before any per-message work (``check_sizes``: 413 for text of more
+than ``max_text_chars`` characters or an id prompt that cannot fit the context); answers never hold NaN/Infinity.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -39,9 +42,10 @@ from typing import Any, Optional
 
 from aiohttp import web
 
-from slick.engine.openai_protocol import (Call, Choice, OpenAIError, Params, finish_reason, parse_messages,
-                                          parse_params, parse_prompts, parse_tools, render_chat, response_text,
-                                          split_tool_calls, token_logprobs, usage)
+from slick.engine.http_body import THREAD_BYTES, BodyError, json_response, read_json
+from slick.engine.openai_protocol import (Call, Choice, OpenAIError, Params, check_sizes, finish_reason,
+                                          parse_messages, parse_params, parse_prompts, parse_tools, render_chat,
+                                          response_text, split_tool_calls, token_logprobs, usage)
 from slick.types import Generation, SamplingParams
 
 __all__ = ["OpenAIEndpoint", "OpenAIError", "error_response", "Call", "Choice"]
@@ -66,7 +70,9 @@ class OpenAIEndpoint:
     """
 
     def __init__(self, engine: Any, tokenizer, *, model_name: str, max_context: Optional[int] = None,
-                 vocab_size: Optional[int] = None, eos_ids=(), sessions: Any = None, tool_parser: str = "hermes"):
+                 vocab_size: Optional[int] = None, eos_ids=(), sessions: Any = None, tool_parser: str = "hermes",
+                 max_text_chars: Optional[int] = None):
+        from slick.engine.http_protocol import text_char_limit
         from slick.rollout.toolcall import get_parser
 
         self._engine = engine
@@ -78,6 +84,9 @@ class OpenAIEndpoint:
         self.sessions = sessions
         self.parser = get_parser(tool_parser)
         self.created = int(time.time())
+        if max_text_chars is None and max_context is not None and hasattr(tokenizer, "get_vocab"):
+            max_text_chars = text_char_limit(tokenizer, max_context)
+        self.max_text_chars = max_text_chars
 
     @property
     def engine(self):
@@ -96,7 +105,7 @@ class OpenAIEndpoint:
     # ------------------------------------------------------------------ handlers
     async def models(self, request: web.Request) -> web.Response:
         """GET /v1/models: the one model served."""
-        return web.json_response({"object": "list", "data": [
+        return json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "slick",
              "max_model_len": self.max_context}]})
 
@@ -111,9 +120,11 @@ class OpenAIEndpoint:
     async def _answer(self, request: web.Request, handler) -> web.Response:
         """``handler(request)``'s answer, or the error in OpenAI's shape (the server keeps serving)."""
         try:
-            return web.json_response(await handler(request))
+            return json_response(await handler(request))
         except OpenAIError as e:
             return error_response(str(e), e.status, e.param, e.type)
+        except BodyError as e:
+            return error_response(str(e), e.status, e.param)
         except ValueError as e:          # the engine refused the input
             return error_response(f"{type(e).__name__}: {e}", 400)
         except Exception as e:  # noqa: BLE001 - answer in OpenAI's shape, keep serving
@@ -121,12 +132,20 @@ class OpenAIEndpoint:
             return error_response(f"internal error: {type(e).__name__}: {e}", 500, type="server_error")
 
     # ------------------------------------------------------------------ internals
-    async def _body(self, request: web.Request) -> Any:
-        raw = await request.read()
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise OpenAIError(f"malformed JSON body: {e}") from None
+    async def _parse(self, request: web.Request, parse) -> Any:
+        """``parse(body)`` (which checks sizes first), in a worker thread when the body is large (``/health``
+        keeps answering)."""
+        body = await read_json(request)
+        big = len(await request.read()) > THREAD_BYTES
+        return await asyncio.to_thread(parse, body) if big else parse(body)
+
+    def _chat_request(self, body: Any):
+        check_sizes(body, True, self.max_context, self.max_text_chars)
+        return parse_params(body, chat=True), parse_messages(body), parse_tools(body)
+
+    def _completion_request(self, body: Any):
+        check_sizes(body, False, self.max_context, self.max_text_chars)
+        return parse_params(body, chat=False), parse_prompts(body, self.vocab_size)[0]
 
     def _session(self, request: web.Request):
         sid = request.match_info.get("sid")
@@ -161,17 +180,15 @@ class OpenAIEndpoint:
         eng = self.engine
         sps = [session.sampling(params, max_new, i) if session is not None else params.sampling(max_new, i)
                for i in range(params.n)]
-        gens = await asyncio.gather(*(eng.generate(list(ids), sp) for sp in sps))
+        from slick.engine.fanout import generate_all     # all checked before any starts; one fails: all stop
+        gens = await generate_all(eng, [(ids, sp) for sp in sps])
         return list(zip(gens, sps))
 
     def _id_fields(self, params: Params) -> dict:
         return {"created": int(time.time()), "model": params.model or self.model_name}
 
     async def _chat(self, request: web.Request) -> dict:
-        body = await self._body(request)
-        params = parse_params(body, chat=True)
-        messages = parse_messages(body)
-        tools, parse_calls = parse_tools(body)
+        params, messages, (tools, parse_calls) = await self._parse(request, self._chat_request)
         session = self._session(request)
         if session is not None:
             ids, text, parent = await asyncio.to_thread(session.chat_prompt, messages, tools)
@@ -208,9 +225,7 @@ class OpenAIEndpoint:
         return out
 
     async def _completions(self, request: web.Request) -> dict:
-        body = await self._body(request)
-        params = parse_params(body, chat=False)
-        prompts, _ = parse_prompts(body, self.vocab_size)
+        params, prompts = await self._parse(request, self._completion_request)
         session = self._session(request)
         if session is not None and len(prompts) > 1:
             raise OpenAIError("an agent session takes one prompt per /v1/completions request", param="prompt")

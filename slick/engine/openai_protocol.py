@@ -164,6 +164,37 @@ def parse_params(body: Any, chat: bool) -> Params:
     return p
 
 
+def check_sizes(body: Any, chat: bool, max_context: Optional[int], max_chars: Optional[int]) -> None:
+    """Refuse (413) a request whose prompt cannot fit the context, before any per-message or per-token work:
+    chat messages whose text adds up to more than ``max_chars`` characters, a completion prompt string longer
+    than that, or a token-id prompt of ``max_context`` tokens or more. Linear in the number of messages/parts."""
+    if not isinstance(body, dict):
+        return
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or max_chars is None:
+            return
+        total = 0
+        for m in msgs:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str):
+                total += len(c)
+            elif isinstance(c, list):
+                total += sum(len(p["text"]) for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if total > max_chars:
+            raise OpenAIError(f"'messages' hold {total} characters; more than {max_chars} cannot fit the context "
+                              f"(longest token x (context - 1)), refused before rendering", 413, param="messages")
+        return
+    p = body.get("prompt")
+    prompts = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+    for i, x in enumerate(prompts):
+        if isinstance(x, str) and max_chars is not None and len(x) > max_chars:
+            raise OpenAIError(f"prompt[{i}] has {len(x)} characters; more than {max_chars} cannot fit the context, "
+                              f"refused before tokenizing", 413, param="prompt")
+        if isinstance(x, list) and max_context is not None and len(x) >= max_context:
+            raise OpenAIError(f"prompt[{i}] has {len(x)} tokens; the context is {max_context}", 413, param="prompt")
+
+
 def _content_text(content: Any, where: str) -> Optional[str]:
     if content is None or isinstance(content, str):
         return content
@@ -331,7 +362,9 @@ def split_tool_calls(text: str, parser: Callable[[str], list]) -> tuple[Optional
     calls = [c for c in parser(text) if not c.error]
     if not calls:
         return text, []
-    content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.DOTALL).strip()
+    from slick.rollout.toolcall import strip_tool_calls   # linear: a regex rescans every unclosed tag
+
+    content = strip_tool_calls(text).strip()
     out = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for c in calls]
     return content or None, out

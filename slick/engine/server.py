@@ -7,29 +7,29 @@ Endpoints (SGLang names and shapes): POST /generate, GET /health, /health_genera
 /get_server_info, /get_weight_version, /metrics (Prometheus text); POST /flush_cache, /abort_request,
 /update_weights_from_disk, /pause_generation, /continue_generation, and the broadcast group calls
 /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group
-(``slick/engine/weight_group.py``). With ``--api-key``, the
-endpoints that change weights, abort, pause/continue or flush need ``Authorization: Bearer KEY``.
+(``slick/engine/weight_group.py``). Every request first passes the guard of ``slick/engine/http_guard.py``
+(Host, Origin, ``--api-key`` on every route but /health, /health_generate and /metrics, JSON-only control
+endpoints, ``--max-request-bytes``); bodies are read by ``slick/engine/http_body.py`` and answers never hold
+NaN/Infinity. ``/update_weights_from_disk`` loads only the directories of ``slick/engine/weight_dirs.py``.
 Bad requests get a 4xx ``{"error": message}``; oversized ``text`` requests are refused before tokenizing,
-and tokenizing runs off the event loop. A request whose client disconnects is aborted (its slot is freed).
+and tokenizing (and checking a large body) runs off the event loop. A request whose client disconnects is aborted (its slot is freed).
 SIGTERM aborts in-flight requests (they answer with finish reason "abort") and exits with code 0.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import hmac
-import json
 import logging
-import signal
 import sys
 import time
 from typing import Any, Optional
 
 from aiohttp import web
 
+from slick.engine.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
+from slick.engine.http_guard import HostPolicy, guard_middleware
 from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
-                                        parse_weight_version, text_prompts)
-from slick.engine.sglang_args import KNOWN, engine_options, flag, unknown_warning
+                                        parse_weight_version, text_char_limit, text_prompts)
+from slick.engine.weight_dirs import WeightDirPolicy
 from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS, WeightGroupRoutes
 from slick.types import Generation, SamplingParams
 
@@ -37,7 +37,8 @@ log = logging.getLogger("slick.serve")
 
 PROTECTED = {"/update_weights_from_disk", "/abort_request", "/pause_generation", "/continue_generation",
              "/flush_cache", *WEIGHT_GROUP_PATHS}
-MAX_BODY_BYTES = 64 * 1024 * 1024
+OPEN = ("/health", "/health_generate", "/metrics")     # no API key needed, as in SGLang
+MIN_BODY_BYTES = 4 << 20    # --max-request-bytes default: max(4 MiB, 256 bytes per context token)
 STREAM_EVERY_S = 0.05       # a streamed /generate sends the tokens so far this often
 
 
@@ -49,14 +50,20 @@ class SlickServer:
     ``vocab_size``, ``max_context``, ``stats()`` and ``progress()`` (``eos_ids`` is used when present).
     A ``text`` longer than ``max_text_chars`` characters is refused before tokenizing; by default that is the
     longest vocabulary entry (in characters) times ``max_context - 1``, which no prompt that fits can exceed.
+    ``host`` (the bound address) and ``allowed_hosts`` set the Host/Origin check, ``max_request_bytes`` the body
+    limit (default: max(4 MiB, 256 x context)), ``allowed_weight_dirs`` where weights may be loaded from.
     """
 
     def __init__(self, engine: Any, *, model_path: str, api_key: Optional[str] = None,
                  server_args: Optional[dict] = None, max_batch: int = 4096,
-                 max_text_chars: Optional[int] = None):
+                 max_text_chars: Optional[int] = None, host: str = "127.0.0.1", allowed_hosts=(),
+                 max_request_bytes: Optional[int] = None, allowed_weight_dirs=()):
         self.engine = engine
         self.model_path = model_path
         self.api_key = api_key
+        self.hosts = HostPolicy(host, allowed_hosts)
+        self.max_request_bytes = int(max_request_bytes or max(MIN_BODY_BYTES, 256 * engine.max_context))
+        self.weight_dirs = WeightDirPolicy(model_path, allowed_weight_dirs)
         self.server_args = dict(server_args or {})
         self.max_batch = max_batch
         self.max_text_chars = max_text_chars if max_text_chars is not None else _max_text_chars(engine)
@@ -76,7 +83,9 @@ class SlickServer:
 
         Run it with ``handler_cancellation=True`` (as :func:`serve` does) so that a client that disconnects
         cancels its handler, which aborts its generation."""
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._middleware])
+        guard = guard_middleware(self.hosts, api_key=self.api_key, open_paths=OPEN, control_paths=PROTECTED,
+                                 max_body_bytes=self.max_request_bytes, on_refuse=self._count_error)
+        app = web.Application(client_max_size=self.max_request_bytes, middlewares=[guard, self._middleware])
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_get("/health", self.health)
@@ -96,20 +105,19 @@ class SlickServer:
 
         OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
                        max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
-                       eos_ids=self.eos_ids).add_routes(app)
+                       eos_ids=self.eos_ids, max_text_chars=self.max_text_chars).add_routes(app)
         self.weight_groups = WeightGroupRoutes(self)    # broadcast updates: slick/engine/weight_group.py
         self.weight_groups.register(r)
         return app
 
+    def _count_error(self) -> None:
+        self.counters["request_errors_total"] += 1
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
-        if self.api_key and request.path in PROTECTED:
-            got = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
-                return _error("missing or wrong API key (send 'Authorization: Bearer KEY')", 401)
         try:
             return await handler(request)
-        except RequestError as e:
+        except (RequestError, BodyError) as e:
             self.counters["request_errors_total"] += 1
             return _error(str(e), e.status)
         except web.HTTPException as e:
@@ -126,15 +134,7 @@ class SlickServer:
             return _error(f"internal error: {type(e).__name__}: {e}", 500)
 
     async def _json(self, request: web.Request, default: Any = None) -> Any:
-        raw = await request.read()
-        if not raw.strip():
-            if default is not None:
-                return default
-            raise RequestError("request body is empty; expected JSON")
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(f"malformed JSON body: {e}") from None
+        return await read_json(request, default)
 
     # ------------------------------------------------------------ generate
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -148,8 +148,10 @@ class SlickServer:
         if texts is not None:   # the tokenizer releases the GIL: /health keeps answering meanwhile
             text_ids = await asyncio.to_thread(
                 lambda: tok(texts, add_special_tokens=False)["input_ids"])
-        req = parse_generate(body, vocab_size=self.engine.vocab_size, max_context=self.engine.max_context,
-                             text_ids=text_ids, max_batch=self.max_batch, max_text_chars=self.max_text_chars)
+        parse = lambda: parse_generate(   # noqa: E731 - a large body is checked off the event loop
+            body, vocab_size=self.engine.vocab_size, max_context=self.engine.max_context, text_ids=text_ids,
+            max_batch=self.max_batch, max_text_chars=self.max_text_chars)
+        req = await asyncio.to_thread(parse) if len(await request.read()) > THREAD_BYTES else parse()
         rids = [it.rid for it in req.items]
         dup = sorted({r for r in rids if rids.count(r) > 1 or r in self._tasks})
         if dup:
@@ -158,7 +160,9 @@ class SlickServer:
         t0 = time.perf_counter()
         if req.stream and not req.batched and hasattr(self.engine, "partial"):
             return await self._stream_one(request, req.items[0], req.return_logprob, t0)
-        gens = await asyncio.gather(*(self._run_one(it) for it in req.items))
+        from slick.engine.fanout import run_together     # one prompt fails: the others are aborted too
+        gens = await run_together([self._run_one(it) for it in req.items],
+                                  stop=lambda i: self.engine.abort(req.items[i].rid))
         dt = time.perf_counter() - t0
         out = []
         for gen, it in zip(gens, req.items):
@@ -168,12 +172,12 @@ class SlickServer:
             self.counters["http_generation_tokens_total"] += len(gen.token_ids)
         result = out if req.batched else out[0]
         if not req.stream:
-            return web.json_response(result)
+            return json_response(result)
         # Streaming: this engine yields whole generations, so the stream carries one final chunk.
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for o in out:
-            await resp.write(f"data: {json.dumps(o)}\n\n".encode())
+            await resp.write(f"data: {dumps(o)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -198,7 +202,7 @@ class SlickServer:
                     chunk = generation_json(gen, item, text="", return_logprob=return_logprob,
                                             e2e_latency=time.perf_counter() - t0)
                     chunk["meta_info"].update(finish_reason=None, output_offset=sent)
-                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    await resp.write(f"data: {dumps(chunk)}\n\n".encode())
                     sent += len(ids)
         except BaseException:
             task.cancel()
@@ -208,7 +212,7 @@ class SlickServer:
                               e2e_latency=time.perf_counter() - t0)
         self.counters["prompt_tokens_total"] += len(item.prompt_ids)
         self.counters["http_generation_tokens_total"] += len(gen.token_ids)
-        await resp.write(f"data: {json.dumps(out)}\n\ndata: [DONE]\n\n".encode())
+        await resp.write(f"data: {dumps(out)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp
 
@@ -273,7 +277,7 @@ class SlickServer:
 
     async def model_info(self, request: web.Request) -> web.Response:
         """GET /get_model_info."""
-        return web.json_response({
+        return json_response({
             "model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
             "vocab_size": self.engine.vocab_size, "max_context_length": self.engine.max_context,
             "weight_version": await self.engine.get_weight_version(), "engine": "slick"})
@@ -286,11 +290,11 @@ class SlickServer:
                      "paused": self.paused, "inflight_tokens": self.engine.progress(),
                      "uptime_s": round(time.time() - self.started, 3),
                      "internal_states": [self.engine.stats()], "version": _version()})
-        return web.json_response(info)
+        return json_response(info)
 
     async def weight_version(self, request: web.Request) -> web.Response:
         """GET /get_weight_version."""
-        return web.json_response({"weight_version": await self.engine.get_weight_version()})
+        return json_response({"weight_version": await self.engine.get_weight_version()})
 
     async def metrics(self, request: web.Request) -> web.Response:
         """GET /metrics: Prometheus text exposition format."""
@@ -323,7 +327,7 @@ class SlickServer:
     # ------------------------------------------------------------ control
     async def flush_cache(self, request: web.Request) -> web.Response:
         """POST /flush_cache: the engine keeps no cache across requests, so this only acknowledges."""
-        return web.json_response({"success": True, "message": "Cache flushed."})
+        return json_response({"success": True, "message": "Cache flushed."})
 
     async def abort_request(self, request: web.Request) -> web.Response:
         """POST /abort_request: ``{}`` or ``{"abort_all": true}`` aborts all, ``{"rid": ID}`` one request, which
@@ -336,11 +340,11 @@ class SlickServer:
             raise RequestError("rid must be a string")
         if rid and not body.get("abort_all"):
             if rid not in self.engine.progress():
-                return web.json_response({"success": False, "message": f"no running request with rid {rid!r}"})
+                return json_response({"success": False, "message": f"no running request with rid {rid!r}"})
             await self.engine.abort(rid)
-            return web.json_response({"success": True, "message": f"aborted {rid}", "aborted": 1})
+            return json_response({"success": True, "message": f"aborted {rid}", "aborted": 1})
         n = await self.abort_everything()
-        return web.json_response({"success": True, "message": "aborted all requests", "aborted": n})
+        return json_response({"success": True, "message": "aborted all requests", "aborted": n})
 
     async def abort_everything(self) -> int:
         """Abort every running request; each answers with finish reason "abort"."""
@@ -353,6 +357,9 @@ class SlickServer:
         body = await self._json(request)
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str) or not body["model_path"]:
             raise RequestError("update_weights_from_disk needs {'model_path': DIR}")
+        refused = self.weight_dirs.check(body["model_path"])
+        if refused:
+            raise RequestError(refused, status=403)
         version = body.get("weight_version")
         if version is not None:
             v = parse_weight_version(version, default=-1)
@@ -364,9 +371,9 @@ class SlickServer:
             try:   # shielded: a client that disconnects does not interrupt a copy half-way
                 new = await asyncio.shield(self.engine.update_weights(path=body["model_path"], version=version))
             except (FileNotFoundError, ValueError, KeyError, RuntimeError, OSError) as e:
-                return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+                return json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
         paused = len(self.engine.progress()) if self.paused else 0
-        return web.json_response({"success": True, "message": f"loaded weights from {body['model_path']}",
+        return json_response({"success": True, "message": f"loaded weights from {body['model_path']}",
                                   "weight_version": new, "num_paused_requests": paused,
                                   "load_time_s": round(time.perf_counter() - t0, 4)})
 
@@ -386,14 +393,14 @@ class SlickServer:
         await self.engine.pause_generation()
         self.paused = True
         n = await self.abort_everything() if mode == "abort" else 0
-        return web.json_response({"success": True, "message": f"paused ({mode})", "aborted": n,
+        return json_response({"success": True, "message": f"paused ({mode})", "aborted": n,
                                   "paused_requests": self.engine.progress()})
 
     async def resume(self, request: web.Request) -> web.Response:
         """POST /continue_generation: paused and waiting requests go on (a no-op when not paused)."""
         self.paused = False
         await self.engine.continue_generation()
-        return web.json_response({"success": True, "message": "generation continues"})
+        return json_response({"success": True, "message": "generation continues"})
 
     # ----------------------------------------------------------- shutdown
     async def shutdown(self, grace_s: float = 10.0) -> None:
@@ -410,14 +417,11 @@ class SlickServer:
 
 
 def _max_text_chars(engine: Any) -> int:
-    """Characters no text that fits the context can exceed: each token covers at most as many characters as
-    its longest vocabulary entry has (byte-level BPE: bytes), and a prompt has at most ``max_context - 1``."""
-    longest = max((len(t) for t in engine.tokenizer.get_vocab()), default=1)
-    return max(1, longest) * max(1, engine.max_context - 1)
+    return text_char_limit(engine.tokenizer, engine.max_context)
 
 
 def _error(message: str, status: int) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    return json_response({"error": message}, status=status)
 
 
 def _rss_bytes() -> int:
@@ -434,93 +438,18 @@ def _version() -> str:
         return "0+unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="slick serve", description=__doc__.split("\n\n")[0],
-        epilog="--sglang-KEY VALUE: SGLang server options. " + ", ".join(
-            f"{flag(k)} sets --{name.replace('_', '-')}" for k, (name, _) in KNOWN.items())
-        + " (and wins over it); any other --sglang-* option is ignored with a warning.")
-    p.add_argument("--hf-checkpoint", "--model-path", dest="hf_checkpoint", required=True,
-                   help="Hugging Face model directory to serve.")
-    p.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1, loopback only).")
-    p.add_argument("--port", type=int, default=30000, help="TCP port (0 picks a free one).")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="Weight/compute dtype.")
-    p.add_argument("--device", default="auto", help="torch device (auto: cuda if available, else cpu).")
-    p.add_argument("--api-key", default=None,
-                   help="Require 'Authorization: Bearer KEY' on weight/abort/pause/flush endpoints.")
-    p.add_argument("--max-running", type=int, default=64, help="Requests decoded together at most.")
-    p.add_argument("--max-seq-len", type=int, default=None, help="Cap on prompt + response tokens.")
-    p.add_argument("--seed", type=int, default=0, help="Engine sampling seed.")
-    p.add_argument("--max-batch", type=int, default=4096, help="Most prompts accepted in one /generate.")
-    p.add_argument("--parent-pid", type=int, default=None,
-                   help="Shut down (as on SIGTERM) when this process is no longer the parent, e.g. a driver "
-                        "killed with SIGKILL; slick sets it for the workers it launches.")
-    return p
+def build_parser():
+    """The ``slick serve`` argument parser (slick/engine/serve_cli.py)."""
+    from slick.engine.serve_cli import build_parser as build
 
-
-async def serve(args: argparse.Namespace) -> int:
-    """Load the engine, listen, and run until SIGTERM/SIGINT."""
-    from slick.engine.local import LocalEngine
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    if args.parent_pid:   # from the start: a driver that dies while this worker loads leaves no orphan
-        from slick.proc import watch_parent
-
-        watch_parent(args.parent_pid, lambda: loop.call_soon_threadsafe(stop.set), grace_s=20.0, what="slick serve")
-    engine = LocalEngine(args.hf_checkpoint, dtype=args.dtype, device=args.device,
-                         max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed)
-    server = SlickServer(engine, model_path=args.hf_checkpoint, api_key=args.api_key, max_batch=args.max_batch,
-                         server_args={"host": args.host, "port": args.port, "dtype": args.dtype,
-                                      "device": args.device, "max_running_requests": args.max_running,
-                                      "max_seq_len": args.max_seq_len, "random_seed": args.seed,
-                                      "api_key_set": bool(args.api_key)})
-    # handler_cancellation: a client that disconnects cancels its handler, which aborts its generation
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    port = runner.addresses[0][1] if runner.addresses else args.port
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"slick serve ready on http://{args.host}:{port}", flush=True)
-    await stop.wait()
-    print("slick serve: shutting down (aborting in-flight requests)", flush=True)
-    await server.shutdown()
-    await runner.cleanup()
-    await engine.close()
-    return 0
-
-
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Parse ``slick serve`` flags; ``--sglang-KEY VALUE`` options set the matching flag or get a warning."""
-    from slick.config.parse import split_sglang_args
-    from slick.models.check import model_dir_problems
-
-    parser = build_parser()
-    rest, sglang = split_sglang_args(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(rest)
-    problems = model_dir_problems(args.hf_checkpoint, "--hf-checkpoint")
-    if problems:  # before any import of transformers, which would try the Hub for a name like org/model
-        parser.error("; ".join(problems))
-    try:
-        options, unknown = engine_options(sglang)
-    except ValueError as e:
-        parser.error(str(e))
-    for name, value in options.items():
-        setattr(args, name, value)
-    if unknown:
-        print(f"warning: {unknown_warning(unknown, 'slick serve')}", file=sys.stderr, flush=True)
-    return args
+    return build()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point of ``slick serve``."""
-    args = parse_args(argv)
-    try:
-        return asyncio.run(serve(args))
-    except KeyboardInterrupt:
-        return 0
+    """Entry point of ``slick serve`` (flags and start-up: slick/engine/serve_cli.py)."""
+    from slick.engine.serve_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import time
 import uuid
 from typing import Any, Optional
 
+from slick.engine.http_guard import HostPolicy, guard_middleware
 from slick.engine.openai_api import OpenAIEndpoint
 from slick.engine.openai_protocol import Call, OpenAIError, render_chat, template_messages
 from slick.plugins import load_function
@@ -238,7 +239,8 @@ class AgentRollout:
                                   vocab_size=getattr(eng, "vocab_size", None) or len(self.tok),
                                   eos_ids=_eos_ids(eng, self.tok), sessions=self,
                                   tool_parser=getattr(self.cfg, "tool_parser", None) or "hermes")
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        # no web page may drive or read a session (Host and Origin checked, as on slick serve: docs/security.md)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[guard_middleware(HostPolicy())])
         endpoint.add_routes(app)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()

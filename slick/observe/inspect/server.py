@@ -8,6 +8,10 @@ the run directory's files again, so a run still training shows its new steps:
 - ``GET /api/steps``: per stored step, reward / length distributions and staleness
 - ``GET /api/samples?step=N&order=best|worst&limit=K``: a step's best or worst samples with their evidence
 - ``GET /api/sample?step=N&index=I``: one sample with its tokens (text, loss mask, logprob, weight version)
+
+Every request passes the Host and Origin checks of ``slick/engine/http_guard.py`` (as ``slick serve``): a
+``Host`` other than localhost, a loopback address or one of ``--allowed-hosts`` gets 403 (no DNS-rebinding page
+can read the run's prompts and answers), and so does a request from a foreign ``Origin``.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from slick.engine.http_guard import HostPolicy, guard_middleware, parse_allowed_hosts
 from slick.observe.inspect import data
 
 STATIC = Path(__file__).parent / "static"
@@ -45,7 +50,8 @@ def _int(request, name: str, default=None):
                                                            f"{raw!r}"}), content_type="application/json") from None
 
 
-def make_app(run_dir) -> web.Application:
+def make_app(run_dir, allowed_hosts=()) -> web.Application:
+    """The page and its API for ``run_dir``; ``allowed_hosts``: extra names for the Host/Origin check."""
     run_dir = Path(run_dir)
 
     async def call(fn, *args):
@@ -80,7 +86,7 @@ def make_app(run_dir) -> web.Application:
     async def sample(request):
         return await call(data.sample, _int(request, "step"), _int(request, "index"))
 
-    app = web.Application()
+    app = web.Application(middlewares=[guard_middleware(HostPolicy(HOST, allowed_hosts), max_body_bytes=1 << 16)])
     app.router.add_get("/", page)
     app.router.add_get("/app.js", script)
     app.router.add_get("/api/run", run)
@@ -91,9 +97,9 @@ def make_app(run_dir) -> web.Application:
     return app
 
 
-async def serve(run_dir, port: int, ready=print) -> None:
+async def serve(run_dir, port: int, ready=print, allowed_hosts=()) -> None:
     """Serve until SIGINT/SIGTERM; ``ready(line)`` gets the URL once the socket listens."""
-    runner = web.AppRunner(make_app(run_dir), access_log=None)
+    runner = web.AppRunner(make_app(run_dir, allowed_hosts), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, HOST, port)
     try:
@@ -115,12 +121,19 @@ def main(argv=None) -> int:
                                 "tokens by loss mask and logprob, staleness. Works while the run is still going.")
     p.add_argument("run_dir", help="Run directory (metrics.jsonl, rollouts/).")
     p.add_argument("--port", type=int, default=8265, help="Port on 127.0.0.1 (0 = any free port).")
+    p.add_argument("--allowed-hosts", default="",
+                   help="Comma-separated host names the page also answers to besides localhost and loopback "
+                        "addresses (e.g. the name an SSH tunnel or proxy uses); any other Host gets 403.")
     args = p.parse_args(argv)
+    try:
+        hosts = parse_allowed_hosts(args.allowed_hosts)
+    except ValueError as e:
+        p.error(str(e))
     if not Path(args.run_dir).is_dir():
         print(f"slick inspect: {args.run_dir}: no such run directory", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(args.run_dir, args.port, ready=lambda line: print(line, flush=True)))
+        asyncio.run(serve(args.run_dir, args.port, ready=lambda line: print(line, flush=True), allowed_hosts=hosts))
     except OSError as e:
         print(f"slick inspect: cannot listen on {HOST}:{args.port}: {e}", file=sys.stderr)
         return 2
