@@ -93,7 +93,7 @@ def time_train(cfg, trainer, samples, steps: int) -> dict:
 
 def bench_train(model: Path, ranks_list, steps: int, batch) -> tuple[list, dict]:
     """Rows of (mode, ranks, tokens/s) and start-up seconds of the Ray parts."""
-    from slick.train.factory import make_trainer
+    from slick.factory.trainer import make_trainer
     from slick.train.trainer import Trainer
 
     rows, startup = [], {}

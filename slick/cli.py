@@ -13,11 +13,14 @@ import importlib
 import os
 import sys
 
+from slick.config import ConfigError
+from slick.train.memory import AllocatorError, use_tcmalloc
+
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
     "train": ("slick.loop.sync", "Run RL training (synchronous: rollout, train, sync weights)."),
     "train-async": ("slick.loop.train_async", "Run RL training with rollout and training overlapping (docs/async.md)."),
-    "serve": ("slick.engine.server", "Serve a HF model over HTTP with SGLang's native API."),
+    "serve": ("slick.engine.serve_cli", "Serve a HF model over HTTP with SGLang's native API."),
     "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),
     "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
     "rollouts": ("slick.observe.rollouts_cli", "Query a run's rollout store: filter samples, show one with its tokens."),
@@ -45,15 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slick: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
         return 2
     if as_program:
-        from slick.train.memory import AllocatorError, use_tcmalloc
-
         try:
             use_tcmalloc()   # returns only when tcmalloc is in use or not wanted
         except AllocatorError as e:
             print(f"slick {cmd}: {e}", file=sys.stderr)
             return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from slick.config import ConfigError
 
     module = importlib.import_module(COMMANDS[cmd][0])
     try:

@@ -215,6 +215,18 @@ async def until_sigterm(coro, what: str = "slick"):
         return await coro
 
 
+def rss_bytes() -> int:
+    """Resident memory of this process in bytes (Linux /proc; elsewhere the peak RSS from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource   # Unix only
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m slick.proc --parent-pid PID --module MOD -- ARGS``: run ``MOD`` as ``__main__`` with ARGS,
     in this process, and shut it down (SIGTERM, then a hard exit) when PID stops being its parent."""

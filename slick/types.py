@@ -161,3 +161,9 @@ class Sample:
         self.loss_mask = list(self.loss_mask) + [1] * len(gen.token_ids)
         self.weight_versions = list(self.weight_versions) + versions
         self.status = FINISH_TO_STATUS.get(gen.finish_reason, Status.FAILED)
+
+
+class ClusterFailure(RuntimeError):
+    """A run on Ray could not start or went down (cluster too small, an actor died or timed out); the message
+    names what was asked and what failed. The CLI drivers print it without a traceback (exit code 1).
+    Defined here, below every room, so that code which only checks for it (checkpoint writes) needs no Ray room."""

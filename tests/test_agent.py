@@ -418,7 +418,7 @@ def test_session_continues_an_answer_with_tool_calls_token_exactly():
     from slick.engine.openai_protocol import Choice, parse_messages, render_chat, split_tool_calls
     from slick.models.tiny import load_demo_tokenizer
     from slick.rollout.agent import AgentSession
-    from slick.rollout.toolcall import get_parser
+    from slick.chat.toolcall import get_parser
     from slick.types import SamplingParams
 
     tok = load_demo_tokenizer()

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from slick.rollout.chat_delta import ChatDelta, ChatTemplateRewriteError, assistant_suffix, encode, render, \
+from slick.chat.delta import ChatDelta, ChatTemplateRewriteError, assistant_suffix, encode, render, \
     template_supports_tools
-from slick.rollout.toolcall import get_parser, parse_hermes, tools_system_prompt, with_tools_in_system
+from slick.chat.toolcall import get_parser, parse_hermes, tools_system_prompt, with_tools_in_system
 from tests.chat_templates import COUNTING, DROPS_REASONING, LLAMA3_STYLE, QWEN_STYLE, tokenizer_with
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",

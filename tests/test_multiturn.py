@@ -14,7 +14,7 @@ from slick.config.validate import validate_config
 from slick.data.source import DataSource
 from slick.engine.local import LocalEngine
 from slick.reward.hub import RewardHub
-from slick.rollout.chat_delta import ChatDelta
+from slick.chat.delta import ChatDelta
 from slick.rollout.manager import RolloutManager
 from slick.rollout.multiturn import MultiTurnRollout, append_env_tokens, final_answer, get_tokenizer
 from slick.rollout.tools import ToolSet, load_tools

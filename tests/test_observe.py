@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slick.observe.metrics import MetricsCorruptError, MetricsLogger, read_metrics
-from slick.observe.passk import eval_metrics, pass_at_k
+from slick.rollout.passk import eval_metrics, pass_at_k
 from slick.observe.progress import Progress
 
 

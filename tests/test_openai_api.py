@@ -6,7 +6,7 @@ import pytest
 
 from slick.engine.openai_protocol import OpenAIError, parse_params, split_tool_calls
 from slick.engine.router import launch_workers
-from slick.rollout.toolcall import get_parser
+from slick.chat.toolcall import get_parser
 from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)

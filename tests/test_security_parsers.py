@@ -19,9 +19,9 @@ from slick.data.source import DataSource
 from slick.demo.calculator import CalculatorError, calculator, evaluate, parse_expression_call
 from slick.engine.openai_protocol import split_tool_calls
 from slick.reward.hub import RewardHub
-from slick.rollout import safejson
+from slick.chat import safejson
 from slick.rollout.manager import RolloutManager
-from slick.rollout.toolcall import get_parser, parse_hermes, strip_tool_calls
+from slick.chat.toolcall import get_parser, parse_hermes, strip_tool_calls
 from slick.types import Generation, Status
 from tests.chat_templates import tokenizer_with
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from slick.rollout.toolcall import ToolCall
+from slick.chat.toolcall import ToolCall
 from slick.rollout.tools import ToolSet, load_tools, tool
 
 CLEAN_KEYS = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PYTHONIOENCODING", "PYTHONPATH"}

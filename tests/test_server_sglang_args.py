@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from slick.config.parse import parse_config
-from slick.engine.factory import make_engines
+from slick.factory.engines import make_engines
 from slick.engine.router import launch_workers
 from tests.test_server import call
 

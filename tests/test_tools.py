@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from slick.rollout.toolcall import ToolCall
+from slick.chat.toolcall import ToolCall
 from slick.rollout.tools import ToolSet, function_schema, load_tools
 from tests import agent_tools
 

@@ -2,12 +2,10 @@
 actors (:class:`RayTrainerGroup`), and engine actors serving `slick serve`'s API. See docs/cluster.md."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from slick.cluster.layout import ClusterFailure, Layout, LayoutError, plan_from_config, trainer_ranks, uses_ray
-
-if TYPE_CHECKING:
-    from slick.cluster.ray_cluster import RayCluster
+from slick.cluster.ray_cluster import RayCluster, _cores
 
 __all__ = ["ClusterFailure", "Layout", "LayoutError", "plan_from_config", "start_cluster", "trainer_ranks", "uses_ray"]
 
@@ -21,7 +19,6 @@ def start_cluster(cfg) -> Optional["RayCluster"]:
     placement group ready (within --ray-start-timeout). Stops what it started when placing fails."""
     if not uses_ray(cfg):
         return None
-    from slick.cluster.ray_cluster import RayCluster, _cores
 
     cpu_plan = plan_from_config(cfg, use_gpu=False)       # refuses impossible flags before Ray starts
     cluster = RayCluster.connect(cfg, num_cpus=max(_cores(), cpu_plan.slots))

@@ -14,13 +14,16 @@ import threading
 import time
 from typing import Optional
 
+from slick.cluster.actors import set_actor_threads, wait_all
+from slick.engine.local import LocalEngine
+from slick.engine.server import SlickServer
+from slick.engine.sglang_args import engine_options
+
 log = logging.getLogger("slick.cluster")
 
 
 def engine_kwargs(cfg) -> dict:
     """LocalEngine keyword arguments of a run (the same as the in-process engine's, --sglang-* included)."""
-    from slick.engine.sglang_args import engine_options
-
     options, _ = engine_options(dict(getattr(cfg, "sglang", None) or {}))
     kwargs = dict(dtype=cfg.dtype, device=cfg.device, max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
     kwargs.update(options)
@@ -42,8 +45,6 @@ class EngineHost:
 
     def start(self, timeout_s: float = 300.0) -> str:
         """Load the engine, listen, and return the server's URL."""
-        from slick.engine.local import LocalEngine
-
         self.engine = LocalEngine(self.model_path, threaded=True, **self.kwargs)
         self._thread = threading.Thread(target=self._serve, name="slick-engine-host", daemon=True)
         self._thread.start()
@@ -65,8 +66,6 @@ class EngineHost:
 
     async def _main(self) -> None:
         from aiohttp import web
-
-        from slick.engine.server import SlickServer
 
         server = SlickServer(self.engine, model_path=self.model_path, host=self.host,
                              server_args={"host": self.host, "pid": os.getpid(), **self.kwargs})
@@ -125,8 +124,6 @@ class EngineActors:
         once its server answers (both bounded by ``timeout_s``; RankError names the engine otherwise)."""
         import ray
 
-        from slick.cluster.trainer_group import wait_all
-
         i = self.urls.index(url.rstrip("/"))
         try:
             ray.kill(self.actors[i], no_restart=True)
@@ -179,8 +176,6 @@ def start_engine_actors(cluster, cfg, timeout_s: float) -> EngineActors:
     """One engine actor per disaggregated engine bundle of ``cluster.layout``; wait until each serves."""
     import ray
 
-    from slick.cluster.trainer_group import wait_all
-
     layout = cluster.layout
     remote = ray.remote(EngineActor)
     kwargs = engine_kwargs(cfg)
@@ -204,19 +199,3 @@ def start_engine_actors(cluster, cfg, timeout_s: float) -> EngineActors:
         group.stop(timeout=2.0)
         raise
     return group
-
-
-def set_actor_threads(slots_on_node: int) -> int:
-    """torch/OpenMP threads of this actor: ``threads_per_actor(cores of this node, slots_on_node)``."""
-    import torch
-
-    from slick.cluster.layout import threads_per_actor
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    threads = threads_per_actor(cores, slots_on_node)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
-    return threads

@@ -19,14 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from slick.types import ClusterFailure  # noqa: F401 - a name of this module: cluster failures start here
+
 
 class LayoutError(ValueError):
     """A cluster layout that cannot run; the message names the flags."""
-
-
-class ClusterFailure(RuntimeError):
-    """A run on Ray could not start or went down (cluster too small, an actor died or timed out); the message
-    names what was asked and what failed. The CLI drivers print it without a traceback (exit code 1)."""
 
 
 @dataclass(frozen=True)

@@ -16,54 +16,23 @@ import socket
 import time
 from typing import Iterator, Optional, Sequence
 
-from slick.cluster.layout import ClusterFailure
+from slick.cluster.actors import RankError, set_actor_threads, wait_all  # noqa: F401 - RankError: raised to callers
+from slick.cluster.engine_actor import EngineHost
+from slick.engine.client import HttpEngine
+from slick.proc import rss_bytes
+from slick.train.critic import Critic, needs_critic
+from slick.train.dist import destroy, init_process_group
+from slick.train.rng import seed_everything
+from slick.train.trainer import Trainer
+from slick.train.transport import make_transport
 
 log = logging.getLogger("slick.cluster")
-
-
-class RankError(ClusterFailure):
-    """A trainer rank (or engine actor) died, failed, or did not answer in time; the message names it."""
-
-
-def wait_all(refs: list, names: Sequence[str], timeout_s: float, what: str) -> list:
-    """Results of ``refs`` in order. Raises :class:`RankError` naming the first actor that failed or died
-    (as soon as it does, without waiting for the others) or every actor still silent after ``timeout_s``."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-
-    index = {r: i for i, r in enumerate(refs)}
-    out: list = [None] * len(refs)
-    pending, deadline = list(refs), time.monotonic() + timeout_s
-    while pending:
-        left = deadline - time.monotonic()
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0.0))
-        if not ready:
-            silent = ", ".join(names[index[r]] for r in pending)
-            raise RankError(f"{silent}: did not {what} within {timeout_s:g}s (timeout; a peer may have died)")
-        for r in ready:
-            i = index[r]
-            try:
-                out[i] = ray.get(r, timeout=max(deadline - time.monotonic(), 1.0))
-            except RayActorError as e:
-                raise RankError(f"{names[i]} died while asked to {what}: {_short(e)}") from e
-            except RayTaskError as e:
-                raise RankError(f"{names[i]} failed to {what}: {_short(e)}") from e
-            except GetTimeoutError as e:
-                raise RankError(f"{names[i]}: did not {what} within {timeout_s:g}s") from e
-    return out
-
-
-def _short(e: BaseException, n: int = 1500) -> str:
-    text = str(e).strip()
-    return text if len(text) <= n else "..." + text[-n:]
 
 
 class TrainerRank:
     """The body of one trainer rank's actor (wrapped with ``ray.remote`` by :class:`RayTrainerGroup`)."""
 
     def __init__(self, cfg, rank: int, world_size: int, slots_on_node: int):
-        from slick.cluster.engine_actor import set_actor_threads
-
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.threads = set_actor_threads(slots_on_node)
         self.trainer = self.critic = None
@@ -84,25 +53,17 @@ class TrainerRank:
         """Join the process group (more than one rank), seed, build the Trainer; returns :meth:`state`."""
         import torch
 
-        from slick.train.rng import seed_everything
-        from slick.train.trainer import Trainer
-
         if self.world_size > 1:
-            from slick.train.dist import init_process_group
-
             backend = "nccl" if torch.cuda.is_available() and self.cfg.device in ("auto", "cuda") else "gloo"
             init_process_group(backend, self.rank, self.world_size, master_addr, master_port, timeout_s)
         seed_everything(self.cfg.seed)
         self.trainer = Trainer(self.cfg)
-        from slick.train.critic import Critic, needs_critic
 
         self.critic = Critic(self.cfg) if needs_critic(self.cfg) else None   # PPO: the same ranks, same group
         return self.state()
 
     def state(self) -> dict:
         t = self.trainer
-        from slick.observe.prometheus import rss_bytes
-
         return {"pid": os.getpid(), "version": t.version, "skipped_steps": t.skipped_steps, "has_ref": t.has_ref,
                 "device": str(t.device), "threads": self.threads, "rss_bytes": rss_bytes(),
                 "seconds": dict(getattr(self, "call_seconds", {}))}   # the driver's /metrics exports these per rank
@@ -132,8 +93,6 @@ class TrainerRank:
 
     def start_engine(self, model_path: str, engine_kwargs: dict, timeout_s: float) -> str:
         """Host this rank's colocated engine server in this process; returns its URL."""
-        from slick.cluster.engine_actor import EngineHost
-
         self.host = EngineHost(model_path, engine_kwargs)
         return self.host.start(timeout_s)
 
@@ -150,9 +109,6 @@ class TrainerRank:
         if transport != "colocated" and self.rank != 0:
             return version
         if self._transport is None:
-            from slick.engine.client import HttpEngine
-            from slick.train.transport import make_transport
-
             if transport == "colocated":
                 if self.host is None:
                     raise RuntimeError(f"trainer rank {self.rank}: the colocated transport needs this rank's "
@@ -184,8 +140,6 @@ class TrainerRank:
             self.host.stop()
             self.host = None
         try:
-            from slick.train.dist import destroy
-
             destroy()
         except ImportError:
             pass
@@ -203,7 +157,6 @@ class RayTrainerGroup:
         layout = cluster.layout
         self.world_size = layout.trainer_ranks
         self.names = [f"trainer rank {r}" for r in range(self.world_size)]
-        self.thread_budget = None   # accepted for the loop's sake; each rank's threads are set by the layout
         res = layout.actor_resources()
         remote = ray.remote(TrainerRank)
         self.actors = [remote.options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"], max_restarts=0,
@@ -285,9 +238,20 @@ class RayTrainerGroup:
                                      for a in self.actors], self._named(), timeout_s, "start its engine server")
         return self.engine_urls
 
-    def send_weights(self, transport: str, engine_urls: list, disk_dir: Optional[str] = None,
-                     bucket_bytes: int = 512 << 20) -> float:
-        """Push the current weights to the engines (:meth:`TrainerRank.send_weights`); returns the seconds."""
+    async def send_weights(self, sink) -> float:
+        """Push the current weights to ``sink``'s engines (a ``slick.train.protocol.WeightSink``); returns the
+        seconds. Engines on Ray get them from the ranks themselves (:meth:`send_from_ranks`: broadcast from rank
+        0, or colocated by every rank); otherwise (the disk transport, engines the ranks do not reach) the
+        gathered weights go through the sink from the driver, as from an in-process trainer."""
+        if sink.ranks_reach_engines and sink.transport != "disk":
+            return await asyncio.to_thread(self.send_from_ranks, sink.transport, list(sink.worker_urls),
+                                           sink.disk_dir, sink.bucket_bytes)
+        return await sink.send(self)
+
+    def send_from_ranks(self, transport: str, engine_urls: list, disk_dir: Optional[str] = None,
+                        bucket_bytes: int = 512 << 20) -> float:
+        """Every rank pushes the current weights to the engines (:meth:`TrainerRank.send_weights`); returns the
+        seconds."""
         t0 = time.perf_counter()
         versions = wait_all([a.send_weights.remote(transport, list(engine_urls), disk_dir, bucket_bytes,
                                                    self.timeout_s) for a in self.actors],

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from slick.config.groups import GROUPS
-from slick.config.parse import _base_type, field_choices, field_help, flag_name
+from slick.config.fields import field_choices, field_help, flag_name
+from slick.config.parse import _base_type
+from slick.config.slime import alias_rows, kept_rows
 
 HEADER = """\
 # slick flags
@@ -77,6 +79,25 @@ given one does not divide the sample count, the run stops before loading any mod
 that shows the numbers. All configuration problems are reported together, one per line.
 """
 
+SLIME_USERS = """
+## slime users
+
+Flags slick shares with slime (`slime/utils/arguments.py`, and the Megatron-LM flags it passes
+through) have slime's defaults, except those in the second table below, each with its reason;
+`tests/slime_flags.py` holds the whole comparison as data and `tests/test_config_slime.py` checks
+it. Where slime or Megatron spell a slick option differently, slime's spelling is accepted and lands
+on slick's field (both spellings with different values is an error); slime flags slick cannot honour
+are refused by name, saying what to use:
+
+| slime's flag | in slick |
+|---|---|"""
+
+SLIME_KEPT = """
+Defaults slick keeps where slime's differ (pass slime's value to get slime's behaviour):
+
+| slime's flag | slime's default | why slick's differs |
+|---|---|---|"""
+
 
 def _type_name(f: dataclasses.Field) -> str:
     meta = f.metadata
@@ -124,6 +145,10 @@ def render_markdown() -> str:
             else:
                 name, typ = flag_name(f.name), _type_name(f)
             out.append(f"| `{name}` | {_cell(typ)} | {_cell(_fmt_default(_default(f)))} | {_cell(field_help(f))} |")
+    out.append(SLIME_USERS)
+    out.extend(f"| `{flag}` | {_cell(meaning)} |" for flag, meaning in alias_rows())
+    out.append(SLIME_KEPT)
+    out.extend(f"| `{flag}` | {_cell(d)} | {_cell(why)} |" for flag, d, why in kept_rows())
     return "\n".join(out) + "\n"
 
 

@@ -27,7 +27,8 @@ class DataConfig:
     input_key: str = F("prompt", "Key of the prompt (a string or a list of chat messages) in each row.")
     label_key: Optional[str] = F("label", "Key of the label handed to the reward function.")
     metadata_key: str = F("metadata", "Key of a per-row metadata dict (e.g. metadata.rm_type overrides --rm-type).")
-    tool_key: Optional[str] = F(None, "Key of a tools list passed to the chat template.")
+    tool_key: Optional[str] = F("tools", "Key of a tools list passed to the chat template (a row without it has no "
+                                         "tools; slime's default key).")
     apply_chat_template: bool = F(False, "Render prompts with the tokenizer's own chat template.")
     rollout_shuffle: bool = F(False, "Shuffle prompts each epoch (deterministic from --rollout-seed).")
     rollout_seed: int = F(42, "Seed for prompt shuffling and rollout sampling.")
@@ -86,7 +87,8 @@ class AlgorithmConfig:
                                  choices_from="slick.algo.estimators:ESTIMATORS")
     use_kl_loss: bool = F(False, "Add a KL loss against the reference model.")
     kl_loss_coef: float = F(0.0, "Weight of the KL loss.")
-    kl_loss_type: str = F("low_var_kl", "KL estimator for the KL loss.", choices=["k1", "k2", "k3", "low_var_kl"])
+    kl_loss_type: str = F("k1", "KL estimator for the KL loss (slime's default k1).",
+                          choices=["k1", "k2", "k3", "low_var_kl"])
     kl_coef: float = F(0.0, "KL penalty folded into the reward (REINFORCE++ style).")
     eps_clip: float = F(0.2, "PPO clip range (lower).")
     eps_clip_high: Optional[float] = F(None, "PPO clip range upper bound (clip-higher); defaults to --eps-clip.")
@@ -186,7 +188,7 @@ class EvalConfig:
     n_samples_per_eval_prompt: int = F(1, "Samples per eval prompt (pass@k uses k = this).")
     eval_temperature: Optional[float] = F(None, "Eval sampling temperature (default: --rollout-temperature).")
     eval_max_response_len: Optional[int] = F(None, "Eval max new tokens (default: --rollout-max-response-len).")
-    eval_top_p: float = F(1.0, "Eval top-p.")
+    eval_top_p: Optional[float] = F(None, "Eval top-p (default: --rollout-top-p).")
 
 
 @dataclass
@@ -234,7 +236,7 @@ class ClusterConfig:
                                          "go on on the others from the tokens already received, and a replacement is "
                                          "started, loaded with the current weights and version, and only then rejoins. "
                                          "Without it a dead engine ends the run within seconds, naming it.")
-    rollout_health_check_interval: float = F(10.0, "Seconds between two /health_generate checks of every engine "
+    rollout_health_check_interval: float = F(30.0, "Seconds between two /health_generate checks of every engine "
                                                    "(--use-fault-tolerance); a launched worker's process is watched "
                                                    "every 0.2 s with or without the flag.")
     rollout_health_check_timeout: float = F(30.0, "Seconds an engine may take to answer /health_generate (a one-token "

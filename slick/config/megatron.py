@@ -10,7 +10,7 @@ import logging
 import math
 from typing import Any, Callable, Optional
 
-from slick.config.parse import flag_name
+from slick.config.fields import flag_name
 
 log = logging.getLogger("slick.config")
 

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
+import sys
 import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
 from slick.config.config import Config, ConfigError
+from slick.config.fields import field_choices, field_help, flag_name, registry_names  # noqa: F401 - also names here
 from slick.config.groups import GROUPS
+from slick.config.slime import add_slime_arguments, resolve_slime_flags
+from slick.config.validate import validate_config
+from slick.engine.sglang_args import split_sglang_args
 
 
 def _base_type(tp):
@@ -17,34 +21,6 @@ def _base_type(tp):
         tp = eval(tp, vars(typing))  # annotations are strings under `from __future__ import annotations`
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     return args[0] if typing.get_origin(tp) is typing.Union and args else tp
-
-
-def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
-def registry_names(spec: str) -> list[str]:
-    """Names of the registry at ``"module:attribute"`` (a dict's keys, or what a function returns), in order.
-    Imports the module, so only parsers, docs and validation call it (never ``import slick.config``)."""
-    module, _, attr = spec.partition(":")
-    obj = getattr(importlib.import_module(module), attr)
-    return [str(n) for n in (obj() if callable(obj) else obj)]
-
-
-def field_choices(f: dataclasses.Field) -> Optional[list]:
-    """The allowed values of a field: its ``choices``, or the names of its ``choices_from`` registry."""
-    if "choices" in f.metadata:
-        return list(f.metadata["choices"])
-    if "choices_from" in f.metadata:
-        return registry_names(f.metadata["choices_from"])
-    return None
-
-
-def field_help(f: dataclasses.Field) -> str:
-    """The help text of a field, with ``{names}`` filled from its ``names_from`` / ``choices_from`` registry."""
-    spec = f.metadata.get("names_from") or f.metadata.get("choices_from")
-    text = f.metadata["help"]
-    return text.format(names=", ".join(registry_names(spec))) if spec else text
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,35 +49,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             if choices is not None:
                 kw["choices"] = choices
             grp.add_argument(flag_name(f.name), **kw)
+    add_slime_arguments(parser)
 
 
 def build_parser(prog: str = "slick train") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="RL post-training (slime-compatible flags).")
     add_config_arguments(parser)
     return parser
-
-
-def split_sglang_args(argv: Sequence[str]) -> tuple[list[str], dict]:
-    """Remove ``--sglang-KEY [VALUE]`` / ``--sglang-KEY=VALUE`` from argv; return (rest, {key: value})."""
-    rest, sg = [], {}
-    argv = list(argv)
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--sglang-"):
-            key, eq, val = a[len("--sglang-"):].partition("=")
-            key = key.replace("-", "_")
-            if eq:
-                sg[key] = val
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                sg[key] = argv[i + 1]
-                i += 1
-            else:
-                sg[key] = True
-        else:
-            rest.append(a)
-        i += 1
-    return rest, sg
 
 
 def load_yaml(path: str) -> dict:
@@ -168,14 +122,13 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
                  validate: bool = True, driver: str = "sync") -> Config:
     """Parse flags (and --config YAML) into a validated ``Config`` for ``driver`` ("sync" for slick train,
     "async" for slick train-async). Raises ConfigError."""
-    import sys
-
-    from slick.config.validate import validate_config
-
     argv = sys.argv[1:] if argv is None else list(argv)
     rest, sglang = split_sglang_args(argv)
     parser = parser or build_parser()
     ns = vars(parser.parse_args(rest))
+    slime_problems = resolve_slime_flags(ns)       # slime's spellings onto slick's fields, or refused by name
+    if slime_problems:
+        raise ConfigError(slime_problems)
     values = load_yaml(ns.pop("config")) if ns.get("config") else {}
     ns.pop("config", None)
     values.update(ns)

@@ -9,12 +9,17 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
+from slick.chat.toolcall import PARSERS
+from slick.cluster.layout import trainer_ranks, uses_ray
 from slick.config.config import Config, ConfigError
+from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
 from slick.config.megatron import megatron_problems, shape_problems
-from slick.config.parse import field_choices, flag_name
-from slick.cluster.layout import trainer_ranks, uses_ray
 from slick.models.check import model_dir_problems, read_model_config
+from slick.plugins import load_function
+from slick.reward.registry import REMOTE, get_score_fn, known_types
+from slick.rollout.tools import load_tools
+from slick.train.output_dirs import config_problems as output_dir_problems   # no output replaces data
 
 ROLLOUT_URLS_HINT = "launch SGLang servers yourself and pass --rollout-engine http --rollout-urls URL ..."
 
@@ -61,8 +66,6 @@ def choice_problems(cfg: Config, problems: list[str]) -> None:
 
 
 def rm_type_problems(cfg: Config, problems: list[str]) -> None:
-    from slick.reward.registry import REMOTE, get_score_fn, known_types
-
     rm = cfg.rm_type
     if not rm or cfg.custom_rm_path:
         return
@@ -286,9 +289,6 @@ def agent_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--tool-timeout must be > 0 seconds (got {cfg.tool_timeout})")
     if cfg.tool_max_output_chars < 1:
         p.append(f"--tool-max-output-chars must be >= 1 (got {cfg.tool_max_output_chars})")
-    from slick.plugins import load_function
-    from slick.rollout.toolcall import PARSERS
-    from slick.rollout.tools import load_tools
 
     checks = [(load_tools, cfg.tool_path), (load_function, cfg.environment_path, "--environment-path")]
     if cfg.tool_path and cfg.tool_parser not in PARSERS:
@@ -350,8 +350,8 @@ def critic_problems(cfg: Config, p: list[str]) -> None:
 def algo_plugin_problems(cfg: Config, p: list[str]) -> None:
     """--custom-advantage-function-path / --custom-loss-function-path load and take the dataclass signature
     (slick.algo.inputs), before any model loads."""
+    # import cost: torch; `import slick.config` stays free of it (tests/test_config_registry.py)
     from slick.algo.inputs import check_plugin_signature
-    from slick.plugins import load_function
 
     for which in ("advantage", "loss"):
         flag = f"--custom-{which}-function-path"
@@ -404,7 +404,6 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
     if cfg.debug_rollout_only and (cfg.save or cfg.save_hf):
         flag = "--save" if cfg.save else "--save-hf"
         p.append(f"{flag} needs a trainer, but --debug-rollout-only builds none (nothing to save)")
-    from slick.train.output_dirs import config_problems as output_dir_problems   # no output replaces data
     p += output_dir_problems(cfg, check_files)
     cluster_problems(cfg, p)
     megatron_problems(cfg, p)

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
+from slick.plugins import load_function
 from slick.types import Sample
 
 BufferFilter = Callable[[Any, list], list]
@@ -50,14 +51,14 @@ class RolloutBuffer:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     @classmethod
-    def from_config(cls, cfg) -> "RolloutBuffer":
-        """Build from a ``slick.config.Config`` (--max-staleness, --buffer-filter-path)."""
+    def from_config(cls, cfg, max_staleness: Optional[int] = None) -> "RolloutBuffer":
+        """Build from a ``slick.config.Config`` (--max-staleness, --buffer-filter-path); ``max_staleness``, when
+        given, is the bound instead of --max-staleness (slick train-async's, in versions)."""
         fn = None
         if cfg.buffer_filter_path:
-            from slick.plugins import load_function
-
             fn = load_function(cfg.buffer_filter_path, "--buffer-filter-path")
-        return cls(max_staleness=cfg.max_staleness, buffer_filter=fn, args=cfg)
+        bound = cfg.max_staleness if max_staleness is None else max_staleness
+        return cls(max_staleness=bound, buffer_filter=fn, args=cfg)
 
     # -- adding ---------------------------------------------------------------------------------
     def put(self, groups: list[list[Sample]]) -> None:

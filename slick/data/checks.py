@@ -15,8 +15,11 @@ from __future__ import annotations
 import logging
 from typing import Mapping, Optional
 
+from slick.algo.estimators import get_estimator
+from slick.algo.inputs import AdvantageInputs
 from slick.config import ConfigError
 from slick.data.dataset import DataError
+from slick.models.check import read_model_config
 
 log = logging.getLogger("slick")
 
@@ -28,8 +31,6 @@ def model_context(cfg) -> Optional[tuple[int, str]]:
 
     The model's ``max_position_embeddings`` (``config.json`` of --hf-checkpoint); for engines slick starts
     itself, also its sliding window when the engine uses one and ``--sglang-context-length``."""
-    from slick.models.check import read_model_config
-
     if not getattr(cfg, "hf_checkpoint", None):
         return None
     try:
@@ -88,9 +89,6 @@ def always_zero_advantages(cfg) -> bool:
     it is run on groups of ``--n-samples-per-prompt`` samples with rewards that all differ (and logprobs whose
     KL differs from 0). A custom estimator (--custom-advantage-function-path) is not run: False."""
     import torch
-
-    from slick.algo.estimators import get_estimator
-    from slick.algo.inputs import AdvantageInputs
 
     if getattr(cfg, "custom_advantage_function_path", None):
         return False

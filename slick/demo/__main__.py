@@ -15,6 +15,7 @@ from pathlib import Path
 from slick.config import ConfigError, build_parser, parse_config
 from slick.demo.addition import write_addition_data
 from slick.models.smollm2 import prepare_smollm2
+from slick.observe.metrics import read_metrics
 
 DEFAULTS = {
     "--rollout-batch-size": "8", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "24",
@@ -36,8 +37,6 @@ def demo_argv(model_dir: Path, data_dir: Path, extra: list[str]) -> list[str]:
 
 
 def print_table(run_dir: Path) -> None:
-    from slick.observe.metrics import read_metrics
-
     rows = [r for r in read_metrics(run_dir) if "eval/heldout" in r]
     print("\n step | held-out accuracy (T=1.0) | pass@4")
     print("------+---------------------------+-------")
@@ -48,13 +47,14 @@ def print_table(run_dir: Path) -> None:
 
 
 def main(argv=None) -> int:
+    # import cost: torch and matplotlib load after the tcmalloc re-exec of `python -m slick.demo` (below)
     from slick.loop.sync import train
     from slick.observe.plot import plot_run
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra = list(sys.argv[1:] if argv is None else argv)
     if extra[:1] == ["agent"]:  # `python -m slick.demo agent`: the calculator-tool demo (slick/demo/agent.py)
-        from slick.demo.agent import main as agent_main
+        from slick.demo.agent import main as agent_main   # import cost: torch, as above
 
         return agent_main(extra[1:])
     model_dir = prepare_smollm2()

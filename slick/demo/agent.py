@@ -23,7 +23,12 @@ from pathlib import Path
 
 from slick.config import ConfigError, build_parser, parse_config
 from slick.demo.calculator import QUESTION, write_calculator_data
+from slick.engine.local import LocalEngine
+from slick.loop.sync import train
 from slick.models.smollm2 import prepare_smollm2
+from slick.observe.metrics import read_metrics
+from slick.reward.gsm8k import score
+from slick.types import SamplingParams
 
 N_TEST = 40
 DEFAULTS = {
@@ -51,10 +56,6 @@ def agent_argv(model_dir: Path, data_dir: Path, extra: list[str]) -> list[str]:
 async def accuracy_without_tool(model_dir: Path, test_path: Path, n_samples: int, temperature: float,
                                 max_new_tokens: int = 24, seed: int = 0) -> float:
     """Mean correctness of the held-out questions asked plainly (no tool, no example), ``n_samples`` each."""
-    from slick.engine.local import LocalEngine
-    from slick.reward.gsm8k import score
-    from slick.types import SamplingParams
-
     rows = [json.loads(line) for line in test_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     engine = LocalEngine(model_dir, seed=seed)
     try:
@@ -77,8 +78,6 @@ async def accuracy_without_tool(model_dir: Path, test_path: Path, n_samples: int
 
 
 def eval_rows(run_dir: Path) -> list[dict]:
-    from slick.observe.metrics import read_metrics
-
     rows = read_metrics(run_dir)
     tool_calls = {r["step"]: r.get("rollout/tool_calls/mean") for r in rows if "rollout/tool_calls/mean" in r}
     return [{"step": r["step"], "accuracy": r["eval/heldout"], "pass@k": r.get(next(
@@ -122,7 +121,6 @@ def write_results(run_dir: Path, results_dir: Path, img: Path, conditions: str =
     """``agent_demo.json`` / ``agent_demo.md`` under ``results_dir`` and the plot at ``img``, from a finished run's
     ``summary.json`` and ``metrics.jsonl`` (what ``bench/results`` and the README show)."""
     import shutil
-    from slick.observe.metrics import read_metrics
 
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     steps = [r for r in read_metrics(run_dir) if "perf/step_time" in r]
@@ -162,8 +160,6 @@ def write_results(run_dir: Path, results_dir: Path, img: Path, conditions: str =
 
 
 def main(argv=None) -> int:
-    from slick.loop.sync import train
-
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.perf_counter()
     extra = list(sys.argv[1:] if argv is None else argv)

@@ -34,7 +34,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Optional
 
+from slick.chat.toolcall import ToolCall, parse_hermes
 from slick.demo.addition import write_jsonl
+from slick.reward.gsm8k import score
+from slick.rollout.multiturn import final_answer
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -166,8 +169,6 @@ def parse_expression_call(text: str) -> list:
     """``--tool-parser slick.demo.calculator:parse_expression_call``: Hermes ``<tool_call>`` calls, and a turn
     whose first non-empty line is nothing but an arithmetic expression (``347 * 28``), which calls the calculator.
     A bare number (the final answer) or a sentence is no call."""
-    from slick.rollout.toolcall import ToolCall, parse_hermes
-
     calls = parse_hermes(text)
     if calls:
         return calls
@@ -190,9 +191,6 @@ def example_messages(a: int = EXAMPLE[0], b: int = EXAMPLE[1]) -> list[dict]:
 
 def final_answer_reward(args, sample) -> float:
     """``--custom-rm-path`` reward: 1.0 when the last number of the last assistant turn equals the label."""
-    from slick.reward.gsm8k import score
-    from slick.rollout.multiturn import final_answer
-
     return score(final_answer(sample), sample.label)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional
 
 import aiohttp
 
+from slick.engine.fault import PartialGeneration
 from slick.engine.http_protocol import generation_from_json, parse_weight_version
 from slick.types import Generation, SamplingParams
 
@@ -206,8 +207,6 @@ class HttpEngine:
         """Stream the generation; when its worker fails (connection lost, stream cut, or declared failed by the
         health monitor), resubmit prompt + tokens so far to a healthy worker with the tokens left, keeping the
         logprobs and versions received. Bounded by ``timeout`` in all (EngineError names the rid)."""
-        from slick.engine.fault import PartialGeneration
-
         _, sem = self._ensure()
         part = PartialGeneration()
         deadline = time.monotonic() + self.timeout

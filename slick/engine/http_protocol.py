@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from slick.engine.sampling import validate_sampling     # the engine's own checks (seed range, ...)
 from slick.types import Generation, SamplingParams
 
 
@@ -128,7 +129,6 @@ def parse_sampling(d: Any, where: str = "sampling_params") -> SamplingParams:
         raise RequestError(f"{where}.top_p must be in (0, 1], got {sp.top_p}")
     if sp.max_new_tokens < 0:
         raise RequestError(f"{where}.max_new_tokens must be >= 0, got {sp.max_new_tokens}")
-    from slick.engine.sampling import validate_sampling     # the engine's own checks (seed range, ...)
     return validate_sampling(sp, where, error=RequestError)
 
 

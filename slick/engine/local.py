@@ -37,6 +37,7 @@ from slick.engine.model import Transformer, iter_safetensors, pick_dtype
 from slick.engine.request import Request, deliver
 from slick.engine.sampling import sample, validate_sampling
 from slick.engine.weight_check import check_dir, check_named
+from slick.models.tokenizer import load_tokenizer
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.engine")
@@ -66,7 +67,6 @@ class LocalEngine:
         self.model_path = str(model_path)
         self.model = Transformer.load(model_path, self.dtype, self.device)
         cfg = self.model.cfg
-        from slick.models.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(self.model_path)
         self.vocab_size = cfg.vocab_size

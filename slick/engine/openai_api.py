@@ -16,7 +16,7 @@ Extensions (vLLM's names): ``top_k``, ``ignore_eos``, and ``return_token_ids: tr
 
 Tools: the prompt is the tokenizer's chat template with ``tools=`` when the template renders tools; for a
 template that does not (SmolLM2's) the schemas go into the system message in the format of
-:mod:`slick.rollout.toolcall`. Assistant messages that carry ``tool_calls`` are rendered the same way (Hermes
+:mod:`slick.chat.toolcall`. Assistant messages that carry ``tool_calls`` are rendered the same way (Hermes
 ``<tool_call>{json}</tool_call>`` text for templates without tool support). The answer's text is parsed with
 the Hermes parser: calls become ``message.tool_calls`` (``arguments`` a JSON string, as OpenAI sends it), the
 text outside them ``message.content`` (null when empty), and ``finish_reason`` is ``"tool_calls"``.
@@ -42,7 +42,10 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from slick.chat.toolcall import get_parser
+from slick.engine.fanout import generate_all     # all checked before any starts; one fails: all stop
 from slick.engine.http_body import THREAD_BYTES, BodyError, json_response, read_json
+from slick.engine.http_protocol import text_char_limit
 from slick.engine.openai_protocol import (Call, Choice, OpenAIError, Params, check_sizes, finish_reason,
                                           parse_messages, parse_params, parse_prompts, parse_tools, render_chat,
                                           response_text, split_tool_calls, token_logprobs, usage)
@@ -72,9 +75,6 @@ class OpenAIEndpoint:
     def __init__(self, engine: Any, tokenizer, *, model_name: str, max_context: Optional[int] = None,
                  vocab_size: Optional[int] = None, eos_ids=(), sessions: Any = None, tool_parser: str = "hermes",
                  max_text_chars: Optional[int] = None):
-        from slick.engine.http_protocol import text_char_limit
-        from slick.rollout.toolcall import get_parser
-
         self._engine = engine
         self.tok = tokenizer
         self.model_name = model_name
@@ -180,7 +180,6 @@ class OpenAIEndpoint:
         eng = self.engine
         sps = [session.sampling(params, max_new, i) if session is not None else params.sampling(max_new, i)
                for i in range(params.n)]
-        from slick.engine.fanout import generate_all     # all checked before any starts; one fails: all stop
         gens = await generate_all(eng, [(ids, sp) for sp in sps])
         return list(zip(gens, sps))
 

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from slick.chat.delta import encode, render, template_supports_tools
+from slick.chat.toolcall import strip_tool_calls, with_tools_in_system   # strip: linear, no regex rescans
 from slick.types import Generation, SamplingParams
 
 MAX_N = 128
@@ -306,10 +308,7 @@ def _is_tok(t: Any) -> bool:
 # ----------------------------------------------------------------------------- prompts
 def template_messages(tokenizer, messages: list[dict], tools: Optional[list]) -> tuple[list[dict], Optional[list]]:
     """(messages, tools) as the chat template takes them: with tools rendered into the system message and
-    tool calls written as Hermes text when the template ignores ``tools=`` (:mod:`slick.rollout.toolcall`)."""
-    from slick.rollout.chat_delta import template_supports_tools
-    from slick.rollout.toolcall import with_tools_in_system
-
+    tool calls written as Hermes text when the template ignores ``tools=`` (:mod:`slick.chat.toolcall`)."""
     native = template_supports_tools(tokenizer)
     out = []
     for m in messages:
@@ -330,8 +329,6 @@ def template_messages(tokenizer, messages: list[dict], tools: Optional[list]) ->
 
 def render_chat(tokenizer, messages: list[dict], tools: Optional[list]) -> tuple[list[int], str]:
     """Token ids and text of a chat prompt (the template's text with the generation prompt)."""
-    from slick.rollout.chat_delta import encode, render
-
     msgs, tmpl_tools = template_messages(tokenizer, messages, tools)
     try:
         text = render(tokenizer, msgs, tmpl_tools, add_generation_prompt=True)
@@ -362,7 +359,6 @@ def split_tool_calls(text: str, parser: Callable[[str], list]) -> tuple[Optional
     calls = [c for c in parser(text) if not c.error]
     if not calls:
         return text, []
-    from slick.rollout.toolcall import strip_tool_calls   # linear: a regex rescans every unclosed tag
 
     content = strip_tool_calls(text).strip()
     out = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",

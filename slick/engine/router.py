@@ -24,6 +24,8 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from slick.proc import die_with_parent, watch_parent_args
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the OS picks it)."""
@@ -58,8 +60,6 @@ class _Process:
     name = "process"
 
     def __init__(self, cmd: list[str], url: str, log_path: str, env: Optional[dict] = None):
-        from slick.proc import die_with_parent
-
         cmd = self.watched(list(cmd))
         self.cmd, self.url, self.log_path = cmd, url, log_path
         self._log = open(log_path, "wb")
@@ -148,8 +148,6 @@ class RouterProcess(_Process):
     name = "sglang-router"
 
     def watched(self, cmd: list[str]) -> list[str]:
-        from slick.proc import watch_parent_args
-
         module = "sglang_router.launch_router"
         return watch_parent_args(cmd, module) if cmd[1:3] == ["-m", module] else cmd
 

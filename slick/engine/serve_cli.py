@@ -12,9 +12,12 @@ from aiohttp import web
 
 from slick.engine import server as _server
 from slick.engine.http_guard import parse_allowed_hosts
+from slick.engine.local import LocalEngine
 from slick.engine.server import SlickServer
-from slick.engine.sglang_args import KNOWN, engine_options, flag, unknown_warning
+from slick.engine.sglang_args import KNOWN, engine_options, flag, split_sglang_args, unknown_warning
 from slick.engine.weight_dirs import parse_dirs
+from slick.models.check import model_dir_problems
+from slick.proc import watch_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,13 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(args: argparse.Namespace) -> int:
     """Load the engine, listen, and run until SIGTERM/SIGINT."""
-    from slick.engine.local import LocalEngine
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if args.parent_pid:   # from the start: a driver that dies while this worker loads leaves no orphan
-        from slick.proc import watch_parent
-
         watch_parent(args.parent_pid, lambda: loop.call_soon_threadsafe(stop.set), grace_s=20.0, what="slick serve")
     engine = LocalEngine(args.hf_checkpoint, dtype=args.dtype, device=args.device,
                          max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed)
@@ -90,9 +89,6 @@ async def serve(args: argparse.Namespace) -> int:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Parse ``slick serve`` flags; ``--sglang-KEY VALUE`` options set the matching flag or get a warning."""
-    from slick.config.parse import split_sglang_args
-    from slick.models.check import model_dir_problems
-
     parser = build_parser()
     rest, sglang = split_sglang_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(rest)

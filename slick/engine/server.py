@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from typing import Any, Optional
 
 from aiohttp import web
 
+from slick.engine.fanout import run_together     # one prompt fails: the others are aborted too
 from slick.engine.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
 from slick.engine.http_guard import HostPolicy, guard_middleware
 from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
                                         parse_weight_version, text_char_limit, text_prompts)
+from slick.engine.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
 from slick.engine.weight_dirs import WeightDirPolicy
 from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS, WeightGroupRoutes
+from slick.proc import rss_bytes   # the same reading as the training run's /metrics
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.serve")
@@ -101,7 +103,6 @@ class SlickServer:
                         ("/pause_generation", self.pause), ("/continue_generation", self.resume)]:
             r.add_post(path, h)
         r.add_get("/flush_cache", self.flush_cache)
-        from slick.engine.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
 
         OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
                        max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
@@ -160,7 +161,6 @@ class SlickServer:
         t0 = time.perf_counter()
         if req.stream and not req.batched and hasattr(self.engine, "partial"):
             return await self._stream_one(request, req.items[0], req.return_logprob, t0)
-        from slick.engine.fanout import run_together     # one prompt fails: the others are aborted too
         gens = await run_together([self._run_one(it) for it in req.items],
                                   stop=lambda i: self.engine.abort(req.items[i].rid))
         dt = time.perf_counter() - t0
@@ -315,7 +315,7 @@ class SlickServer:
             ("slick_weight_version", "gauge", "Version of the loaded weights.",
              await self.engine.get_weight_version()),
             ("slick_paused", "gauge", "1 while generation is paused.", int(self.paused)),
-            ("slick_process_rss_bytes", "gauge", "Resident memory of this server process.", _rss_bytes()),
+            ("slick_process_rss_bytes", "gauge", "Resident memory of this server process.", rss_bytes()),
         ]
         rows += [(f"slick_{k}", "counter", f"Server counter {k}.", v) for k, v in self.counters.items()]
         lines = []
@@ -424,33 +424,9 @@ def _error(message: str, status: int) -> web.Response:
     return json_response({"error": message}, status=status)
 
 
-def _rss_bytes() -> int:
-    from slick.observe.prometheus import rss_bytes   # the same reading as the training run's /metrics
-
-    return rss_bytes()
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
         return version("slick")
     except Exception:  # noqa: BLE001 - running from a source tree
         return "0+unknown"
-
-
-def build_parser():
-    """The ``slick serve`` argument parser (slick/engine/serve_cli.py)."""
-    from slick.engine.serve_cli import build_parser as build
-
-    return build()
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point of ``slick serve`` (flags and start-up: slick/engine/serve_cli.py)."""
-    from slick.engine.serve_cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

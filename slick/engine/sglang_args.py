@@ -7,7 +7,7 @@ named in a warning and otherwise ignored.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 def _int(v: Any) -> int:
@@ -79,3 +79,26 @@ def unknown_warning(unknown: list[str], who: str) -> str:
 def to_argv(sglang: dict) -> list[str]:
     """``{key: value}`` back to ``--sglang-KEY=VALUE`` arguments (a bare flag for ``True``)."""
     return [flag(str(k)) if v is True else f"{flag(str(k))}={v}" for k, v in (sglang or {}).items()]
+
+
+def split_sglang_args(argv: Sequence[str]) -> tuple[list[str], dict]:
+    """Remove ``--sglang-KEY [VALUE]`` / ``--sglang-KEY=VALUE`` from argv; return (rest, {key: value})."""
+    rest, sg = [], {}
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--sglang-"):
+            key, eq, val = a[len("--sglang-"):].partition("=")
+            key = key.replace("-", "_")
+            if eq:
+                sg[key] = val
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                sg[key] = argv[i + 1]
+                i += 1
+            else:
+                sg[key] = True
+        else:
+            rest.append(a)
+        i += 1
+    return rest, sg

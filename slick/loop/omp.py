@@ -10,7 +10,7 @@ the same (the engine's module doc measured it).
 :func:`release_openmp_workers` ends the calling thread's workers (``omp_pause_resource_all``, which in
 libgomp frees only the calling thread's pool); the next parallel region starts them again (microseconds).
 A thread calls it when its phase ends, so that only the phase running now has a team. Phases that overlap
-(``slick train-async``) split the cores instead (``slick.loop.run.thread_split``) and never call it. Only
+(``slick train-async``) split the cores instead (``slick.loop.threads``) and never call it. Only
 libgomp (torch's Linux CPU builds) is handled; elsewhere this does nothing.
 """
 from __future__ import annotations

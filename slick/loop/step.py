@@ -11,6 +11,8 @@ from slick.algo import AdvantageInputs, AdvantageOutputs, check_plugin_signature
 from slick.algo.objective import compute_policy_objective
 from slick.plugins import load_function
 from slick.rollout.agent import session_advantages, split_sessions
+from slick.train.critic import train_critic
+from slick.train.packing import pad
 
 log = logging.getLogger(__name__)
 COUNTS = ("skipped_steps", "nonfinite_losses")  # summed over a step's optimizer steps; other metrics averaged
@@ -26,14 +28,6 @@ class NonFiniteTrainingError(RuntimeError):
     def __init__(self, message: str, tensors: dict):
         super().__init__(message)
         self.tensors = tensors
-
-
-def pad(rows: list, width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        r = torch.as_tensor(r, dtype=torch.float32)
-        out[i, : len(r)] = r
-    return out
 
 
 def load_custom(cfg, which: str):
@@ -131,8 +125,6 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     if critic is None:
         advantages = compute_advantages(cfg, samples, rewards, old, ref)
     else:
-        from slick.train.critic import train_critic
-
         advantages, returns = compute_advantages(cfg, samples, rewards, old, ref, values=values, with_returns=True)
         critic_metrics = train_critic(cfg, critic, samples, returns, values)
     tensors = {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}

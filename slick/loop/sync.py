@@ -15,11 +15,12 @@ import time
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.data.dataset import DataError
-from slick.train.safe_load import UnsafeCheckpointError
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
-from slick.train.checkpoint import CheckpointWriteError
 from slick.loop.step import NonFiniteTrainingError
+from slick.proc import until_sigterm
+from slick.train.checkpoint import CheckpointWriteError
+from slick.train.safe_load import UnsafeCheckpointError
 
 log = logging.getLogger("slick")
 
@@ -76,7 +77,6 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"slick train: {e}", file=sys.stderr)
         return 2
-    from slick.proc import until_sigterm
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
         run = asyncio.run(until_sigterm(train(cfg), "slick train"))

@@ -13,20 +13,18 @@ import sys
 import time
 from collections import Counter
 
-import torch
-
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
-from slick.data.dataset import DataError
-from slick.train.safe_load import UnsafeCheckpointError
 from slick.config.validate import async_lead
+from slick.data.dataset import DataError
 from slick.engine.fault import EngineDied
 from slick.loop.run import Run
-from slick.train.checkpoint import CheckpointWriteError
 from slick.loop.step import NonFiniteTrainingError
 from slick.loop.sync import due
-from slick.rollout.interrupt import InterruptibleEngine
+from slick.proc import until_sigterm
 from slick.rollout.producer import Producer
+from slick.train.checkpoint import CheckpointWriteError
+from slick.train.safe_load import UnsafeCheckpointError
 
 log = logging.getLogger("slick")
 
@@ -44,18 +42,12 @@ def staleness_metrics(batch, train_version: int) -> dict:
 
 
 async def train_async(cfg) -> Run:
+    # built for overlap (slick/loop/build.py): the buffer's staleness backstop, the interruptible engine
+    # (run.engine) in the rollout manager, the trainer's thread budget (slick/loop/threads.py)
     run = Run(cfg, overlap=True)
-    k = cfg.num_steps_per_rollout
-    lead = async_lead(cfg)
-    run.buffer.max_staleness = lead * k          # backstop, in versions at the start of a step's training
-    engine = InterruptibleEngine(run.engines.engine, cfg.async_weight_update, cfg.async_timeout)
-    run.manager.engine = engine
-    share_cores = run.trainer.device.type == "cpu" and not (cfg.train_num_threads or cfg.rollout_num_threads)
-    if share_cores:  # the trainer takes every core while no request is in flight, its share while one is
-        run.trainer.thread_budget = lambda: run.train_threads if engine.busy() else run.cores
-        torch.set_num_threads(run.cores)                     # the engine's, until the trainer starts
-    producer = Producer(cfg, run.manager, run.buffer, run.data, engine, lead=lead, synced_steps=run.start_step,
-                        consumed_steps=run.start_step, num_steps=run.num_steps)
+    engine = run.engine
+    producer = Producer(cfg, run.manager, run.buffer, run.data, engine, lead=async_lead(cfg),
+                        synced_steps=run.start_step, consumed_steps=run.start_step, num_steps=run.num_steps)
     try:
         await run.start()
         producer.start()
@@ -70,11 +62,8 @@ async def train_async(cfg) -> Run:
             metrics.update(run.manager.rollout_metrics(batch, producer.filtered - filtered, time.perf_counter() - last))
             last, filtered = time.perf_counter(), producer.filtered
             metrics.update(staleness_metrics(batch, run.version))
-            if share_cores:
-                torch.set_num_threads(run.rollout_threads)     # the engine's share while the trainer runs
-            metrics.update(await run.train_off_loop(step, batch))
-            if share_cores:
-                torch.set_num_threads(run.cores)               # every core while the trainer waits
+            with run.threads.training():     # the engine's share of the cores while the trainer runs
+                metrics.update(await run.train_off_loop(step, batch))
             done = step + 1
             if done % cfg.update_weights_interval == 0:
                 paused0 = engine.paused_time
@@ -110,7 +99,6 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"slick train-async: {e}", file=sys.stderr)
         return 2
-    from slick.proc import until_sigterm
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
         run = asyncio.run(until_sigterm(train_async(cfg), "slick train-async"))

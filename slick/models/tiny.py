@@ -8,6 +8,8 @@ import functools
 import os
 from pathlib import Path
 
+from slick.models.smollm2 import DEFAULT_CACHE, find_gguf
+
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -20,8 +22,6 @@ ARCHS = {
 def load_demo_tokenizer():
     """SmolLM2's tokenizer (49152 tokens, with a chat template)."""
     from transformers import AutoTokenizer
-
-    from slick.models.smollm2 import DEFAULT_CACHE, find_gguf
 
     if (DEFAULT_CACHE / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(str(DEFAULT_CACHE))

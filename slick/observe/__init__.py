@@ -8,6 +8,7 @@ __all__ = ["MetricsLogger", "read_metrics", "Progress", "pass_at_k", "eval_metri
 
 
 def __getattr__(name: str):
+    # import cost: each name loads its module when first read, so `import slick.observe` stays cheap
     if name in ("MetricsLogger", "read_metrics"):
         from slick.observe import metrics
         return getattr(metrics, name)
@@ -15,7 +16,7 @@ def __getattr__(name: str):
         from slick.observe.progress import Progress
         return Progress
     if name in ("pass_at_k", "eval_metrics"):
-        from slick.observe import passk
+        from slick.rollout import passk   # pass@k lives with the eval that computes it
         return getattr(passk, name)
     if name == "plot_run":
         from slick.observe.plot import plot_run

@@ -7,8 +7,8 @@ One HTTP endpoint, ``GET http://HOST:PORT/metrics``, served from a daemon thread
   :func:`metric_name` (``perf/step_time`` -> ``slick_perf_step_time_seconds``, ``rollout/raw_reward`` ->
   ``slick_rollout_raw_reward``), updated when the step is logged;
 - **events** counted as they happen: trained samples and tokens, the staleness of each trained sample,
-  each request's generation latency, each reward call's latency and failures by reward type (through
-  :attr:`RewardHub.on_scored <slick.reward.hub.RewardHub>`);
+  each request's generation latency, each reward call's latency and failures by reward type (:class:`RunEvents`,
+  made first: the reward hub and the rollout manager are built with its hooks);
 - **live state** read at each scrape: buffer size and age of its oldest group, the trainer's version, each
   engine's up/down and weight version (``engine=<url>``; ``engine="local"`` for the in-process engine), the
   driver's RSS, and on Ray each trainer rank's RSS and last call times (``rank=<n>``; the ranks send them back
@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from slick.proc import rss_bytes
 from slick.types import Status
 
 log = logging.getLogger("slick")
@@ -63,19 +64,6 @@ def metric_name(key: str) -> str:
     if name.endswith("_time"):
         name += "_seconds"
     return PREFIX + name
-
-
-def rss_bytes() -> int:
-    """Resident memory of this process in bytes (Linux /proc; elsewhere the peak RSS from getrusage)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def engine_weight_version(url: str, timeout: float = ENGINE_TIMEOUT_S) -> Optional[int]:
@@ -184,20 +172,12 @@ class _LiveCollector:
         yield ver
 
 
-class RunExporter:
-    """The run's /metrics endpoint. ``port`` 0 picks a free port (see :attr:`port`). Thread-safe: the
-    event loop, the training thread and the reward workers all report into it."""
+class RunEvents:
+    """The run's event counters and their registry (no server): made before the parts that report into them, which
+    get :meth:`observe_reward` / :meth:`observe_generated` as constructor hooks (``RewardHub(on_scored=...)``,
+    ``RolloutManager(on_generated=...)``); :class:`RunExporter` serves them. Thread-safe (prometheus_client)."""
 
-    def __init__(self, run_dir, *, host: str = "127.0.0.1", port: int = 0, buffer: Any = None, trainer: Any = None,
-                 engine_urls: Iterable[str] = (), local_engine: Any = None):
-        from prometheus_client import start_http_server
-
-        self.run_dir = Path(run_dir)
-        self.buffer, self.trainer, self.local_engine = buffer, trainer, local_engine
-        self.engine_urls = list(engine_urls)
-        self.lock = threading.Lock()
-        self.step_values: dict[str, tuple[str, float]] = {}
-        self.step = 0
+    def __init__(self):
         self.registry = r = CollectorRegistry()
         self.steps = Counter("slick_steps", "Rollout steps logged.", registry=r)
         self.trained_samples = Counter("slick_trained_samples", "Samples trained on (consumer side; use rate()).",
@@ -214,6 +194,49 @@ class RunExporter:
                                      registry=r)
         self.reward_failed = Counter("slick_reward_failed", "Samples whose reward failed (given --rm-failure-reward), "
                                      "per reward type.", ["reward_type"], registry=r)
+
+    def observe_trained(self, samples: list, train_version: int) -> None:
+        """Samples handed to the trainer at ``train_version``: counts, tokens, staleness."""
+        self.trained_samples.inc(len(samples))
+        self.trained_tokens.inc(sum(len(s.response_ids) for s in samples))
+        for s in samples:
+            if s.weight_versions:
+                self.staleness.observe(train_version - min(s.weight_versions))
+
+    def observe_generated(self, samples: list) -> None:
+        """Samples whose generation finished (one latency per sample)."""
+        for s in samples:
+            t = s.timings.get("generate")
+            if t is not None and s.status != Status.ABORTED:     # an aborted request continues later
+                self.request_latency.observe(float(t))
+
+    def observe_reward(self, sample: Any) -> None:
+        """One scored sample (``RewardHub(on_scored=...)``): latency and failure by ``evidence["reward_type"]``."""
+        ev = sample.evidence or {}
+        kind = str(ev.get("reward_type") or "unknown")
+        self.reward_scored.labels(kind).inc()
+        self.reward_latency.labels(kind).observe(float(ev.get("seconds") or 0.0))
+        if ev.get("error"):
+            self.reward_failed.labels(kind).inc()
+
+
+class RunExporter:
+    """The run's /metrics endpoint. ``port`` 0 picks a free port (see :attr:`port`). Thread-safe: the
+    event loop, the training thread and the reward workers all report into it. ``events``: the run's
+    :class:`RunEvents` (a fresh one when not given)."""
+
+    def __init__(self, run_dir, *, host: str = "127.0.0.1", port: int = 0, buffer: Any = None, trainer: Any = None,
+                 engine_urls: Iterable[str] = (), local_engine: Any = None, events: Optional[RunEvents] = None):
+        from prometheus_client import start_http_server
+
+        self.run_dir = Path(run_dir)
+        self.buffer, self.trainer, self.local_engine = buffer, trainer, local_engine
+        self.engine_urls = list(engine_urls)
+        self.lock = threading.Lock()
+        self.step_values: dict[str, tuple[str, float]] = {}
+        self.step = 0
+        self.events = events if events is not None else RunEvents()
+        self.registry = r = self.events.registry
         self._fixed = {n + sfx for n in FAMILIES for sfx in ("", "_total")}   # jsonl keys never shadow these
         r.register(_LiveCollector(self))
         try:
@@ -242,31 +265,16 @@ class RunExporter:
         with self.lock:
             self.step_values.update(values)
             self.step = step
-        self.steps.inc()
+        self.events.steps.inc()
 
     def observe_trained(self, samples: list, train_version: int) -> None:
-        """Samples handed to the trainer at ``train_version``: counts, tokens, staleness."""
-        self.trained_samples.inc(len(samples))
-        self.trained_tokens.inc(sum(len(s.response_ids) for s in samples))
-        for s in samples:
-            if s.weight_versions:
-                self.staleness.observe(train_version - min(s.weight_versions))
+        self.events.observe_trained(samples, train_version)
 
     def observe_generated(self, samples: list) -> None:
-        """Samples whose generation finished (one latency per sample)."""
-        for s in samples:
-            t = s.timings.get("generate")
-            if t is not None and s.status != Status.ABORTED:     # an aborted request continues later
-                self.request_latency.observe(float(t))
+        self.events.observe_generated(samples)
 
     def observe_reward(self, sample: Any) -> None:
-        """One scored sample (``RewardHub.on_scored``): latency and failure by ``evidence["reward_type"]``."""
-        ev = sample.evidence or {}
-        kind = str(ev.get("reward_type") or "unknown")
-        self.reward_scored.labels(kind).inc()
-        self.reward_latency.labels(kind).observe(float(ev.get("seconds") or 0.0))
-        if ev.get("error"):
-            self.reward_failed.labels(kind).inc()
+        self.events.observe_reward(sample)
 
     # ------------------------------------------------------------------ discovery and shutdown
     def write_targets(self) -> Path:
@@ -290,20 +298,17 @@ class RunExporter:
             self.thread.join(timeout=5.0)
 
 
-def start_exporter(cfg, run) -> Optional[RunExporter]:
-    """The run's exporter when ``--prometheus-port`` is set (else ``None``), wired to the run's parts: the
-    buffer, the trainer, the engines and the reward hub's ``on_scored``."""
+def start_exporter(cfg, run_dir, *, events: Optional[RunEvents], buffer: Any, trainer: Any,
+                   engines: Any) -> Optional[RunExporter]:
+    """The run's exporter when ``--prometheus-port`` is set (else ``None``): it serves ``events`` (the reward hub
+    and the rollout manager were built with its hooks) and the live state of the buffer, the trainer and the
+    engines (an ``EngineSet``, or None)."""
     if cfg.prometheus_port is None:
         return None
-    engines = getattr(run, "engines", None)
     urls = list(getattr(engines, "worker_urls", []) or []) if engines else []
     local = engines.engine if engines is not None and not urls and hasattr(engines.engine, "stats") else None
-    exporter = RunExporter(run.run_dir, host=cfg.prometheus_host, port=int(cfg.prometheus_port), buffer=run.buffer,
-                           trainer=run.trainer, engine_urls=urls, local_engine=local)
-    run.rewards.on_scored = exporter.observe_reward
-    if getattr(run, "manager", None) is not None:
-        run.manager.on_generated = exporter.observe_generated
-    return exporter
+    return RunExporter(run_dir, host=cfg.prometheus_host, port=int(cfg.prometheus_port), buffer=buffer,
+                       trainer=trainer, engine_urls=urls, local_engine=local, events=events)
 
 
 def wait_for_metric(url: str, name: str, timeout: float = 10.0) -> str:

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from slick.config import Config
 from slick.observe.store import StoreMissingError, loads, read_table
+from slick.reward import RewardHub
 from slick.types import Sample, Status
 
 CATEGORIES = ("pass", "fail", "error")
@@ -80,8 +82,6 @@ def category(reward: Optional[float], error, threshold: float) -> str:
 
 
 def make_config(args):
-    from slick.config import Config
-
     values = {"rm_type": args.rm_type, "custom_rm_path": args.custom_rm_path, "group_rm": args.group_rm,
               "reward_key": args.reward_key, "rm_url": args.rm_url, "rm_timeout": args.rm_timeout,
               "rm_concurrency": args.rm_concurrency}
@@ -101,8 +101,6 @@ async def _score(hub, groups: list[list[Sample]]) -> None:
 
 def rescore(run_dir, args) -> dict:
     """Score the stored rows again with the verifier in ``args``; the report as a dict."""
-    from slick.reward import RewardHub
-
     table = read_table(run_dir, steps=args.step)
     rows = table.to_pylist()
     rows.sort(key=lambda r: (r["step"], r["index"]))

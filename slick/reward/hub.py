@@ -26,7 +26,7 @@ Non-finite scalars count in ``reward/nonfinite`` and unusable labels
 
 Every scored sample also gets ``sample.evidence`` (:mod:`slick.reward.evidence`): the reward type, the
 extracted answer, the verdict, the error when it failed and the seconds the verifier took, plus
-reward-type extras. ``on_scored`` (when set) is called with each sample right after it got its reward and
+reward-type extras. ``on_scored`` (a constructor argument) is called with each sample right after it got its reward and
 evidence (the Prometheus exporter counts latencies and failures per reward type with it).
 
 A timed-out synchronous function cannot be killed: its worker thread stays busy until the
@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union
 
 from slick.plugins import load_function
+from slick.proc import DaemonThreadPool
 from slick.reward.errors import LabelError, NonFiniteRewardError
 from slick.reward.evidence import Judgement, make_evidence, reply_evidence
 from slick.reward.registry import REMOTE, get_judge_fn, get_score_fn
@@ -83,9 +84,11 @@ class RewardHub:
     Construction checks the configuration: a bad ``--custom-rm-path`` or an unknown
     ``--rm-type`` raises ``ValueError`` here rather than at the first call.
     ``remote_backoff`` is the first retry delay of remote calls, in seconds (doubles each try).
+    ``on_scored`` is called with each sample right after it got its reward (the run's Prometheus events).
     """
 
-    def __init__(self, cfg: Any, *, remote_backoff: float = 0.5):
+    def __init__(self, cfg: Any, *, remote_backoff: float = 0.5,
+                 on_scored: Optional[Callable[[Any], None]] = None):
         self.cfg = cfg
         self.rm_type: Optional[str] = cfg.rm_type
         self.group_rm = bool(cfg.group_rm)
@@ -113,7 +116,7 @@ class RewardHub:
         self._counts = {"samples": 0, "calls": 0, "failures": 0, "timeouts": 0,
                         "nonfinite": 0, "bad_labels": 0, "nonfinite_fields": 0}
         self._time_total = 0.0
-        self.on_scored: Optional[Callable[[Any], None]] = None   # called with each scored sample
+        self.on_scored = on_scored   # called with each scored sample
 
     # ------------------------------------------------------------------ public API
     async def score_group(self, group: list) -> None:
@@ -176,8 +179,6 @@ class RewardHub:
     def _executor(self):
         """Daemon threads: a synchronous function that never returns cannot keep a finished run alive."""
         if self._pool is None:
-            from slick.proc import DaemonThreadPool
-
             self._pool = DaemonThreadPool(max_workers=self.concurrency, thread_name_prefix="slick-reward")
         return self._pool
 

@@ -18,7 +18,7 @@ request's ``stop`` strings are added to ``--rollout-stop``.
 **Token-exact chat turns.** When a chat request's messages are an earlier call's messages, then the assistant
 message slick answered (any of its choices; content and tool calls compared), then new messages (tool results,
 a user turn), the prompt is *not* re-rendered: it is the earlier call's prompt ids + the sampled ids of that
-answer + the chat template's token delta for the new messages (:class:`slick.rollout.chat_delta.ChatDelta`).
+answer + the chat template's token delta for the new messages (:class:`slick.chat.delta.ChatDelta`).
 Otherwise (the agent edited the history, or the template rewrites earlier turns) the messages are rendered
 afresh. ``/completions`` prompts are taken as given (text is tokenized; token ids are used as they are).
 
@@ -53,11 +53,14 @@ import time
 import uuid
 from typing import Any, Optional
 
+from slick.chat.delta import ChatDelta, ChatTemplateRewriteError
 from slick.engine.http_guard import HostPolicy, guard_middleware
 from slick.engine.openai_api import OpenAIEndpoint
 from slick.engine.openai_protocol import Call, OpenAIError, render_chat, template_messages
 from slick.plugins import load_function
 from slick.reward.evidence import reply_evidence
+from slick.reward.hub import check_reward
+from slick.rollout.multiturn import append_env_tokens
 from slick.types import FINISH_TO_STATUS, SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.agent")
@@ -94,8 +97,6 @@ class AgentSession:
 
     def chat_prompt(self, messages: list[dict], tools: Optional[list]) -> tuple[list[int], str, Optional[tuple]]:
         """Prompt ids, text and parent (call, choice) for a chat request (token-exact continuation when possible)."""
-        from slick.rollout.chat_delta import ChatDelta, ChatTemplateRewriteError
-
         for ci in range(len(self.calls) - 1, -1, -1):
             call = self.calls[ci]
             k = len(call.messages or [])
@@ -157,8 +158,6 @@ def call_tree(calls: list[Call]) -> dict[int, tuple[int, int]]:
 
 def trajectory_samples(sample: Sample, calls: list[Call], session_id: str = "") -> list[Sample]:
     """The training samples of a session's calls (module doc), copies of ``sample`` with their tokens filled in."""
-    from slick.rollout.multiturn import append_env_tokens
-
     parents = call_tree(calls)
     continued = set(parents.values())
     out = []
@@ -276,8 +275,6 @@ class AgentRollout:
             result = await asyncio.wait_for(self.fn(self.cfg, sample, f"{url}/sessions/{sid}/v1"),
                                             timeout=self.cfg.agent_timeout)
             if result is not None:
-                from slick.reward.hub import check_reward
-
                 result = check_reward(result, getattr(self.cfg, "reward_key", None), sample.index)
         except asyncio.TimeoutError:
             error = f"agent session ran past --agent-timeout {self.cfg.agent_timeout} s"

@@ -12,7 +12,7 @@ works: ``MyEnv(args, sample)``); sync or async. The object it returns implements
 - optional ``close()``, called when the sample finishes; optional attribute ``observation_role``.
 
 Every method may be ``async``. The observation is appended with the same token-delta machinery as tool results
-(loss mask 0, earlier turns never re-tokenized: ``slick.rollout.chat_delta``). With ``--tool-path`` as well,
+(loss mask 0, earlier turns never re-tokenized: ``slick.chat.delta``). With ``--tool-path`` as well,
 a turn with tool calls gets tool results and a turn without one goes to the environment.
 
 The environment's reward becomes the sample's reward with ``--custom-rm-path slick.rollout.env.env_reward``

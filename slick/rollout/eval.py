@@ -5,7 +5,7 @@ import asyncio
 import copy
 import time
 
-from slick.observe.passk import eval_metrics
+from slick.rollout.passk import eval_metrics
 from slick.rollout.manager import sampling_from_config
 from slick.types import Sample
 

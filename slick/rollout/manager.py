@@ -30,7 +30,8 @@ def sampling_from_config(cfg, *, eval: bool = False, stop_token_ids=None) -> Sam
     if eval and cfg.eval_max_response_len is not None:
         max_len = cfg.eval_max_response_len
     stops = list(cfg.rollout_stop_token_ids) + list(stop_token_ids or [])
-    return SamplingParams(temperature=temp, top_p=cfg.eval_top_p if eval else cfg.rollout_top_p,
+    top_p = cfg.eval_top_p if eval and cfg.eval_top_p is not None else cfg.rollout_top_p
+    return SamplingParams(temperature=temp, top_p=top_p,
                           top_k=-1 if eval else cfg.rollout_top_k, max_new_tokens=max_len,
                           stop=list(cfg.rollout_stop) or None, stop_token_ids=stops or None)
 
@@ -65,9 +66,11 @@ async def default_generate(args, sample: Sample, sampling: SamplingParams, engin
 
 
 class RolloutManager:
-    """Drives the engine and the reward hub for one rollout step at a time."""
+    """Drives the engine and the reward hub for one rollout step at a time. ``engine`` is the engine the rollout
+    talks to (slick train-async passes its interruptible wrapper); ``on_generated``, when given, is called with
+    each group's newly generated samples (the run's Prometheus events)."""
 
-    def __init__(self, cfg, data_source, engine, reward_hub, tokenizer):
+    def __init__(self, cfg, data_source, engine, reward_hub, tokenizer, *, on_generated=None):
         self.cfg, self.data, self.engine, self.rewards, self.tok = cfg, data_source, engine, reward_hub, tokenizer
         self.generate_fn = load_function(cfg.custom_generate_function_path, "--custom-generate-function-path")
         self.filter_fn = load_function(cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
@@ -77,7 +80,7 @@ class RolloutManager:
         self.agent = AgentRollout.from_config(cfg, lambda: self.engine, tokenizer, reward_hub)
         register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
         self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer)  # --max-turns > 1 / --tool-path / env
-        self.on_generated = None   # called with each group's newly generated samples (--prometheus-port)
+        self.on_generated = on_generated   # called with each group's newly generated samples
         self.pending: set[int] = set()       # indices of the samples being generated now
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:

@@ -10,7 +10,7 @@ One sample is one conversation. Each turn:
    (:class:`slick.rollout.tools.ToolSet`); without calls an environment (``--environment-path``), when given,
    takes a step on the turn's text; with neither, the sample is finished;
 3. the tool results (or the observation) are appended as the chat template's token delta for those messages
-   (:class:`slick.rollout.chat_delta.ChatDelta`) with loss mask 0, logprob 0.0 and the weight version of the
+   (:class:`slick.chat.delta.ChatDelta`) with loss mask 0, logprob 0.0 and the weight version of the
    turn before; then the next turn starts.
 
 It stops after ``--max-turns`` policy turns, when a turn has no tool call, when the environment says done,
@@ -43,8 +43,10 @@ import random
 import time
 from typing import Optional
 
-from slick.rollout.chat_delta import ChatDelta, encode, render, template_supports_tools
-from slick.rollout.toolcall import get_parser, with_tools_in_system
+from slick.chat.delta import ChatDelta, encode, render, template_supports_tools
+from slick.chat.toolcall import get_parser, with_tools_in_system
+from slick.models.tokenizer import load_tokenizer
+from slick.rollout.env import load_env_factory
 from slick.rollout.tools import ToolSet
 from slick.types import SamplingParams, Sample, Status
 
@@ -62,8 +64,6 @@ def get_tokenizer(args):
     ``args.hf_checkpoint`` (a local directory; nothing is downloaded)."""
     key = str(getattr(args, "hf_checkpoint", None))
     if key not in _TOKENIZERS:
-        from slick.models.tokenizer import load_tokenizer
-
         if not getattr(args, "hf_checkpoint", None):
             raise ValueError("get_tokenizer(args): args.hf_checkpoint is not set (--hf-checkpoint)")
         _TOKENIZERS[key] = load_tokenizer(args.hf_checkpoint)
@@ -123,7 +123,6 @@ class MultiTurnRollout:
     def from_config(cls, cfg, tokenizer) -> Optional["MultiTurnRollout"]:
         if not enabled(cfg):
             return None
-        from slick.rollout.env import load_env_factory
 
         return cls(cfg, tokenizer, ToolSet.from_config(cfg), load_env_factory(cfg.environment_path))
 

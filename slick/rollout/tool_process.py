@@ -31,6 +31,18 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 DRAIN_S = 1.0        # after the group is killed, how long to wait for the pipes' last bytes
 
 
+def to_text(value) -> str:
+    """What a tool returned, as the text of its tool message (JSON for what JSON can hold)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def tool_env(work_dir: str, keep: Sequence[str] = ()) -> dict:
     """The whole environment of an unsafe tool's process (module doc); ``keep``: driver variables to pass."""
     env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + SYSTEM_PATH, "LANG": "C.UTF-8",
@@ -158,7 +170,6 @@ def _worker(request_path: str) -> None:
     import importlib
     import inspect
 
-    from slick.rollout.tools import _to_text
 
     with open(request_path, encoding="utf-8") as fh:
         req = json.load(fh)
@@ -169,7 +180,7 @@ def _worker(request_path: str) -> None:
         value = obj(**req["arguments"])
         if inspect.isawaitable(value):
             value = asyncio.run(value)
-        result = {"ok": True, "text": _to_text(value)}
+        result = {"ok": True, "text": to_text(value)}
     except Exception as e:  # noqa: BLE001 - reported to the parent
         result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     sys.stdout.flush()

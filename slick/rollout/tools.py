@@ -39,8 +39,8 @@ import types
 from typing import Callable, Optional, Sequence
 
 from slick.plugins import _import
-from slick.rollout.tool_process import run_in_subprocess
-from slick.rollout.toolcall import ToolCall
+from slick.rollout.tool_process import run_in_subprocess, to_text
+from slick.chat.toolcall import ToolCall
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -141,17 +141,6 @@ def load_tools(path: str, flag: str = "--tool-path") -> dict[str, Callable]:
     return out
 
 
-def _to_text(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 def _in_daemon_thread(fn, kwargs) -> asyncio.Future:
     """Run ``fn(**kwargs)`` in a daemon thread (never joined at exit) and return a future of its result."""
     loop = asyncio.get_running_loop()
@@ -227,7 +216,7 @@ class ToolSet:
                 value = await asyncio.wait_for(_in_daemon_thread(fn, call.arguments), timeout)
                 if inspect.isawaitable(value):
                     value = await asyncio.wait_for(value, timeout)
-            return _to_text(value), False
+            return to_text(value), False
         except asyncio.TimeoutError:
             return f"Error: tool {call.name!r} timed out after {timeout:g} s", True
         except Exception as e:  # noqa: BLE001 - a tool's failure is the policy's observation

@@ -40,9 +40,12 @@ from typing import Optional
 import torch
 
 from slick.train import dist as D
+from slick.train.atomic_files import fsync_dir, write_text_atomic
 from slick.train.output_dirs import (CHECKPOINT_ROOT, CHECKPOINT_STEP, HF_EXPORT, TEMP_ENTRY, OutputDirError,
                                      describe, export_problems, is_checkpoint_step, owned, write_marker)
+from slick.train.dcp import export_sharded, is_sharded
 from slick.train.safe_load import load_pt, unsafe_globals
+from slick.types import ClusterFailure
 
 STEP_PREFIX = "step_"
 MANIFEST = "manifest.json"
@@ -53,31 +56,6 @@ log = logging.getLogger("slick.checkpoint")
 def step_dir_name(step: int) -> str:
     """``step_000042`` for step 42."""
     return f"{STEP_PREFIX}{int(step):06d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and ``os.replace``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 MARKED_KINDS = (HF_EXPORT,)   # output kinds recognised by slick's marker file alone (no file of their own)
@@ -105,7 +83,7 @@ def replace_dir_atomic(tmp_dir: Path, final_dir: Path, kind: str) -> None:
             shutil.rmtree(old)
         os.replace(final_dir, old)
     os.replace(tmp_dir, final_dir)
-    _fsync_dir(final_dir.parent)
+    fsync_dir(final_dir.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -227,8 +205,6 @@ def save_checkpoint(save_root, step: int, trainer, state: Optional[dict] = None,
     try:
         final = write_dir_atomic(root / step_dir_name(step), writer, kind=CHECKPOINT_STEP)
     except (OSError, RuntimeError) as e:   # a full disk surfaces as torch's RuntimeError, not always ENOSPC
-        from slick.cluster.layout import ClusterFailure
-
         if isinstance(e, (D.RankError, ClusterFailure)):   # a rank or actor failed: its own error names it
             raise
         free = shutil.disk_usage(root).free
@@ -454,8 +430,6 @@ def export_checkpoint(load_root, out_dir, step: Optional[int] = None) -> Path:
     ``model/`` (no model is loaded), or the fp32 weights gathered from a sharded one (``slick.train.dcp``).
     ``out_dir`` is checked first (``output_dirs.export_problems``): not the checkpoint nor inside it, and new,
     empty or a previous slick export; OutputDirError otherwise, before any work."""
-    from slick.train.dcp import export_sharded, is_sharded
-
     problems = export_problems(load_root, out_dir)
     if problems:
         raise OutputDirError("; ".join(problems))

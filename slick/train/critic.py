@@ -33,12 +33,17 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from slick.algo.value import explained_variance, value_loss
+from slick.models.tokenizer import load_tokenizer
 from slick.train import dist as D
 from slick.train.attention import use_segments
+from slick.train.dcp import is_sharded, load_sharded, save_sharded
 from slick.train.fsdp import make_mesh, shard
 from slick.train.optim import make_adamw
-from slick.train.packing import pad_stack
+from slick.train.packing import pad, pad_stack
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
+from slick.train.rng import rng_state, set_rng_state
+from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 from slick.train.trainer import Trainer, _loss_mask
 
 HEAD_FILE = "value_head.safetensors"
@@ -101,8 +106,6 @@ class Critic(Trainer):
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
         from transformers import AutoModel
-
-        from slick.models.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.model_path = str(model_path or cfg.critic_load or cfg.hf_checkpoint or "")
@@ -183,8 +186,6 @@ class Critic(Trainer):
         """One critic optimizer step on ``samples``: clipped value loss of the new values against ``returns``
         (values clipped to ``old_values`` +- --value-clip). Prefix-free metrics: value_loss, vf_clipfrac,
         values_mean, returns_mean (global-batch reductions), grad_norm, lr, skipped_steps, step_time."""
-        from slick.algo.value import value_loss
-
         if not len(returns) == len(old_values) == len(samples):
             raise ValueError(f"critic train_step: {len(samples)} samples, {len(returns)} returns and "
                              f"{len(old_values)} old values")
@@ -246,8 +247,6 @@ class Critic(Trainer):
         """Weights (full precision), optimizer, scheduler and version into ``out_dir`` (layout in the module doc).
         Sharded: ``slick.train.dcp``'s layout, collective. RNG states are the trainer's to save."""
         if self.fsdp:
-            from slick.train.dcp import save_sharded
-
             save_sharded(self, out_dir)
             return
         from safetensors.torch import save_file
@@ -273,9 +272,6 @@ class Critic(Trainer):
         sharded. Does not touch the RNG state (the trainer's checkpoint restores it)."""
         from safetensors.torch import load_file
 
-        from slick.train.dcp import is_sharded, load_sharded
-        from slick.train.rng import rng_state, set_rng_state
-
         d = Path(in_dir)
         if not (d / "trainer_state.json").is_file():
             raise FileNotFoundError(f"{d}: not a critic checkpoint (trainer_state.json missing); was the run saved "
@@ -300,24 +296,10 @@ class Critic(Trainer):
                 p.copy_(sd[n])
                 if id(p) in master and master[id(p)] is not p:
                     master[id(p)].copy_(sd[n])
-        from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 
         self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
         self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
         self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
-
-
-def make_critic(cfg, cluster=None, trainer=None):
-    """The run's critic, or None when the estimator needs none: ``Critic(cfg)`` in this process, or, when the
-    trainer runs as Ray ranks, a :class:`slick.cluster.critic_group.RayCriticGroup` (one critic inside each
-    trainer rank's actor: placed exactly like the trainer, same FSDP ranks)."""
-    if not needs_critic(cfg):
-        return None
-    if getattr(trainer, "remote", False):
-        from slick.cluster.critic_group import RayCriticGroup
-
-        return RayCriticGroup(trainer)
-    return Critic(cfg)
 
 
 class CheckpointPair:
@@ -353,10 +335,6 @@ def train_critic(cfg, critic, samples: Sequence, returns: Sequence, values: Sequ
     with the clipped value loss against ``returns`` around the rollout's ``values``. Returns ``critic/*`` metrics:
     value_loss, vf_clipfrac, values_mean, returns_mean, grad_norm, lr averaged over the applied steps (skipped
     ones are counted in critic/skipped_steps), and critic/explained_variance of ``values`` for ``returns``."""
-    from slick.algo.value import explained_variance
-
-    from slick.loop.step import pad
-
     k = int(cfg.critic_num_steps_per_rollout or cfg.num_steps_per_rollout or 1)
     size = -(-len(samples) // k)
     applied, skipped = [], 0.0

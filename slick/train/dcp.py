@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from slick.train import dist as D
+from slick.train.atomic_files import write_text_atomic
 from slick.train.rng import read_rng_file, save_rng_file, set_rng_state
 from slick.train.safe_load import load_pt
 
@@ -100,8 +101,6 @@ def save_sharded(tr, out_dir) -> None:
         tr.tokenizer.save_pretrained(hf)
     D.barrier(f"save {out}: every rank's shard written")
     if tr.rank == 0:
-        from slick.train.checkpoint import write_text_atomic
-
         write_text_atomic(out / MARKER, json.dumps({
             "version": tr.version, "scheme": tr.scheme, "model_path": tr.model_path, "format": "dcp",
             "world_size": tr.world_size, "optim_state": has_optim, "param_names": tr.param_names}))

@@ -189,3 +189,13 @@ def pad_stack(rows: Sequence[torch.Tensor], length: int, value: float = 0.0,
     for k, r in enumerate(rows):
         out[k, : r.shape[0]] = r.to(dtype)
     return out
+
+
+def pad(rows: list, width: int) -> torch.Tensor:
+    """Per-sample rows (lists or tensors of any length up to ``width``) as one float32 ``[len(rows), width]``
+    tensor, zero-padded on the right."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        r = torch.as_tensor(r, dtype=torch.float32)
+        out[i, : len(r)] = r
+    return out

@@ -25,9 +25,11 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 
 from slick.algo.inputs import LossInputs
+from slick.models.tokenizer import load_tokenizer
 from slick.train import dist as D
 from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
+from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded, save_sharded, write_hf_dir
 from slick.train.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
@@ -35,7 +37,8 @@ from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
-from slick.train.rng import rng_state, set_rng_state
+from slick.train.rng import read_rng_file, rng_state, set_rng_state
+from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 from slick.types import Sample
 
 LOSS_KEY = "loss"
@@ -62,10 +65,9 @@ class Trainer:
     same full arguments and get the same result; each rank computes its share of the samples.
     """
 
-    def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
+    def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None, *,
+                 thread_budget: Optional[Callable[[], Optional[int]]] = None):
         from transformers import AutoModelForCausalLM
-
-        from slick.models.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.model_path = str(model_path or cfg.hf_checkpoint or "")
@@ -118,8 +120,9 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
-        # () -> CPU threads for the next micro-batch (set by a driver whose rollout overlaps training)
-        self.thread_budget: Optional[Callable[[], int]] = None
+        # () -> CPU threads for the next micro-batch, or None to leave them (a driver whose rollout overlaps
+        # training passes it: slick.loop.threads)
+        self.thread_budget = thread_budget
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
         self.ref_model = None
         self._ref_fwd = None
@@ -205,8 +208,9 @@ class Trainer:
         mine = plan[self.rank if self.fsdp else 0]
         pads = max(len(p) for p in plan) - len(mine)
         for idx in list(mine) + [None] * pads:
-            if self.thread_budget is not None:
-                torch.set_num_threads(self.thread_budget())
+            threads = self.thread_budget() if self.thread_budget is not None else None
+            if threads is not None:
+                torch.set_num_threads(threads)
             yield idx
 
     def _pad_pass(self, fwd: LogprobForward, backward: bool) -> None:
@@ -418,6 +422,11 @@ class Trainer:
                 t = full_tensor(p.detach())
             yield name, (t.to(cast) if cast is not None else t)
 
+    async def send_weights(self, sink) -> float:
+        """Push the current weights to ``sink``'s engines (a ``slick.train.protocol.WeightSink``): this process
+        holds them, so the sink sends them from here. Returns the seconds."""
+        return await sink.send(self)
+
     def full_precision_state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once.
         Sharded: full tensors on every rank (collective)."""
@@ -435,8 +444,6 @@ class Trainer:
     def save_hf_files(self, out_dir) -> None:
         """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer).
         Sharded: collective; rank 0 writes."""
-        from slick.train.dcp import write_hf_dir
-
         out = Path(out_dir)
         sd = {k: v.float().contiguous().cpu() if v.is_floating_point() else v.cpu()
               for k, v in self.full_precision_state_dict().items()}
@@ -463,8 +470,6 @@ class Trainer:
         written last by rank 0. Both load with any number of ranks.
         """
         if self.fsdp:
-            from slick.train.dcp import save_sharded
-
             save_sharded(self, out_dir)
             return
         out = Path(out_dir)
@@ -479,8 +484,6 @@ class Trainer:
     def load(self, in_dir) -> None:
         """Restore everything :meth:`save` wrote, in either format, whatever the number of ranks that wrote it
         (the model architecture must match). Collective when sharded."""
-        from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded
-
         d = Path(in_dir)
         if not (d / "trainer_state.json").is_file():
             raise FileNotFoundError(f"{d}: not a trainer checkpoint (trainer_state.json missing)")
@@ -498,13 +501,14 @@ class Trainer:
                 p.copy_(sd[n])
                 if id(p) in master and master[id(p)] is not p:
                     master[id(p)].copy_(sd[n])
-        from slick.train.rng import read_rng_file
-        from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 
         self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
         self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
         set_rng_state(read_rng_file(d / "rng.pt"))
         self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+
+    def close(self) -> None:
+        """Nothing to release in one process (the trainer protocol's ``close``; Ray ranks stop theirs)."""
 
     def _read_legacy_weights(self, d: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file

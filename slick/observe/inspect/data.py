@@ -8,8 +8,9 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from slick.observe.store import StoreMissingError, loads, read_table, step_files
+from slick.observe.metrics import read_metrics
 from slick.observe.rollouts_cli import token_rows
+from slick.observe.store import StoreMissingError, loads, read_table, step_files
 
 SUMMARY_COLUMNS = ["step", "reward", "response_length", "staleness", "status", "reward_error", "verdict"]
 CARD_COLUMNS = ["step", "index", "group_index", "prompt_index", "reward", "response_length", "status", "verdict",
@@ -51,8 +52,6 @@ def run_info(run_dir) -> dict:
 
 
 def metrics(run_dir) -> dict:
-    from slick.observe.metrics import read_metrics
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")             # a running run's half-written last line is skipped

@@ -20,13 +20,14 @@ from typing import Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from slick.train.transport.broadcast import BroadcastTransport
+from slick.train.transport.colocated import ColocatedTransport
+from slick.train.transport.common import TransportError, engine_name, is_http  # noqa: F401 - names of this package
+from slick.train.transport.disk import DiskTransport
+
 NAMES = ("disk", "broadcast", "colocated")
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
-
-
-class TransportError(RuntimeError):
-    """A weight transfer failed; the message names the engine (URL) that failed or did not answer."""
 
 
 @runtime_checkable
@@ -54,30 +55,12 @@ def make_transport(name: str, *, disk_dir: Optional[str] = None, bucket_bytes: i
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     if name == "disk":
-        from slick.train.transport.disk import DiskTransport
-
         if not disk_dir:
             raise ValueError("the disk weight transport needs disk_dir (a directory every engine can read)")
         return DiskTransport(disk_dir, bucket_bytes=bucket_bytes, timeout_s=timeout_s, model_dir=model_dir)
     if name == "broadcast":
-        from slick.train.transport.broadcast import BroadcastTransport
-
         return BroadcastTransport(bucket_bytes=bucket_bytes, timeout_s=timeout_s, master_addr=master_addr,
                                   backend=backend)
     if name == "colocated":
-        from slick.train.transport.colocated import ColocatedTransport
-
         return ColocatedTransport(timeout_s=timeout_s)
     raise ValueError(f"unknown weight transport {name!r} (choose {', '.join(NAMES)})")
-
-
-def engine_name(engine) -> str:
-    """How errors name an engine: its URLs for HTTP engines, else its class and model path."""
-    urls = getattr(engine, "control_urls", None)
-    if urls:
-        return ", ".join(urls)
-    return f"{type(engine).__name__}({getattr(engine, 'model_path', '?')})"
-
-
-def is_http(engine) -> bool:
-    return bool(getattr(engine, "control_urls", None))

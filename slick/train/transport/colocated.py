@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from slick.train.transport import TransportError, engine_name, is_http
-from slick.train.transport.common import on_every_engine
+from slick.train.transport.common import TransportError, engine_name, is_http, on_every_engine
 
 
 class ColocatedTransport:

@@ -1,10 +1,24 @@
-"""Helpers shared by the transports: bounded engine calls that name the engine."""
+"""Helpers shared by the transports: their error, how errors name an engine, bounded engine calls."""
 from __future__ import annotations
 
 import asyncio
 from typing import Awaitable, Callable, Sequence
 
-from slick.train.transport import TransportError, engine_name
+
+class TransportError(RuntimeError):
+    """A weight transfer failed; the message names the engine (URL) that failed or did not answer."""
+
+
+def engine_name(engine) -> str:
+    """How errors name an engine: its URLs for HTTP engines, else its class and model path."""
+    urls = getattr(engine, "control_urls", None)
+    if urls:
+        return ", ".join(urls)
+    return f"{type(engine).__name__}({getattr(engine, 'model_path', '?')})"
+
+
+def is_http(engine) -> bool:
+    return bool(getattr(engine, "control_urls", None))
 
 
 async def bounded(aw: Awaitable, timeout_s: float, what: str):

@@ -17,6 +17,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from slick.train.checkpoint import write_dir_atomic
 from slick.train.transport.buckets import iter_buckets, tensor_bytes
 from slick.train.transport.common import bounded, on_every_engine
 
@@ -28,8 +29,6 @@ def write_weights_dir(out_dir, version: int, named: Iterable[tuple[str, torch.Te
                       model_dir: Optional[str] = None) -> Path:
     """Write the directory described in the module doc atomically; return its path."""
     from safetensors.torch import save_file
-
-    from slick.train.checkpoint import write_dir_atomic
 
     def writer(tmp: Path) -> None:
         if model_dir:

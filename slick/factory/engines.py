@@ -1,7 +1,18 @@
-"""Build the rollout engine a config asks for: in-process LocalEngine, or HTTP workers (+ router)."""
+"""Build the rollout engine a config asks for: in-process LocalEngine, HTTP workers (+ router), or engine
+servers in Ray actors."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+
+from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
+from slick.engine.client import HttpEngine
+from slick.engine.fault import EngineDied, Recovery
+from slick.engine.health import HealthMonitor
+from slick.engine.local import LocalEngine
+from slick.engine.router import RouterProcess, WorkerProcess, launch_router, launch_workers
+from slick.engine.sglang_args import engine_options, to_argv, unknown_warning
 
 log = logging.getLogger("slick.engine")
 
@@ -23,12 +34,6 @@ class EngineSet:
         ``cfg.use_fault_tolerance``, which health-checks every worker and replaces failed ones
         (slick/engine/fault.py): ``bring_up(url)`` must load the engines' current weights into ``url`` and
         return their version. ``pending()`` names the sample indices in flight, for the error message."""
-        import asyncio
-
-        from slick.engine.fault import EngineDied, Recovery
-        from slick.engine.health import HealthMonitor
-        from slick.engine.router import RouterProcess, WorkerProcess
-
         if self.monitor is not None:
             return
         main = asyncio.current_task()
@@ -121,8 +126,6 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
     (disaggregated) or inside ``trainer``'s rank actors (--colocate); the rollout reaches them over HTTP, through
     the real sglang-router with --router sglang, and the trainer ranks push weights to them themselves
     (sync mode "ray": ``RayTrainerGroup.send_weights`` with --weight-transport)."""
-    from slick.engine.sglang_args import engine_options, to_argv, unknown_warning
-
     sglang = dict(getattr(cfg, "sglang", None) or {})
     options, unknown = engine_options(sglang)
     if sglang and cfg.rollout_engine == "http" and cfg.rollout_urls:
@@ -133,18 +136,12 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
     if cluster is not None and cluster.layout is not None and cluster.layout.num_engines:
         return _ray_engines(cfg, cluster, trainer)
     if cfg.rollout_engine == "local":
-        from slick.engine.local import LocalEngine
-
         kwargs = dict(dtype=cfg.dtype, device=cfg.device, max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
         kwargs.update(options)
         eng = LocalEngine(cfg.hf_checkpoint, **kwargs)
         return EngineSet(eng, "tensors")
     procs, urls, relaunch = [], list(cfg.rollout_urls), None
     if not urls:
-        import os
-
-        from slick.engine.router import launch_workers
-
         n = cfg.rollout_num_workers
         kw = dict(dtype=cfg.dtype, max_running=cfg.engine_max_running, extra_args=to_argv(sglang),
                   threads=max(1, (os.cpu_count() or 1) // n))
@@ -158,8 +155,6 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
 
 def _ray_engines(cfg, cluster, trainer) -> EngineSet:
     """Engine servers in Ray actors (their own, or the trainer ranks' with --colocate) behind an HttpEngine."""
-    from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
-
     timeout = float(cfg.ray_start_timeout)
     if cluster.layout.colocate:
         if trainer is None or not hasattr(trainer, "start_colocated_engines"):
@@ -178,12 +173,8 @@ def _ray_engines(cfg, cluster, trainer) -> EngineSet:
 
 def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
     """An HttpEngine over ``urls`` (through the sglang-router with --router sglang); ``procs`` stop with it."""
-    from slick.engine.client import HttpEngine
-
     worker_urls = list(urls)
     if cfg.router == "sglang":
-        from slick.engine.router import launch_router
-
         router = launch_router(urls)
         procs.append(router)
         urls = [router.url]

@@ -1,0 +1,188 @@
+"""slime's spellings of slick's flags: accepted, converted to slick's field, or refused by name.
+
+A slime user's script must mean the same thing in slick. Where slime (``slime/utils/arguments.py``) or
+the Megatron-LM flags it passes through name an option slick has under another name or unit, the slime
+spelling is accepted here and lands on slick's field; a slime flag slick cannot honour is refused with
+what to use instead (never accepted and ignored). ``tests/slime_flags.py`` holds the full comparison as
+data. Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+from urllib.parse import urlparse
+
+PREFIX = "slime__"          # argparse dests of the slime spellings; removed before the Config is built
+
+
+@dataclass(frozen=True)
+class SlimeFlag:
+    """One slime spelling: its flag, slick's field it sets (None: refused or resolved in pairs), how its value
+    converts (``convert(value) -> slick value``, raising ValueError with the reason), and the help line."""
+    flag: str
+    field: Optional[str]
+    help: str
+    kw: dict
+    convert: Optional[Callable[[Any], Any]] = None
+
+    @property
+    def dest(self) -> str:
+        return PREFIX + self.flag[2:].replace("-", "_")
+
+
+def _chunk(n: int) -> int:
+    if n <= 0:
+        raise ValueError("slime's -1 (no chunking) is not offered: slick always computes logprobs in chunks; "
+                         "give a positive --logprob-chunk-size (tokens per chunk)")
+    return n
+
+
+def _transport(v: str) -> str:
+    return {"nccl": "broadcast", "disk": "disk"}[v]
+
+
+def _bucket(n: int) -> int:
+    if n <= 0 or n % 2**20:
+        raise ValueError(f"{n} bytes is not a positive whole number of MiB: slick's --weight-bucket-mb counts MiB "
+                         f"(slime's default 536870912 bytes = 512 MiB)")
+    return n // 2**20
+
+
+def _minutes(m: float) -> float:
+    if m <= 0:
+        raise ValueError("must be > 0")
+    return float(m) * 60.0
+
+
+def _addrs(addrs: list) -> list:
+    out = []
+    for a in addrs:
+        url = (a if "://" in a else f"http://{a}").rstrip("/")
+        p = urlparse(url)
+        if p.scheme not in ("http", "https") or not p.hostname or p.port is None:
+            raise ValueError(f"{a!r} is not host:port or http://host:port")
+        out.append(url)
+    return out
+
+
+FLAGS: list[SlimeFlag] = [
+    SlimeFlag("--log-probs-chunk-size", "logprob_chunk_size", "slime's name of --logprob-chunk-size (a positive "
+              "size; slime's -1, no chunking, is refused).", dict(type=int), _chunk),
+    SlimeFlag("--lr-warmup-iters", "lr_warmup_steps", "Megatron's name of --lr-warmup-steps (optimizer steps).",
+              dict(type=int)),
+    SlimeFlag("--update-weight-transport", "weight_transport", "slime's weight transport: nccl = --weight-transport "
+              "broadcast, disk = --weight-transport disk.", dict(choices=["nccl", "disk"]), _transport),
+    SlimeFlag("--update-weight-buffer-size", "weight_bucket_mb", "slime's weight-update bucket in bytes: "
+              "--weight-bucket-mb BYTES/2^20 (a whole number of MiB).", dict(type=int), _bucket),
+    SlimeFlag("--distributed-timeout-minutes", "dist_timeout", "Megatron's collective timeout in minutes: "
+              "--dist-timeout 60 x MINUTES seconds.", dict(type=float), _minutes),
+    SlimeFlag("--rollout-external-engine-addrs", "rollout_urls", "slime's running SGLang engines (host:port or "
+              "http://host:port): --rollout-engine http --rollout-urls http://host:port ...",
+              dict(nargs="+"), _addrs),
+    SlimeFlag("--use-dynamic-batch-size", None, "slime's token-budget micro-batches; with --max-tokens-per-gpu N it is "
+              "--max-tokens-per-micro-batch N (alone it is refused, as in slime).", dict(action="store_true")),
+    SlimeFlag("--max-tokens-per-gpu", None, "slime's token budget of a micro-batch; needs --use-dynamic-batch-size "
+              "(without it slime does not use it, so it is refused).", dict(type=int)),
+]
+
+# slime flags slick cannot honour: flag -> what to use instead (refused by name when given)
+REFUSED: dict[str, str] = {
+    "--offload": "slick keeps the trainer in memory; --offload-rollout frees the in-process engine's KV cache and "
+                 "weight copies while the trainer steps",
+    "--offload-train": "slick keeps the trainer in memory; use --offload-rollout, --gradient-checkpointing or "
+                       "--exp-avg-dtype bf16 to lower the peak",
+}
+
+# defaults slick keeps although slime's differ: slime flag -> (slime's default, why)
+KEPT_DEFAULTS: dict[str, tuple[str, str]] = {
+    "--input-key": ("input", "slick's prompt files use `prompt`; a row without the key stops the run naming it"),
+    "--label-key": ("unset", "slick reads a row's `label` when it has one (slime's unset gives no labels)"),
+    "--rollout-batch-size": ("required", "slime requires the flag, so a slime script always gives it"),
+    "--n-samples-per-prompt": ("1", "slick's default group of 8; a group of 1 gives zero GRPO advantages, "
+                                    "refused at start"),
+    "--rm-type": ("unset", "slime has no default reward: a slime script gives --rm-type or --custom-rm-path"),
+    "--micro-batch-size": ("1", "the same gradients; slick packs 8 samples per micro-batch for speed"),
+    "--weight-decay": ("0.01", "Megatron decays matrices only; slick's AdamW decays every parameter, so "
+                               "slick keeps 0: give --weight-decay"),
+    "--log-probs-chunk-size": ("-1", "the same logprobs; slick always chunks (--logprob-chunk-size 128)"),
+    "--actor-num-gpus-per-node": ("8", "slick's 0 is one trainer in the driver process (runs on CPU)"),
+    "--rollout-num-gpus": ("derived", "slick's 0: the engine --rollout-engine picks"),
+    "--update-weight-transport": ("nccl", "slick's --weight-transport auto: colocated in process, disk for HTTP "
+                                          "engines; give --update-weight-transport nccl for slime's broadcast"),
+    "--rotary-base": ("10000", "model-shape flags are checks in slick (config.json gives the model): unset is "
+                               "not checked"),
+    "--norm-epsilon": ("1e-05", "model-shape check: unset is not checked"),
+    "--normalization": ("LayerNorm", "model-shape check: unset is not checked"),
+    "--position-embedding-type": ("learned_absolute", "model-shape check: unset is not checked"),
+    "--num-query-groups": ("1", "model-shape check: unset is not checked"),
+}
+
+# slime's spellings with the slick field they set when it takes slick's own flag too (for conflicts)
+_EXTRA_SETS = {"--rollout-external-engine-addrs": {"rollout_engine": "http"},
+               "--use-dynamic-batch-size": {}, "--max-tokens-per-gpu": {}}
+
+
+def add_slime_arguments(parser: argparse.ArgumentParser) -> None:
+    """The slime spellings (group ``slime``) and the refused slime flags, all with SUPPRESSed defaults."""
+    grp = parser.add_argument_group("slime", "slime's and Megatron's spellings of slick flags (docs/flags.md, "
+                                             "slime users)")
+    for f in FLAGS:
+        grp.add_argument(f.flag, dest=f.dest, default=argparse.SUPPRESS, help=f.help, **f.kw)
+    for flag, instead in REFUSED.items():
+        grp.add_argument(flag, dest=PREFIX + flag[2:].replace("-", "_"), action="store_true",
+                         default=argparse.SUPPRESS, help=f"Refused: {instead}.".replace("%", "%%"))
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def resolve_slime_flags(ns: dict) -> list[str]:
+    """Move the slime spellings in ``ns`` (parsed flags, typed ones only) onto slick's fields, in place.
+    Returns the problems: refused flags, bad values, and a slime spelling that disagrees with slick's own flag."""
+    problems: list[str] = []
+    given = {f.flag: ns.pop(f.dest) for f in FLAGS if f.dest in ns}
+    for flag, instead in REFUSED.items():
+        if ns.pop(PREFIX + flag[2:].replace("-", "_"), False):
+            problems.append(f"{flag}: not supported by slick ({instead})")
+    dyn, tokens = given.pop("--use-dynamic-batch-size", False), given.pop("--max-tokens-per-gpu", None)
+    if dyn and tokens is None:
+        problems.append("--use-dynamic-batch-size needs --max-tokens-per-gpu N (slime asserts the same); in slick "
+                        "it is --max-tokens-per-micro-batch N")
+    elif tokens is not None and not dyn:
+        problems.append(f"--max-tokens-per-gpu {tokens} without --use-dynamic-batch-size: slime does not use it "
+                        f"then; for token-budget micro-batches pass both, or --max-tokens-per-micro-batch {tokens}")
+    elif dyn:
+        given["--use-dynamic-batch-size --max-tokens-per-gpu"] = tokens
+    by_flag = {f.flag: f for f in FLAGS}
+    for flag, value in given.items():
+        f = by_flag.get(flag)
+        field = f.field if f else "max_tokens_per_micro_batch"
+        try:
+            converted = f.convert(value) if f and f.convert else value
+        except ValueError as e:
+            problems.append(f"{flag} {_show(value)}: {e}")
+            continue
+        for name, want in [(field, converted), *_EXTRA_SETS.get(flag, {}).items()]:
+            if name in ns and ns[name] != want:
+                problems.append(f"{flag} {_show(value)} (= {_flag(name)} {_show(want)}) disagrees with "
+                                f"{_flag(name)} {_show(ns[name])}: give one of them")
+            else:
+                ns[name] = want
+    return problems
+
+
+def _show(v: Any) -> str:
+    return " ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def alias_rows() -> list[tuple[str, str]]:
+    """(slime spelling, what it means in slick) for the docs."""
+    rows = [(f.flag, f.help) for f in FLAGS]
+    return rows + [(flag, f"Refused: {instead}.") for flag, instead in REFUSED.items()]
+
+
+def kept_rows() -> list[tuple[str, str, str]]:
+    """(slime flag, slime's default, why slick's differs) for the docs."""
+    return [(flag, d, why) for flag, (d, why) in KEPT_DEFAULTS.items()]

@@ -1,0 +1,104 @@
+"""slime's names and defaults (tests/slime_flags.py as data): defaults equal, spellings accepted, refusals named."""
+import dataclasses
+
+import pytest
+
+from slick.config import ConfigError, parse_config
+from slick.config.groups import GROUPS
+from tests import slime_flags as S
+
+DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for cls in GROUPS.values() for f in dataclasses.fields(cls)}
+
+
+def field(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def empty():
+    return parse_config([], validate=False)
+
+
+@pytest.mark.parametrize("flag,slime_default", S.SAME, ids=[r[0] for r in S.SAME])
+def test_shared_flag_has_slimes_default(flag, slime_default):
+    want = [] if slime_default is None and isinstance(DEFAULTS[field(flag)], list) else slime_default
+    got = getattr(empty(), field(flag))
+    assert got == want and type(got) is type(want), f"{flag}: slick {got!r}, slime {slime_default!r}"
+
+
+@pytest.mark.parametrize("flag,slime_default,means,why", S.SAME_MEANING, ids=[r[0] for r in S.SAME_MEANING])
+def test_shared_flag_means_slimes_default(flag, slime_default, means, why):
+    assert getattr(empty(), field(flag)) == means
+
+
+@pytest.mark.parametrize("flag,argv,name,value", S.ALIASES, ids=[" ".join(r[1]) for r in S.ALIASES])
+def test_slime_spelling_parses_to_slicks_field(flag, argv, name, value):
+    cfg = parse_config(argv, validate=False)
+    assert getattr(cfg, name) == value
+    assert cfg.flat() == parse_config(_slick_argv(cfg), validate=False).flat()
+
+
+def _slick_argv(cfg) -> list:
+    """The same config in slick's own spelling: every field that differs from its default."""
+    out = []
+    for k, v in cfg.flat().items():
+        if v == DEFAULTS[k]:
+            continue
+        flag = "--" + k.replace("_", "-")
+        out += [flag] if v is True else [flag, *map(str, v)] if isinstance(v, list) else [flag, str(v)]
+    return out
+
+
+@pytest.mark.parametrize("flag,slime_default,name,slick_default", S.SAME_VIA_ALIAS,
+                         ids=[r[0] for r in S.SAME_VIA_ALIAS])
+def test_aliased_flag_has_slimes_default(flag, slime_default, name, slick_default):
+    assert getattr(empty(), name) == slick_default
+
+
+@pytest.mark.parametrize("argv,words", S.REFUSED, ids=[" ".join(r[0]) for r in S.REFUSED])
+def test_slime_flag_slick_cannot_honour_is_refused_by_name(argv, words):
+    with pytest.raises(ConfigError) as e:
+        parse_config(argv, validate=False)
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("flag,slime_default,slick_default,why", S.DIFFERS, ids=[r[0] for r in S.DIFFERS])
+def test_listed_difference_is_slicks_default(flag, slime_default, slick_default, why):
+    name = S.DIFFERS_FIELD.get(flag, field(flag))
+    assert DEFAULTS[name] == slick_default != slime_default
+
+
+def test_every_flag_of_the_table_is_a_slick_or_slime_spelling():
+    from slick.config.parse import build_parser
+
+    known = build_parser()._option_string_actions
+    rows = [r[0] for r in S.SAME + S.SAME_MEANING + S.ALIASES + S.SAME_VIA_ALIAS + S.DIFFERS]
+    assert [f for f in rows if f not in known] == []
+    assert len({r[0] for r in S.DIFFERS}) == 16       # the differences slick keeps: a new one must be added here
+
+
+def test_differences_and_spellings_are_in_the_flags_doc():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "flags.md").read_text(encoding="utf-8")
+    section = doc.split("## slime users", 1)[1]
+    for flag in {r[0] for r in S.ALIASES + S.DIFFERS} | {r[0][0] for r in S.REFUSED[:2]}:
+        assert f"`{flag}`" in section, flag
+    kept = section.split("Defaults slick keeps", 1)[1]
+    assert sorted(line.split("`")[1] for line in kept.splitlines() if line.startswith("| `")) == \
+        sorted(r[0] for r in S.DIFFERS)
+
+
+def test_kl_loss_type_default_is_slimes_k1_and_low_var_kl_still_parses():
+    assert empty().kl_loss_type == "k1"
+    assert parse_config(["--kl-loss-type", "low_var_kl"], validate=False).kl_loss_type == "low_var_kl"
+
+
+def test_eval_top_p_unset_follows_rollout_top_p():
+    from slick.rollout.manager import sampling_from_config
+
+    cfg = parse_config(["--rollout-top-p", "0.7"], validate=False)
+    assert sampling_from_config(cfg, eval=True).top_p == 0.7
+    cfg = parse_config(["--rollout-top-p", "0.7", "--eval-top-p", "0.9"], validate=False)
+    assert sampling_from_config(cfg, eval=True).top_p == 0.9 and sampling_from_config(cfg).top_p == 0.7
