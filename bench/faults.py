@@ -62,7 +62,7 @@ def even_tokens(args, sample):
 
 
 def free_port() -> int:
-    from slick.engine.router import free_port as fp
+    from slick.engines.router import free_port as fp
     return fp()
 
 
@@ -579,7 +579,7 @@ def table(results: list[dict]) -> str:
 
 
 def run_kind(kind: str, setup: Setup, out: Path, args, rng: random.Random) -> dict:
-    from slick.engine.router import router_available
+    from slick.engines.router import router_available
 
     if kind in ("worker_kill", "worker_hang"):
         if not router_available():

@@ -175,9 +175,9 @@ async def _sync_times(transport, engines, named, repeats: int) -> list:
 
 def bench_sync(model: Path, work: Path, repeats: int) -> list:
     """Seconds per weight update for each transport; the source is the trainer's named_weights()."""
-    from slick.engine.client import HttpEngine
+    from slick.engines.client import HttpEngine
     from slick.engine.local import LocalEngine
-    from slick.engine.router import launch_workers
+    from slick.engines.router import launch_workers
     from slick.train.trainer import Trainer
     from slick.train.transport import make_transport
 

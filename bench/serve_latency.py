@@ -21,7 +21,7 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slick.engine.router import launch_router, launch_workers  # noqa: E402
+from slick.engines.router import launch_router, launch_workers  # noqa: E402
 
 PROMPTS = [[1, 422, 2014, 314, 253, 1232, 30], [1, 9519, 28, 957, 314], [1, 2683, 1125, 17, 1068, 30, 216]]
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 async def _run(model_dir: str, dtype: str, repeats: int, bucket: int, named, url: str) -> dict:
-    from slick.engine.client import HttpEngine
+    from slick.engines.client import HttpEngine
     from slick.engine.local import LocalEngine
     from slick.train.transport import make_transport
 
@@ -58,7 +58,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slick.engine.router import launch_workers
+    from slick.engines.router import launch_workers
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF model directory (default: the prepared SmolLM2-135M).")

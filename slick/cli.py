@@ -20,7 +20,7 @@ from slick.train.memory import AllocatorError, use_tcmalloc
 COMMANDS = {
     "train": ("slick.loop.sync", "Run RL training (synchronous: rollout, train, sync weights)."),
     "train-async": ("slick.loop.train_async", "Run RL training with rollout and training overlapping (docs/async.md)."),
-    "serve": ("slick.engine.serve_cli", "Serve a HF model over HTTP with SGLang's native API."),
+    "serve": ("slick.serve.serve_cli", "Serve a HF model over HTTP with SGLang's native API."),
     "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),
     "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
     "rollouts": ("slick.observe.rollouts_cli", "Query a run's rollout store: filter samples, show one with its tokens."),

@@ -1,6 +1,6 @@
 """Child processes that do not outlive the driver, and a driver that shuts down on SIGTERM as on Ctrl-C.
 
-Two mechanisms, both used for every process slick launches (``slick.engine.router._Process``):
+Two mechanisms, both used for every process slick launches (``slick.engines.router._Process``):
 
 * **PR_SET_PDEATHSIG** (Linux): set in the child between fork and exec (:func:`die_with_parent`), so the
   kernel signals the child the moment its parent dies, SIGKILL included. The kernel ties it to the *thread*

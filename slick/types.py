@@ -62,7 +62,7 @@ class SamplingParams:
     def from_sglang(cls, d: dict) -> "SamplingParams":
         """Build from an SGLang ``sampling_params`` dict; unknown keys are ignored, ``None`` means the default.
 
-        (``slick.engine.http_protocol.parse_sampling`` checks a request's dict before it gets here.)"""
+        (``slick.serve.http_protocol.parse_sampling`` checks a request's dict before it gets here.)"""
         d = {k: v for k, v in d.items() if v is not None}
         stop = d.get("stop")
         if isinstance(stop, str):

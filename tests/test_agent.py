@@ -10,7 +10,7 @@ import pytest
 from slick.config import Config
 from slick.config.validate import validate_config
 from slick.engine.local import LocalEngine
-from slick.engine.openai_protocol import Call, Choice
+from slick.serve.openai_protocol import Call, Choice
 from slick.reward import RewardHub
 from slick.rollout.agent import AgentRollout, call_tree, trajectory_samples
 from slick.rollout.manager import sampling_from_config, seeded
@@ -217,8 +217,8 @@ def test_three_call_session_is_one_exact_sample(tiny_model_dir, agents_module):
 
 def test_agent_through_http_engine(tiny_model_dir, agents_module):
     """--rollout-engine http: the endpoint forwards to a real `slick serve` worker and records the same way."""
-    from slick.engine.client import HttpEngine
-    from slick.engine.router import launch_workers
+    from slick.engines.client import HttpEngine
+    from slick.engines.router import launch_workers
 
     (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
     try:
@@ -415,7 +415,7 @@ def test_agent_rollout_in_train_async(tiny_model_dir, agents_module, tmp_path):
 def test_session_continues_an_answer_with_tool_calls_token_exactly():
     """An answer whose text holds a Hermes call comes back as tool_calls; the agent's next request (that message
     + a tool result) continues its sampled tokens exactly, with the template's delta for the tool message."""
-    from slick.engine.openai_protocol import Choice, parse_messages, render_chat, split_tool_calls
+    from slick.serve.openai_protocol import Choice, parse_messages, render_chat, split_tool_calls
     from slick.models.tiny import load_demo_tokenizer
     from slick.rollout.agent import AgentSession
     from slick.chat.toolcall import get_parser

@@ -1,10 +1,10 @@
 """Advantage estimators checked against numbers computed by hand (see the comments)."""
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.algo_params import params
 from slick.algo import (
     ESTIMATORS,
     AdvantageInputs,
@@ -25,6 +25,7 @@ EPS = 1e-6  # GRPO's std epsilon
 
 def run(estimator, rewards, mask, **kw):
     """Call an estimator with AdvantageInputs; return (advantages, returns)."""
+    kw.setdefault("cfg", params())   # the typed algorithm settings of a default Config
     out = estimator(AdvantageInputs(rewards, mask, **kw))
     return out.advantages, out.returns
 
@@ -61,11 +62,11 @@ def test_gspo_equals_grpo():
 
 def test_dr_grpo_and_raw_rewards():
     # no std division: deviations themselves; raw: the reward itself on every masked token
-    cfg = SimpleNamespace(disable_grpo_std_normalization=True)
+    cfg = params(disable_grpo_std_normalization=True)
     adv, _ = run(grpo, REWARDS, MASK, group_size=4, cfg=cfg)
     expected = [[0.75, 0.75, 0], [-0.25, 0, 0], [-0.25] * 3, [0, -0.25, -0.25]] + [[0, 0, 0]] * 4
     close(adv, expected)
-    cfg = SimpleNamespace(disable_rewards_normalization=True)
+    cfg = params(disable_rewards_normalization=True)
     adv, _ = run(grpo, REWARDS, MASK, group_size=4, cfg=cfg)
     close(adv, (REWARDS[:, None] * MASK).tolist())
 
@@ -76,7 +77,7 @@ def test_group_of_one_is_zero_not_nan():
     for fn in (grpo, gspo, rloo):
         adv, _ = run(fn, r, m, group_size=1)
         close(adv, [[0, 0], [0, 0]])
-    adv, _ = run(grpo, r, m, group_size=1, cfg=SimpleNamespace(disable_grpo_std_normalization=True))
+    adv, _ = run(grpo, r, m, group_size=1, cfg=params(disable_grpo_std_normalization=True))
     close(adv, [[0, 0], [0, 0]])
 
 
@@ -96,7 +97,7 @@ def test_rloo_hand_values():
 RP_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
 RP_OLD = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, -1.5]])
 RP_REF = torch.tensor([[-1.5, -1.0, -3.0], [-0.5, -2.0, -0.5]])
-RP_CFG = SimpleNamespace(kl_coef=0.1, gamma=0.5)
+RP_CFG = params(kl_coef=0.1, gamma=0.5)
 
 
 def _whiten_list(vals):
@@ -149,7 +150,7 @@ def test_reinforce_without_kl_and_missing_logprobs():
 def test_ppo_gae_hand_values():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 1.0, 2.0], [1.0, 9.0, 0.5]])  # 9.0 sits on a masked-out token
-    cfg = SimpleNamespace(gamma=0.5, lambd=0.5, kl_coef=0.0)
+    cfg = params(gamma=0.5, lambd=0.5, kl_coef=0.0)
     # row0 rewards [0, 0, 1]: t2 delta = 1 - 2 = -1, A2 = -1
     #   t1 delta = 0 + 0.5*2 - 1 = 0, A1 = 0 + 0.25*(-1) = -0.25
     #   t0 delta = 0 + 0.5*1 - 0.5 = 0, A0 = 0.25*(-0.25) = -0.0625
@@ -165,7 +166,7 @@ def test_ppo_with_kl_rewards():
     values = torch.tensor([[0.5, 1.0, 2.0]])
     old = torch.tensor([[-1.0, -1.0, -2.0]])
     ref = torch.tensor([[-2.0, -1.0, -1.0]])  # old - ref = (1, 0, -1)
-    cfg = SimpleNamespace(gamma=0.5, lambd=0.5, kl_coef=0.1)
+    cfg = params(gamma=0.5, lambd=0.5, kl_coef=0.1)
     # token rewards (-0.1, 0, 0.1 + 1): t2 delta = 1.1 - 2 = -0.9
     #   t1 delta = 0 + 1 - 1 = 0, A1 = 0.25 * -0.9 = -0.225
     #   t0 delta = -0.1 + 0.5 - 0.5 = -0.1, A0 = -0.1 + 0.25 * -0.225 = -0.15625

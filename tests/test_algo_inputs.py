@@ -2,11 +2,11 @@
 replaced, shape errors naming the field, and custom functions for the old signature refused by name."""
 import json
 from pathlib import Path
-from types import SimpleNamespace as NS
 
 import pytest
 import torch
 
+from tests.algo_params import params
 from slick.algo import (ESTIMATORS, AdvantageInputs, AdvantageOutputs, LossInputs, check_plugin_signature,
                         compute_policy_objective)
 
@@ -30,10 +30,10 @@ ENT = torch.rand(6, 4, generator=torch.Generator().manual_seed(0))
 ROLL = OLD - 0.1 * torch.arange(24).view(6, 4).float() / 24
 ADV = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
 LOSS_CFGS = {
-    "plain": NS(),
-    "full": NS(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0, entropy_coef=0.01, use_kl_loss=True,
+    "plain": params(),
+    "full": params(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0, entropy_coef=0.01, use_kl_loss=True,
                kl_loss_coef=0.1, kl_loss_type="low_var_kl", use_tis=True, tis_clip=2.0, tis_clip_low=0.5),
-    "gspo_tok": NS(advantage_estimator="gspo", calculate_per_token_loss=True, eps_clip=0.2),
+    "gspo_tok": params(advantage_estimator="gspo", calculate_per_token_loss=True, eps_clip=0.2),
 }
 
 
@@ -44,7 +44,7 @@ def exact(t, values):
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 @pytest.mark.parametrize("group_size", [1, 3])
 def test_every_estimator_gives_exactly_the_values_before_the_dataclasses(name, group_size):
-    cfg = NS(kl_coef=0.05, gamma=0.9, lambd=0.8)
+    cfg = params(kl_coef=0.05, gamma=0.9, lambd=0.8)
     out = ESTIMATORS[name](AdvantageInputs(R, M, group_size, cfg, OLD, REF, V))
     assert isinstance(out, AdvantageOutputs)
     adv, ret = BEFORE[f"{name}/{group_size}"]
@@ -80,7 +80,7 @@ def test_shape_errors_name_the_field():
     with pytest.raises(ValueError, match=r"LossInputs.old_logprobs has shape \(6, 2\)"):
         LossInputs(LOGP, None, M, ADV, old_logprobs=OLD[:, :2])
     with pytest.raises(TypeError, match="inputs must be a slick.algo.LossInputs, got Tensor"):
-        compute_policy_objective(NS(), LOGP)
+        compute_policy_objective(params(), LOGP)
     # rewards given as a list become a float tensor on the mask's device
     assert AdvantageInputs([1, 2], torch.ones(2, 1), 1).rewards.dtype == torch.float32
 

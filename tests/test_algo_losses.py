@@ -1,10 +1,10 @@
 """KL, clipped policy loss, GSPO, TIS, reductions and the full objective, checked by hand."""
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.algo_params import params
 from slick.algo import LossInputs, compute_policy_objective, kl, policy_loss, reduce, tis_weights
 
 E = math.exp
@@ -137,7 +137,7 @@ def _onpolicy():
 
 def test_onpolicy_gradient_is_minus_advantage_over_normaliser():
     logp, adv, mask = _onpolicy()
-    cfg = SimpleNamespace(eps_clip=0.2)
+    cfg = params(eps_clip=0.2)
     loss, m = obj(cfg, logp, None, mask, adv)
     # ratio 1: per-sample means -1.5 and +0.5 -> loss = (-1.5 + 0.5) / 2 = -0.5
     assert float(loss.detach()) == pytest.approx(-0.5)
@@ -146,7 +146,7 @@ def test_onpolicy_gradient_is_minus_advantage_over_normaliser():
     # sample mode: -A / (n_tokens_of_sample * B): row0 -1.5/4, row1 0.5/6
     close(g, [[-0.375, -0.375, 0.0], [0.5 / 6, 0.5 / 6, 0.5 / 6]])
 
-    cfg = SimpleNamespace(eps_clip=0.2, calculate_per_token_loss=True)
+    cfg = params(eps_clip=0.2, calculate_per_token_loss=True)
     loss, _ = obj(cfg, logp, None, mask, adv)
     assert float(loss.detach()) == pytest.approx((-3.0 + 1.5) / 5)
     (g,) = torch.autograd.grad(loss, logp)
@@ -156,7 +156,7 @@ def test_onpolicy_gradient_is_minus_advantage_over_normaliser():
 def test_objective_microbatch_sum_matches_global():
     logp, adv, mask = _onpolicy()
     for per_token in (False, True):
-        cfg = SimpleNamespace(calculate_per_token_loss=per_token)
+        cfg = params(calculate_per_token_loss=per_token)
         full, fm = obj(cfg, logp, None, mask, adv)
         kw = dict(num_samples=2, num_tokens=5)
         a, am = obj(cfg, logp[:1], None, mask[:1], adv[:1], **kw)
@@ -171,7 +171,7 @@ def test_objective_entropy_kl_and_metrics():
     ref = torch.tensor([[-1.5, -2.5]])
     mask = torch.ones(1, 2)
     adv = torch.ones(1, 2)
-    cfg = SimpleNamespace(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="k1")
+    cfg = params(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="k1")
     loss, m = obj(cfg, logp, ent, mask, adv, ref_logprobs=ref)
     # pg = -1; entropy mean 1.0; k1 = (0.5, 0.5) mean 0.5 -> loss = -1 - 0.01*1 + 0.5*0.5 = -0.76
     assert float(loss.detach()) == pytest.approx(-0.76)
@@ -187,7 +187,7 @@ def test_objective_entropy_kl_and_metrics():
 def test_objective_tis_and_gspo():
     new, old, adv, mask = _gspo_inputs()
     rollout = old - torch.tensor([[0.0, 1.0, -3.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # old - rollout as in TIS test
-    cfg = SimpleNamespace(advantage_estimator="gspo", eps_clip=0.2, eps_clip_high=0.28, use_tis=True, tis_clip=2.0,
+    cfg = params(advantage_estimator="gspo", eps_clip=0.2, eps_clip_high=0.28, use_tis=True, tis_clip=2.0,
                           tis_clip_low=0.1)
     loss, m = obj(cfg, new, None, mask, adv, old_logprobs=old, rollout_logprobs=rollout)
     s0 = E(0.2)
@@ -200,12 +200,12 @@ def test_objective_tis_and_gspo():
     with pytest.raises(ValueError, match="rollout_logprobs"):
         obj(cfg, new, None, mask, adv, old_logprobs=old)
     with pytest.raises(ValueError, match="entropy"):
-        obj(SimpleNamespace(entropy_coef=0.1), new, None, mask, adv)
+        obj(params(entropy_coef=0.1), new, None, mask, adv)
 
 
 def test_bf16_inputs_get_fp32_loss_and_gradients():
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16, requires_grad=True)
-    loss, _ = obj(SimpleNamespace(), logp, None, torch.ones(1, 2), torch.tensor([[2.0, -4.0]]))
+    loss, _ = obj(params(), logp, None, torch.ones(1, 2), torch.tensor([[2.0, -4.0]]))
     assert loss.dtype == torch.float32
     (g,) = torch.autograd.grad(loss, logp)
     # on-policy, one sample of 2 tokens: -A / 2

@@ -1,11 +1,11 @@
 """slick.loop.step.compute_advantages builds AdvantageInputs from samples: per-sample critic values go in,
 tool tokens (loss mask 0) are skipped, old-signature custom estimators are refused by flag."""
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from slick.config import Config
 from slick.loop.step import compute_advantages, make_loss_fn
 from slick.types import Sample
 
@@ -14,7 +14,7 @@ def cfg(**kw):
     base = dict(n_samples_per_prompt=2, advantage_estimator="ppo", normalize_advantages=False, gamma=0.9, lambd=0.5,
                 kl_coef=0.0, custom_advantage_function_path=None, custom_loss_function_path=None)
     base.update(kw)
-    return SimpleNamespace(**base)
+    return Config.from_flat(base)
 
 
 def samples():

@@ -1,10 +1,10 @@
 """The critic's math by hand: GAE over tool tokens in the middle of a response, the clipped value loss and its
 gradient, explained variance (slick/algo/value.py, slick/algo/returns.py)."""
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.algo_params import params
 from slick.algo import AdvantageInputs, explained_variance, gae, ppo, value_loss
 
 
@@ -41,7 +41,7 @@ def test_ppo_estimator_over_tool_tokens_with_kl_rewards():
     # returns = (A + V) on counted tokens: 0.3185, 0.53, 0.9
     old = torch.full((1, 6), -1.0)
     ref = torch.full((1, 6), -2.0)
-    cfg = SimpleNamespace(gamma=0.9, lambd=0.5, kl_coef=0.1)
+    cfg = params(gamma=0.9, lambd=0.5, kl_coef=0.1)
     out = ppo(AdvantageInputs(torch.tensor([1.0]), G_MASK[:1], 1, cfg, old, ref, G_VALUES[:1]))
     close(out.advantages, [[0.1185, 0, 0, 0.13, 0, 0.4]])
     close(out.returns, [[0.3185, 0, 0, 0.53, 0, 0.9]])

@@ -2,7 +2,7 @@
 import inspect
 
 from slick.engine.base import Engine
-from slick.engine.client import HttpEngine
+from slick.engines.client import HttpEngine
 from slick.engine.local import LocalEngine
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slick.engine.router import router_available
+from slick.engines.router import router_available
 from slick.train import checkpoint as ckpt
 from slick.train.memory import find_tcmalloc
 from tests import test_loop

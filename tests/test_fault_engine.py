@@ -1,4 +1,4 @@
-"""Engine faults (slick/engine/health.py, slick/engine/fault.py): real `slick serve` workers, the real
+"""Engine faults (slick/engines/health.py, slick/engines/fault.py): real `slick serve` workers, the real
 sglang-router, real SIGKILL / SIGSTOP. Every worker a test starts is SIGCONTed and SIGKILLed in its cleanup."""
 import asyncio
 import itertools
@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
-from slick.engine.client import HttpEngine
-from slick.engine.fault import EngineDied
-from slick.engine.health import HealthMonitor
-from slick.engine.router import launch_workers, router_available
+from slick.engines.client import HttpEngine
+from slick.engines.fault import EngineDied
+from slick.engines.health import HealthMonitor
+from slick.engines.router import launch_workers, router_available
 from slick.types import Sample, SamplingParams
 from tests.test_loop import REWARD_MODULE, make_cfg
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from slick.engine.router import router_available
+from slick.engines.router import router_available
 from tests.test_loop import REWARD_MODULE, make_cfg, read_jsonl  # noqa: F401  (shared helpers)
 
 

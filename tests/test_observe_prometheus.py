@@ -196,7 +196,7 @@ def free_port():
 
 @pytest.mark.slow
 def test_engine_up_and_version_per_engine_from_real_slick_serve(tiny_model_dir, tmp_path):
-    from slick.engine.router import launch_workers
+    from slick.engines.router import launch_workers
     from slick.observe.prometheus import RunExporter
 
     (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)

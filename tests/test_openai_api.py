@@ -4,8 +4,8 @@ import json
 import openai
 import pytest
 
-from slick.engine.openai_protocol import OpenAIError, parse_params, split_tool_calls
-from slick.engine.router import launch_workers
+from slick.serve.openai_protocol import OpenAIError, parse_params, split_tool_calls
+from slick.engines.router import launch_workers
 from slick.chat.toolcall import get_parser
 from tests.test_server import call
 

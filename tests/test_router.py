@@ -6,8 +6,8 @@ import urllib.request
 
 import pytest
 
-from slick.engine.client import HttpEngine
-from slick.engine.router import launch_router, launch_workers, router_available
+from slick.engines.client import HttpEngine
+from slick.engines.router import launch_router, launch_workers, router_available
 from slick.types import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slick.engine.router import free_port, launch_workers
+from slick.engines.router import free_port, launch_workers
 from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)
@@ -94,7 +94,7 @@ def test_generate_batch_with_one_bad_seed_starts_nothing(server):
 
 
 def test_one_failing_choice_stops_the_others_in_the_engine(tiny_model_dir):
-    from slick.engine.fanout import run_together
+    from slick.serve.fanout import run_together
     from slick.engine.local import LocalEngine
     from slick.types import SamplingParams
 

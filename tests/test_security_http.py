@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from slick.engine.router import launch_workers
+from slick.engines.router import launch_workers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -229,7 +229,7 @@ def test_allowed_weight_dirs_flag(tiny_model_dir, tmp_path):
 
 
 def test_slick_client_sends_json_to_control_endpoints(server):
-    from slick.engine.client import HttpEngine
+    from slick.engines.client import HttpEngine
 
     async def go():
         eng = HttpEngine([server.url])
@@ -397,7 +397,7 @@ def test_tiny_temperature_answers_valid_json(server):
 
 
 def test_json_encoding_boundary_never_writes_non_finite():
-    from slick.engine.http_body import dumps
+    from slick.serve.http_body import dumps
 
     text = dumps({"lp": [float("-inf"), -0.5], "x": float("nan"), "y": float("inf"), "t": (1.0,)})
     assert strict_json(text) == {"lp": [-9999.0, -0.5], "x": None, "y": 9999.0, "t": [1.0]}
@@ -405,7 +405,7 @@ def test_json_encoding_boundary_never_writes_non_finite():
 
 
 def test_new_serve_flags_are_parsed_and_checked(tiny_model_dir, capsys):
-    from slick.engine.serve_cli import parse_args
+    from slick.serve.serve_cli import parse_args
 
     base = ["--hf-checkpoint", str(tiny_model_dir)]
     args = parse_args(base + ["--allowed-hosts", "Box.Example, [::1]", "--allowed-weight-dirs", "/x, /y/z",

@@ -17,7 +17,7 @@ from slick.config import Config
 from slick.config.validate import validate_config
 from slick.data.source import DataSource
 from slick.demo.calculator import CalculatorError, calculator, evaluate, parse_expression_call
-from slick.engine.openai_protocol import split_tool_calls
+from slick.serve.openai_protocol import split_tool_calls
 from slick.reward.hub import RewardHub
 from slick.chat import safejson
 from slick.rollout.manager import RolloutManager

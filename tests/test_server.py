@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from slick.engine.router import launch_workers
+from slick.engines.router import launch_workers
 
 pytestmark = pytest.mark.timeout(300)
 

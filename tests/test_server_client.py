@@ -3,8 +3,8 @@ import asyncio
 
 import pytest
 
-from slick.engine.client import EngineError, HttpEngine
-from slick.engine.router import free_port, launch_workers
+from slick.engines.client import EngineError, HttpEngine
+from slick.engines.router import free_port, launch_workers
 from slick.types import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)

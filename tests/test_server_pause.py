@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from slick.engine.client import HttpEngine
-from slick.engine.router import launch_router, launch_workers, router_available
+from slick.engines.client import HttpEngine
+from slick.engines.router import launch_router, launch_workers, router_available
 from slick.types import SamplingParams
 from tests.test_engine_interrupt import run, within
 from tests.test_engine_local import make_spiky_model

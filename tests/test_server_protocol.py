@@ -1,7 +1,7 @@
 """SGLang wire format helpers (pure functions): request checks and response parsing."""
 import pytest
 
-from slick.engine.http_protocol import (RequestError, generation_from_json, generation_json, parse_generate,
+from slick.serve.http_protocol import (RequestError, generation_from_json, generation_json, parse_generate,
                                         parse_sampling, parse_weight_version)
 from slick.types import Generation
 
@@ -47,7 +47,7 @@ def test_sampling_accepts_integral_floats_and_seed_alias():
 
 
 def test_response_roundtrip():
-    from slick.engine.http_protocol import GenerateItem
+    from slick.serve.http_protocol import GenerateItem
     from slick.types import SamplingParams
 
     gen = Generation([5, 2], [-0.5, -1.25], "stop", 3, 2)
@@ -64,7 +64,7 @@ def test_response_roundtrip():
 
 
 def test_per_token_weight_versions_roundtrip_and_fallback():
-    from slick.engine.http_protocol import GenerateItem
+    from slick.serve.http_protocol import GenerateItem
     from slick.types import SamplingParams
 
     item = GenerateItem("r1", [1, 9], SamplingParams(max_new_tokens=4))
@@ -122,7 +122,7 @@ def test_sampling_params_are_honoured_or_refused_by_name():
 
 
 def test_text_sizes_are_checked_before_tokenizing():
-    from slick.engine.http_protocol import text_prompts
+    from slick.serve.http_protocol import text_prompts
 
     calls = []
 

@@ -9,8 +9,8 @@ import time
 import pytest
 from safetensors.torch import load_file, save_file
 
-from slick.engine.http_protocol import DEFAULT_ONLY_SAMPLING
-from slick.engine.router import launch_workers
+from slick.serve.http_protocol import DEFAULT_ONLY_SAMPLING
+from slick.engines.router import launch_workers
 from tests.test_server import PROMPT, _metrics, call, gen_body
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,7 +10,7 @@ import pytest
 
 from slick.config.parse import parse_config
 from slick.factory.engines import make_engines
-from slick.engine.router import launch_workers
+from slick.engines.router import launch_workers
 from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)

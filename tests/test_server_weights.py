@@ -2,7 +2,7 @@
 version unchanged), and a good one still loads afterwards."""
 import pytest
 
-from slick.engine.router import launch_workers
+from slick.engines.router import launch_workers
 from tests.bad_weights import BAD_DIRS
 from tests.test_server import call, gen_body
 

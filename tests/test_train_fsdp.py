@@ -148,6 +148,7 @@ def cfg_for(model_dir):
 
 def one_step(tr, cfg, samples):
     """compute_logprobs (actor, ref), one PPO-clip train_step with KL and entropy, then the new weights."""
+    from slick.algo import AlgoParams
     from slick.algo.objective import compute_policy_objective
 
     g = torch.Generator().manual_seed(3)
@@ -156,7 +157,8 @@ def one_step(tr, cfg, samples):
     ref = tr.compute_logprobs(samples, which="ref")
     old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in lps]
     ref_used = [r - 0.2 * torch.rand(r.shape, generator=g) for r in ref]   # the ref model equals the actor here
-    m = tr.train_step(samples, adv, functools.partial(compute_policy_objective, cfg), old_logprobs=old,
+    loss_fn = functools.partial(compute_policy_objective, AlgoParams.from_config(cfg))
+    m = tr.train_step(samples, adv, loss_fn, old_logprobs=old,
                       ref_logprobs=ref_used)
     weights = {n: w.clone() for n, w in tr.named_weights()}
     return {"lps": lps, "ref": ref, "metrics": m, "weights": weights, "after": tr.compute_logprobs(samples),

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from slick.algo import AlgoParams
 from slick.algo.objective import compute_policy_objective
 from slick.loop.step import NonFiniteTrainingError, train_on_samples
 from slick.train.trainer import Trainer
@@ -73,7 +74,7 @@ def test_one_nonfinite_optimizer_step_of_two_is_skipped_and_counted(tiny_model_d
     cfg = _loop_cfg(tiny_model_dir)
     assert cfg.global_batch_size == 4
     tr = Trainer(cfg)
-    loss_fn = lambda *a, **k: compute_policy_objective(cfg, *a, **k)  # noqa: E731
+    loss_fn = lambda *a, **k: compute_policy_objective(AlgoParams.from_config(cfg), *a, **k)  # noqa: E731
     rewards = [1.0, 0.0, 1.0, 0.0, 1.0, float("nan"), 0.0, 0.0]  # group 2 (second optimizer step) is NaN
     with caplog.at_level("WARNING", logger="slick.loop.step"):
         metrics, tensors = train_on_samples(cfg, tr, make_samples(8), rewards, loss_fn, step=4)
@@ -89,7 +90,7 @@ def test_whole_step_nonfinite_raises_naming_the_step(tiny_model_dir):
     cfg = _loop_cfg(tiny_model_dir)
     tr = Trainer(cfg)
     before = _weights(tr)
-    loss_fn = lambda *a, **k: compute_policy_objective(cfg, *a, **k)  # noqa: E731
+    loss_fn = lambda *a, **k: compute_policy_objective(AlgoParams.from_config(cfg), *a, **k)  # noqa: E731
     rewards = [1.0, 0.0, float("inf"), 0.0, float("nan"), 0.0, 1.0, 0.0]
     with pytest.raises(NonFiniteTrainingError, match=r"step 7: training is non-finite: all 2 optimizer step\(s\) "
                                                      r"skipped \(non-finite loss in 2 micro-batch\(es\)") as e:

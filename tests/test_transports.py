@@ -11,10 +11,10 @@ import pytest
 import torch
 from aiohttp import web
 
-from slick.engine.client import HttpEngine
+from slick.engines.client import HttpEngine
 from slick.engine.local import LocalEngine
-from slick.engine.router import free_port, launch_workers
-from slick.engine.server import SlickServer
+from slick.engines.router import free_port, launch_workers
+from slick.serve.server import SlickServer
 from slick.train.trainer import Trainer
 from slick.train.transport import TransportError, make_transport
 from slick.train.transport.buckets import iter_buckets, with_last

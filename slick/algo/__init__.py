@@ -10,6 +10,7 @@ from .grpo import grpo, gspo
 from .inputs import AdvantageInputs, AdvantageOutputs, LossInputs, check_plugin_signature
 from .kl import KL_KINDS, kl
 from .objective import compute_policy_objective
+from .params import AlgoParams
 from .policy_loss import policy_loss, tis_weights
 from .ppo import ppo
 from .reduce import reduce
@@ -21,6 +22,7 @@ from .value import explained_variance, value_loss
 
 __all__ = [
     "AdvantageInputs",
+    "AlgoParams",
     "AdvantageOutputs",
     "LossInputs",
     "check_plugin_signature",

@@ -8,7 +8,7 @@ For a group of rewards ``r_1..r_n`` (one prompt, ``n = group_size`` samples)::
 A group of one has no spread: its advantage is 0 (not NaN). A group whose
 rewards are all equal gets 0 for every sample.
 
-Flags (read from ``cfg`` with defaults, so any attribute bag works):
+Flags (``inputs.cfg``, an :class:`AlgoParams`):
 
 * ``disable_grpo_std_normalization`` - no division by the std (Dr.GRPO).
 * ``disable_rewards_normalization`` - the raw reward is the advantage.
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .inputs import AdvantageInputs, AdvantageOutputs
-from .utils import broadcast_to_tokens, check_groups, opt
+from .utils import broadcast_to_tokens, check_groups
 
 STD_EPS = 1e-6
 
@@ -43,14 +43,15 @@ def group_normalized_rewards(rewards: Tensor, group_size: int, *, divide_by_std:
 
 def grpo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """GRPO advantages [B, T] and returns [B, T] (returns == advantages)."""
-    cfg, mask = inputs.cfg, inputs.mask
+    mask = inputs.mask
     grouped = check_groups(inputs.rewards, mask, inputs.group_size)
+    params = inputs.params("grpo")
     flat = grouped.reshape(-1)
-    if opt(cfg, "disable_rewards_normalization", False):
+    if params.disable_rewards_normalization:
         per_sample = flat
     else:
         per_sample = group_normalized_rewards(
-            flat, inputs.group_size, divide_by_std=not opt(cfg, "disable_grpo_std_normalization", False)
+            flat, inputs.group_size, divide_by_std=not params.disable_grpo_std_normalization
         )
     adv = broadcast_to_tokens(per_sample, mask.float())
     return AdvantageOutputs(adv, adv.clone())

@@ -6,10 +6,11 @@ Every advantage estimator (the built-in ones and ``--custom-advantage-function-p
 
 Every policy loss (``compute_policy_objective`` and ``--custom-loss-function-path``)::
 
-    loss_fn(cfg, inputs: LossInputs) -> (loss scalar Tensor, metrics dict[str, float])
+    loss_fn(cfg: AlgoParams, inputs: LossInputs) -> (loss scalar Tensor, metrics dict[str, float])
 
-The trainer binds ``cfg`` (``functools.partial``) and calls ``loss_fn(inputs)`` once per packed
-micro-batch. New inputs become new fields with a default, so plug-ins written today keep working.
+``cfg`` is the typed algorithm settings (:class:`slick.algo.params.AlgoParams`). The trainer binds
+``cfg`` (``functools.partial``) and calls ``loss_fn(inputs)`` once per packed micro-batch. New inputs
+become new fields with a default, so plug-ins written today keep working.
 
 :func:`check_plugin_signature` refuses, at start-up, a custom function written for the old
 positional signatures (``fn(rewards, mask, *, group_size, ...)`` and
@@ -19,13 +20,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
+from .params import AlgoParams
+
 ESTIMATOR_SIGNATURE = "fn(inputs: slick.algo.AdvantageInputs) -> slick.algo.AdvantageOutputs"
-LOSS_SIGNATURE = "fn(cfg, inputs: slick.algo.LossInputs) -> (loss Tensor, metrics dict)"
+LOSS_SIGNATURE = "fn(cfg, inputs: slick.algo.LossInputs) -> (loss Tensor, metrics dict)"   # cfg: AlgoParams
 # parameter names of the positional signatures used before the dataclasses
 _OLD_NAMES = {"rewards", "mask", "group_size", "logprobs", "entropy", "advantages"}
 
@@ -41,14 +44,15 @@ class AdvantageInputs:
 
     ``rewards`` [B] scalar reward per sample; ``mask`` [B, T] float, 1.0 on the response tokens that
     count (0 on padding and on tool/environment tokens); ``group_size`` samples per prompt; ``cfg``
-    any attribute bag (flags are read with defaults); ``old_logprobs``/``ref_logprobs``/``values``
+    the typed algorithm settings (:class:`AlgoParams`, ``AlgoParams.from_config(config)``; None only for
+    estimators that read no flag, e.g. ``rloo``); ``old_logprobs``/``ref_logprobs``/``values``
     optional [B, T] (``values``: the critic's per-token values, needed by ``ppo``).
     """
 
     rewards: Tensor
     mask: Tensor
     group_size: int
-    cfg: Any = None
+    cfg: Optional[AlgoParams] = None
     old_logprobs: Optional[Tensor] = None
     ref_logprobs: Optional[Tensor] = None
     values: Optional[Tensor] = None
@@ -57,9 +61,19 @@ class AdvantageInputs:
         if not isinstance(self.mask, Tensor) or self.mask.dim() != 2:
             raise ValueError(f"AdvantageInputs.mask must be a [B, T] tensor, got "
                              f"{tuple(self.mask.shape) if isinstance(self.mask, Tensor) else type(self.mask).__name__}")
+        if self.cfg is not None and not isinstance(self.cfg, AlgoParams):
+            raise TypeError(f"AdvantageInputs.cfg must be a slick.algo.AlgoParams (AlgoParams.from_config(cfg)) "
+                            f"or None, got {type(self.cfg).__name__}")
         self.rewards = torch.as_tensor(self.rewards, dtype=torch.float32, device=self.mask.device)
         for name in ("old_logprobs", "ref_logprobs", "values"):
             _check_like(name, getattr(self, name), self.mask.shape, "AdvantageInputs")
+
+    def params(self, who: str) -> AlgoParams:
+        """``cfg``, or a ValueError naming the estimator ``who`` that needs it."""
+        if self.cfg is None:
+            raise ValueError(f"advantage estimator {who!r} reads algorithm flags: pass "
+                             f"AdvantageInputs(..., cfg=slick.algo.AlgoParams.from_config(config))")
+        return self.cfg
 
 
 @dataclass

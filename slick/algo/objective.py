@@ -7,7 +7,9 @@
          + cfg.kl_loss_coef * reduce(kl(logprobs, ref_logprobs, cfg.kl_loss_type))
                                                                # only with cfg.use_kl_loss and ref given
 
-``reduce`` is sample mode, or token mode when ``cfg.calculate_per_token_loss``;
+``cfg`` is the typed algorithm settings (:class:`slick.algo.params.AlgoParams`, built once with
+``AlgoParams.from_config(config)``). ``reduce`` is sample mode, or token mode when
+``cfg.calculate_per_token_loss``;
 ``inputs.num_samples``/``inputs.num_tokens`` are the global normalisers for micro-batching.
 Every metric is reduced the same way, so with global normalisers the metrics
 of the micro-batches also sum to the global value.
@@ -18,19 +20,17 @@ and returns ``(loss scalar Tensor, metrics dict[str, float])``.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from .inputs import LossInputs
 from .kl import kl
+from .params import AlgoParams
 from .policy_loss import policy_terms, tis_terms
 from .reduce import reduce
-from .utils import opt
 
 
-def compute_policy_objective(cfg: Any, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
     """Scalar training loss and metrics ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl_loss",
     "entropy_loss", and "tis_mean"/"tis_clipfrac" when ``cfg.use_tis``).
 
@@ -41,13 +41,16 @@ def compute_policy_objective(cfg: Any, inputs: LossInputs) -> tuple[Tensor, dict
     if not isinstance(inputs, LossInputs):
         raise TypeError(f"compute_policy_objective(cfg, inputs): inputs must be a slick.algo.LossInputs, "
                         f"got {type(inputs).__name__}; see docs/algorithms.md")
+    if not isinstance(cfg, AlgoParams):
+        raise TypeError(f"compute_policy_objective(cfg, inputs): cfg must be a slick.algo.AlgoParams "
+                        f"(AlgoParams.from_config(config)), got {type(cfg).__name__}; see docs/algorithms.md")
     entropy, advantages = inputs.entropy, inputs.advantages
     old_logprobs, ref_logprobs, rollout_logprobs = inputs.old_logprobs, inputs.ref_logprobs, inputs.rollout_logprobs
     num_samples, num_tokens = inputs.num_samples, inputs.num_tokens
     logprobs, mask = inputs.logprobs, inputs.mask
     logprobs = logprobs.float()  # all loss arithmetic in fp32; gradients flow back to bf16 inputs
     mask = mask.to(logprobs.dtype)
-    per_token = bool(opt(cfg, "calculate_per_token_loss", False))
+    per_token = bool(cfg.calculate_per_token_loss)
 
     def red(x: Tensor) -> Tensor:
         return reduce(x, mask, per_token, num_samples=num_samples, num_tokens=num_tokens)
@@ -58,19 +61,19 @@ def compute_policy_objective(cfg: Any, inputs: LossInputs) -> tuple[Tensor, dict
         old,
         advantages,
         mask,
-        float(opt(cfg, "eps_clip", 0.2)),
-        opt(cfg, "eps_clip_high", None),
-        opt(cfg, "eps_clip_c", None),
-        sequence_level=opt(cfg, "advantage_estimator", "grpo") == "gspo",
+        float(cfg.eps_clip),
+        cfg.eps_clip_high,
+        cfg.eps_clip_c,
+        sequence_level=cfg.advantage_estimator == "gspo",
     )
     metrics: dict[str, float] = {}
-    if opt(cfg, "use_tis", False):
+    if cfg.use_tis:
         if rollout_logprobs is None:
             raise ValueError("use_tis needs rollout_logprobs [B, T] (the engine's logprobs); got None")
         if rollout_logprobs.shape != mask.shape:
             raise ValueError(f"rollout_logprobs {tuple(rollout_logprobs.shape)} must match mask {tuple(mask.shape)}")
         w, raw, changed = tis_terms(
-            old, rollout_logprobs, float(opt(cfg, "tis_clip_low", 0.0)), float(opt(cfg, "tis_clip", 2.0))
+            old, rollout_logprobs, float(cfg.tis_clip_low), float(cfg.tis_clip)
         )
         pg = pg * w.to(pg.dtype)
         metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
@@ -79,7 +82,7 @@ def compute_policy_objective(cfg: Any, inputs: LossInputs) -> tuple[Tensor, dict
     pg_loss = red(pg)
     loss = pg_loss
 
-    entropy_coef = float(opt(cfg, "entropy_coef", 0.0))
+    entropy_coef = float(cfg.entropy_coef)
     if entropy is not None:
         entropy_loss = red(entropy.to(logprobs.dtype))
         if entropy_coef != 0.0:
@@ -90,9 +93,9 @@ def compute_policy_objective(cfg: Any, inputs: LossInputs) -> tuple[Tensor, dict
         entropy_loss = torch.zeros((), dtype=logprobs.dtype)
 
     kl_loss = torch.zeros((), dtype=logprobs.dtype)
-    if opt(cfg, "use_kl_loss", False) and ref_logprobs is not None:
-        kl_loss = red(kl(logprobs, ref_logprobs, opt(cfg, "kl_loss_type", "low_var_kl")).to(logprobs.dtype))
-        loss = loss + float(opt(cfg, "kl_loss_coef", 0.0)) * kl_loss
+    if cfg.use_kl_loss and ref_logprobs is not None:
+        kl_loss = red(kl(logprobs, ref_logprobs, cfg.kl_loss_type).to(logprobs.dtype))
+        loss = loss + float(cfg.kl_loss_coef) * kl_loss
 
     metrics.update(
         loss=float(loss.detach()),

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 from .inputs import AdvantageInputs, AdvantageOutputs
 from .returns import gae, kl_token_rewards
-from .utils import check_groups, opt
+from .utils import check_groups
 
 
 def ppo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """PPO/GAE advantages [B, T] and returns [B, T] (= advantages + values)."""
-    cfg, values = inputs.cfg, inputs.values
+    values = inputs.values
     grouped = check_groups(inputs.rewards, inputs.mask, inputs.group_size)
     if values is None:
         raise ValueError("advantage estimator 'ppo' needs values [B, T] from a critic; got values=None")
+    params = inputs.params("ppo")
     mask = inputs.mask.float()
     token_r = kl_token_rewards(
-        grouped.reshape(-1), mask, float(opt(cfg, "kl_coef", 0.0)), inputs.old_logprobs, inputs.ref_logprobs
+        grouped.reshape(-1), mask, float(params.kl_coef), inputs.old_logprobs, inputs.ref_logprobs
     )
-    adv = gae(token_r, values, mask, float(opt(cfg, "gamma", 1.0)), float(opt(cfg, "lambd", 1.0)))
+    adv = gae(token_r, values, mask, float(params.gamma), float(params.lambd))
     returns = (adv + values.detach().float()) * mask
     return AdvantageOutputs(adv, returns)

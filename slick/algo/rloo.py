@@ -5,7 +5,7 @@ Each sample's baseline is the mean reward of the *other* samples of its group::
     A_i = r_i - (sum_j r_j - r_i) / (n - 1)        (= n/(n-1) * (r_i - mean(r)))
 
 A group of one has no other sample: its advantage is 0. The value is written
-on every masked token; returns equal the advantages. ``cfg`` is not read.
+on every masked token; returns equal the advantages. ``inputs.cfg`` is not read (None is fine).
 """
 from __future__ import annotations
 

@@ -6,20 +6,12 @@ Only torch and the standard library are used.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 WHITEN_EPS = 1e-8
-
-
-def opt(cfg: Any, name: str, default: Any) -> Any:
-    """Read ``cfg.name`` with a default; ``cfg`` may be None or any attribute bag."""
-    if cfg is None:
-        return default
-    value = getattr(cfg, name, default)
-    return default if value is None else value
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:

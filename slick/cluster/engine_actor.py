@@ -16,8 +16,8 @@ from typing import Optional
 
 from slick.cluster.actors import set_actor_threads, wait_all
 from slick.engine.local import LocalEngine
-from slick.engine.server import SlickServer
-from slick.engine.sglang_args import engine_options
+from slick.serve.server import SlickServer
+from slick.serve.sglang_args import engine_options
 
 log = logging.getLogger("slick.cluster")
 
@@ -153,7 +153,7 @@ class EngineActors:
 
 
 class ActorWorker:
-    """A restarted engine actor, seen as a worker process by slick/engine/fault.py: its death shows in the
+    """A restarted engine actor, seen as a worker process by slick/engines/fault.py: its death shows in the
     health checks (its URL stops answering), so ``alive`` is always true here."""
 
     def __init__(self, actor, url: str, pid: int):

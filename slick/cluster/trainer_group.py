@@ -18,7 +18,7 @@ from typing import Iterator, Optional, Sequence
 
 from slick.cluster.actors import RankError, set_actor_threads, wait_all  # noqa: F401 - RankError: raised to callers
 from slick.cluster.engine_actor import EngineHost
-from slick.engine.client import HttpEngine
+from slick.engines.client import HttpEngine
 from slick.proc import rss_bytes
 from slick.train.critic import Critic, needs_critic
 from slick.train.dist import destroy, init_process_group

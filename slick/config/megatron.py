@@ -1,8 +1,8 @@
 """Megatron-LM flags a slime user brings (the ``megatron`` group): map, refuse, or check them.
 
-Recompute flags turn on gradient checkpointing; parallel sizes other than 1 are refused; model-shape
-flags are compared with the checkpoint's ``config.json`` (``shape_problems``), each mismatch showing both
-values. Standard library only.
+Recompute flags turn on gradient checkpointing (in the plan: ``slick.config.plan``); parallel sizes other
+than 1 are refused; model-shape flags are compared with the checkpoint's ``config.json``
+(``shape_problems``), each mismatch showing both values. Standard library only.
 """
 from __future__ import annotations
 
@@ -20,8 +20,14 @@ PLANNED = "slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "olmo2", "gemma3", "gemma3_text")
 
 
+def recompute_requested(cfg) -> bool:
+    """Whether Megatron's full recompute is asked for (--recompute-activations or --recompute-granularity):
+    the plan then turns on --gradient-checkpointing (``slick.config.plan``)."""
+    return bool(cfg.recompute_activations or cfg.recompute_granularity is not None)
+
+
 def megatron_problems(cfg, problems: list[str]) -> None:
-    """Refuse parallel sizes above 1 and recompute layouts slick does not offer; map the rest."""
+    """Refuse parallel sizes above 1 and recompute layouts slick does not offer (reads ``cfg`` only)."""
     for name in PARALLEL_SIZES:
         size = getattr(cfg, name)
         if size != 1:
@@ -29,7 +35,7 @@ def megatron_problems(cfg, problems: list[str]) -> None:
     if cfg.sequence_parallel and cfg.tensor_model_parallel_size == 1:
         log.warning("--sequence-parallel has no effect with tensor-parallel size 1 (Megatron disables it too); "
                     "to save memory use --recompute-activations, --micro-batch-size or --max-tokens-per-micro-batch")
-    full = cfg.recompute_activations or cfg.recompute_granularity is not None
+    full = recompute_requested(cfg)
     if cfg.recompute_method == "block":
         problems.append("--recompute-method block: not offered (slick recomputes every layer on its own: "
                         "--recompute-method uniform --recompute-num-layers 1)")
@@ -39,8 +45,6 @@ def megatron_problems(cfg, problems: list[str]) -> None:
     if (cfg.recompute_method or cfg.recompute_num_layers is not None) and not full:
         problems.append("--recompute-method / --recompute-num-layers need --recompute-granularity full "
                         "(or --recompute-activations)")
-    if full:
-        cfg.gradient_checkpointing = True
 
 
 def _get(hf: dict, key: str) -> Any:

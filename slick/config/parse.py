@@ -13,7 +13,7 @@ from slick.config.fields import field_choices, field_help, flag_name, registry_n
 from slick.config.groups import GROUPS
 from slick.config.slime import add_slime_arguments, resolve_slime_flags
 from slick.config.validate import validate_config
-from slick.engine.sglang_args import split_sglang_args
+from slick.serve.sglang_args import split_sglang_args
 
 
 def _base_type(tp):
@@ -136,5 +136,5 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
         values["sglang"] = {**values.get("sglang", {}), **sglang}
     cfg = Config.from_flat(values)
     if validate:
-        validate_config(cfg, driver=driver)
+        cfg = validate_config(cfg, driver=driver)   # a new Config with the plan's derived values
     return cfg

@@ -15,6 +15,7 @@ from slick.config.config import Config, ConfigError
 from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
 from slick.config.megatron import megatron_problems, shape_problems
+from slick.config.plan import Plan, derive_plan, engines_share_trainer_process, num_engine_actors
 from slick.models.check import model_dir_problems, read_model_config
 from slick.plugins import load_function
 from slick.reward.registry import REMOTE, get_score_fn, known_types
@@ -27,30 +28,6 @@ ROLLOUT_URLS_HINT = "launch SGLang servers yourself and pass --rollout-engine ht
 def _data_path(spec: str) -> str:
     """Strip a `@[start:end]` slice from a dataset spec."""
     return spec.split("@[", 1)[0]
-
-
-def derive_batch_sizes(cfg: Config, problems: list[str]) -> None:
-    samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
-    gbs, steps = cfg.global_batch_size, cfg.num_steps_per_rollout
-    if gbs is None and steps is None:
-        cfg.num_steps_per_rollout, cfg.global_batch_size = 1, samples
-    elif gbs is None:
-        if steps <= 0 or samples % steps:
-            problems.append(f"--num-steps-per-rollout {steps} does not divide rollout_batch_size x "
-                            f"n_samples_per_prompt = {samples}")
-        else:
-            cfg.global_batch_size = samples // steps
-    elif steps is None:
-        if gbs <= 0 or samples % gbs:
-            problems.append(f"--global-batch-size {gbs} does not divide rollout_batch_size x "
-                            f"n_samples_per_prompt = {samples}")
-        else:
-            cfg.num_steps_per_rollout = samples // gbs
-    elif gbs * steps != samples:
-        problems.append(
-            f"batch sizes disagree: rollout_batch_size x n_samples_per_prompt = {cfg.rollout_batch_size} x "
-            f"{cfg.n_samples_per_prompt} = {samples}, but global_batch_size x num_steps_per_rollout = "
-            f"{gbs} x {steps} = {gbs * steps}")
 
 
 def choice_problems(cfg: Config, problems: list[str]) -> None:
@@ -78,14 +55,6 @@ def rm_type_problems(cfg: Config, problems: list[str]) -> None:
     except ValueError:
         problems.append(f"unknown --rm-type '{rm}' (choose from {', '.join(known_types())}, "
                         f"or boxed_<type> for a rule type)")
-
-
-def num_engine_actors(cfg: Config) -> int:
-    """Slick-managed engine actors: --rollout-num-gpus / --rollout-num-gpus-per-engine; with --colocate on Ray,
-    one per trainer rank when --rollout-num-gpus is 0. 0: the engine --rollout-engine picks."""
-    if cfg.colocate and uses_ray(cfg):
-        return cfg.rollout_num_gpus or trainer_ranks(cfg)
-    return max(cfg.rollout_num_gpus, 0) // max(cfg.rollout_num_gpus_per_engine, 1)
 
 
 def _ray_address_problem(addr: str) -> Optional[str]:
@@ -168,13 +137,9 @@ def fault_problems(cfg: Config, p: list[str]) -> None:
 
 
 def _transport_problems(cfg: Config, p: list[str]) -> None:
-    """--weight-transport: auto becomes what the layout uses; impossible choices are refused."""
+    """--weight-transport: impossible choices are refused (the plan resolves auto to what the layout uses)."""
     engines = num_engine_actors(cfg)
-    in_driver = cfg.rollout_engine == "local" and not engines       # the in-process engine, in the driver
-    shares = in_driver or (cfg.colocate and engines > 0)             # or one engine inside each rank's actor
-    if cfg.weight_transport == "auto":
-        cfg.weight_transport = "colocated" if shares else "disk"
-    elif cfg.weight_transport == "colocated" and not shares:
+    if cfg.weight_transport == "colocated" and not engines_share_trainer_process(cfg):
         where = (f"the {engines} engine actor(s) of --rollout-num-gpus without --colocate" if engines
                  else f"--rollout-engine {cfg.rollout_engine} engines")
         p.append(f"--weight-transport colocated needs engines that share the trainer's process (the in-process "
@@ -378,15 +343,17 @@ def prometheus_problems(cfg: Config, p: list[str]) -> None:
 
 
 def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync") -> Config:
-    """Fill derived values and raise ConfigError listing every problem. ``driver`` is "sync"
-    (slick train) or "async" (slick train-async)."""
+    """The config to run: ``cfg`` with the derived values of its plan, a new ``Config`` (``cfg`` itself is not
+    changed); raises ConfigError listing every problem. ``driver`` is "sync" (slick train) or "async"
+    (slick train-async). :func:`validate` also returns the :class:`Plan`."""
+    return validate(cfg, check_files, driver)[0]
+
+
+def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tuple[Config, Plan]:
+    """``(plan.apply(cfg), plan)`` once every check passes on the resolved config; ``cfg`` is only read."""
     p: list[str] = []
-    if cfg.rollout_batch_size <= 0:
-        p.append("--rollout-batch-size must be positive")
-    if cfg.n_samples_per_prompt <= 0:
-        p.append("--n-samples-per-prompt must be positive")
-    if not p:
-        derive_batch_sizes(cfg, p)
+    plan = derive_plan(cfg, driver, p)
+    cfg = plan.apply(cfg)
     if cfg.kl_coef and cfg.kl_loss_coef:
         p.append("--kl-coef and --kl-loss-coef are both non-zero: use KL in the reward or as a loss, not both")
     if cfg.eps_clip_c is not None and cfg.eps_clip_c <= 1:
@@ -419,11 +386,7 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
         p.append("--recompute-mlp recomputes inside slick's fused decoder layers, which --disable-fused-layers "
                  "turns off (use --gradient-checkpointing for the HF layers)")
     if cfg.update_weights_interval < 1:
-        p.append("--update-weights-interval must be >= 1")
-    elif driver == "sync" and cfg.num_steps_per_rollout and cfg.update_weights_interval > 1:
-        # engines lag the trainer by up to (interval - 1) rollouts of optimizer steps: allow that staleness
-        lag = (cfg.update_weights_interval - 1) * cfg.num_steps_per_rollout
-        cfg.max_staleness = max(cfg.max_staleness, lag)
+        p.append("--update-weights-interval must be >= 1")   # (the plan raises --max-staleness for N > 1)
     if check_files:
         specs = [("--prompt-data", cfg.prompt_data)] if cfg.prompt_data else []
         specs += [("--eval-prompt-data", s) for s in cfg.eval_prompt_data[1::2]]
@@ -435,4 +398,4 @@ def validate_config(cfg: Config, check_files: bool = True, driver: str = "sync")
         checkpoint_problems(cfg, p)
     if p:
         raise ConfigError(p)
-    return cfg
+    return cfg, plan

@@ -17,6 +17,7 @@ from typing import Mapping, Optional
 
 from slick.algo.estimators import get_estimator
 from slick.algo.inputs import AdvantageInputs
+from slick.algo.params import AlgoParams
 from slick.config import ConfigError
 from slick.data.dataset import DataError
 from slick.models.check import read_model_config
@@ -97,7 +98,7 @@ def always_zero_advantages(cfg) -> bool:
     mask = torch.ones(b, t)
     g = torch.Generator().manual_seed(0)
     inputs = AdvantageInputs(rewards=torch.arange(b, dtype=torch.float32) * 0.7 + 0.3, mask=mask, group_size=n,
-                             cfg=cfg, old_logprobs=-torch.rand(b, t, generator=g),
+                             cfg=AlgoParams.from_config(cfg), old_logprobs=-torch.rand(b, t, generator=g),
                              ref_logprobs=-torch.rand(b, t, generator=g), values=torch.zeros(b, t))
     try:
         out = get_estimator(cfg.advantage_estimator)(inputs)

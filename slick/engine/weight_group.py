@@ -28,7 +28,7 @@ lives on beside it). The three calls, with SGLang's request fields:
   staged: the weights and version stay as they were, and the sender's next update forms a new group.
 * ``destroy_weights_update_group``: ``group_name``; drops the group and anything staged for it.
 
-:class:`WeightGroups` holds the groups of one engine; :class:`slick.engine.server.SlickServer` serves it over
+:class:`WeightGroups` holds the groups of one engine; ``slick.serve.weight_group_routes`` serves it over
 HTTP (``slick serve``) and ``slick.train.transport.broadcast`` drives it directly for in-process engines
 (the receiver then runs in a thread of the trainer's process).
 """
@@ -349,55 +349,3 @@ def _metas(names, dtypes, shapes) -> list:
         out.append((n, parse_dtype(d), tuple(s)))
     return out
 
-
-# ----------------------------------------------------------------------------------- HTTP routes
-class WeightGroupRoutes:
-    """aiohttp handlers for the three endpoints, for a :class:`slick.engine.server.SlickServer`."""
-
-    def __init__(self, server):
-        self.server = server
-        self.groups = WeightGroups(server.engine)
-
-    def register(self, router) -> None:
-        for path, h in zip(PATHS, (self.init, self.update, self.destroy)):
-            router.add_post(path, h)
-
-    async def _body(self, request) -> dict:
-        body = await self.server._json(request)
-        if not isinstance(body, dict):
-            raise WeightGroupError("body must be a JSON object")
-        return body
-
-    async def init(self, request):
-        """POST /init_weights_update_group: join the sender's group (answers once every member joined)."""
-        from aiohttp import web
-
-        try:
-            name = await asyncio.shield(self.groups.init(await self._body(request)))
-        except WeightGroupError as e:
-            return web.json_response({"success": False, "message": str(e)}, status=400)
-        return web.json_response({"success": True, "message": f"joined weight update group {name!r}"})
-
-    async def update(self, request):
-        """POST /update_weights_from_distributed: receive a bucket; the last one is applied all or nothing."""
-        from aiohttp import web
-
-        body = await self._body(request)
-        try:   # shielded: a client that goes away cannot cut a copy short; the weights lock only for the copy
-            out = await asyncio.shield(self.groups.update_from_distributed(body, self.server._weights_lock))
-        except (WeightGroupError, ValueError, KeyError, RuntimeError) as e:   # the group is dropped
-            return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
-        if "weight_version" in out:
-            paused = len(self.server.engine.progress()) if self.server.paused else 0
-            out["num_paused_requests"] = paused
-        return web.json_response(out)
-
-    async def destroy(self, request):
-        """POST /destroy_weights_update_group ``{"group_name"?}``."""
-        from aiohttp import web
-
-        body = await self.server._json(request, default={"group_name": DEFAULT_GROUP})
-        name = (body.get("group_name") if isinstance(body, dict) else None) or DEFAULT_GROUP
-        found = self.groups.destroy(name)
-        return web.json_response({"success": True, "message": f"group {name!r} "
-                                  + ("destroyed" if found else "was not open")})

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Optional
 
 import aiohttp
 
-from slick.engine.fault import PartialGeneration
-from slick.engine.http_protocol import generation_from_json, parse_weight_version
+from slick.engines.fault import PartialGeneration
+from slick.serve.http_protocol import generation_from_json, parse_weight_version
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.engine")
@@ -64,7 +64,7 @@ class HttpEngine:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._version = 0
         self.num_retries = 0                  # requests moved to another worker after a failure
-        # --use-fault-tolerance (slick/engine/fault.py): generation streams, so a request whose worker fails goes
+        # --use-fault-tolerance (slick/engines/fault.py): generation streams, so a request whose worker fails goes
         # on on another one from the tokens already received; set by the factory
         self.fault_tolerant = False
         self.routed = self.urls != self.control_urls    # generation goes through a router

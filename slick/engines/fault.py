@@ -85,7 +85,7 @@ class PartialGeneration:
 
 
 class Recovery:
-    """Replace failed workers of an :class:`~slick.engine.client.HttpEngine` (module doc).
+    """Replace failed workers of an :class:`~slick.engines.client.HttpEngine` (module doc).
 
     ``workers``: URL -> the worker's process handle (``alive``, ``kill``, ``stop``, ``pid``); ``relaunch(url)``
     (blocking, bounded by its own start-up timeout) starts the replacement of ``url`` (a new `slick serve`

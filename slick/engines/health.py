@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
-from slick.engine.fault import exit_description
+from slick.engines.fault import exit_description
 
 log = logging.getLogger("slick.engine")
 

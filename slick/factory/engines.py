@@ -7,12 +7,12 @@ import logging
 import os
 
 from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
-from slick.engine.client import HttpEngine
-from slick.engine.fault import EngineDied, Recovery
-from slick.engine.health import HealthMonitor
+from slick.engines.client import HttpEngine
+from slick.engines.fault import EngineDied, Recovery
+from slick.engines.health import HealthMonitor
 from slick.engine.local import LocalEngine
-from slick.engine.router import RouterProcess, WorkerProcess, launch_router, launch_workers
-from slick.engine.sglang_args import engine_options, to_argv, unknown_warning
+from slick.engines.router import RouterProcess, WorkerProcess, launch_router, launch_workers
+from slick.serve.sglang_args import engine_options, to_argv, unknown_warning
 
 log = logging.getLogger("slick.engine")
 
@@ -29,10 +29,10 @@ class EngineSet:
         self.weights_lock = None               # held by weight syncs and by a replacement's bring-up
 
     def watch(self, cfg, bring_up=None, pending=None) -> None:
-        """Start watching the engines (slick/engine/health.py) on the running event loop. Launched processes
+        """Start watching the engines (slick/engines/health.py) on the running event loop. Launched processes
         are always watched; a failure ends the run (``self.failure``, the calling task is cancelled) unless
         ``cfg.use_fault_tolerance``, which health-checks every worker and replaces failed ones
-        (slick/engine/fault.py): ``bring_up(url)`` must load the engines' current weights into ``url`` and
+        (slick/engines/fault.py): ``bring_up(url)`` must load the engines' current weights into ``url`` and
         return their version. ``pending()`` names the sample indices in flight, for the error message."""
         if self.monitor is not None:
             return
@@ -119,7 +119,7 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
     --hf-checkpoint; --router sglang puts the real sglang-router in front (weights synced via disk).
 
     ``cfg.sglang`` (the ``--sglang-*`` options) reaches the engines slick starts: the LocalEngine gets the keys
-    of ``slick.engine.sglang_args.KNOWN``, launched workers get every option as ``--sglang-KEY=VALUE``; keys
+    of ``slick.serve.sglang_args.KNOWN``, launched workers get every option as ``--sglang-KEY=VALUE``; keys
     with no meaning for slick's engine are named in a warning. Engines at --rollout-urls are already running.
 
     On Ray (``cluster`` with engines in its layout) the engines are `slick serve` servers in actors: their own

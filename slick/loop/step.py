@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from slick.algo import AdvantageInputs, AdvantageOutputs, check_plugin_signature, get_estimator, normalize_advantages
+from slick.algo import (AdvantageInputs, AdvantageOutputs, AlgoParams, check_plugin_signature, get_estimator,
+                        normalize_advantages)
 from slick.algo.objective import compute_policy_objective
 from slick.plugins import load_function
 from slick.rollout.agent import session_advantages, split_sessions
@@ -39,8 +40,9 @@ def load_custom(cfg, which: str):
 
 
 def make_loss_fn(cfg):
-    """``loss_fn(inputs: LossInputs) -> (loss, metrics)`` for the trainer: the policy objective or the custom loss."""
-    return functools.partial(load_custom(cfg, "loss") or compute_policy_objective, cfg)
+    """``loss_fn(inputs: LossInputs) -> (loss, metrics)`` for the trainer: the policy objective or the custom loss,
+    bound to the typed algorithm settings (``AlgoParams``)."""
+    return functools.partial(load_custom(cfg, "loss") or compute_policy_objective, AlgoParams.from_config(cfg))
 
 
 def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=None, values=None,
@@ -71,7 +73,8 @@ def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=No
     if values is None and cfg.advantage_estimator == "ppo":
         values = [torch.zeros(n) for n in lengths]  # no critic: zero values make GAE a lambda-return
     inputs = AdvantageInputs(
-        rewards=torch.tensor(rewards, dtype=torch.float32), mask=mask, group_size=cfg.n_samples_per_prompt, cfg=cfg,
+        rewards=torch.tensor(rewards, dtype=torch.float32), mask=mask, group_size=cfg.n_samples_per_prompt,
+        cfg=AlgoParams.from_config(cfg),
         old_logprobs=None if old_logprobs is None else pad(old_logprobs, width),
         ref_logprobs=None if ref_logprobs is None else pad(ref_logprobs, width),
         values=None if values is None else pad([v.detach().float().cpu() for v in values], width))

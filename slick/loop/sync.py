@@ -15,7 +15,7 @@ import time
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.data.dataset import DataError
-from slick.engine.fault import EngineDied
+from slick.engines.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
 from slick.proc import until_sigterm

@@ -54,9 +54,9 @@ import uuid
 from typing import Any, Optional
 
 from slick.chat.delta import ChatDelta, ChatTemplateRewriteError
-from slick.engine.http_guard import HostPolicy, guard_middleware
-from slick.engine.openai_api import OpenAIEndpoint
-from slick.engine.openai_protocol import Call, OpenAIError, render_chat, template_messages
+from slick.serve.http_guard import HostPolicy, guard_middleware
+from slick.serve.openai_api import OpenAIEndpoint
+from slick.serve.openai_protocol import Call, OpenAIError, render_chat, template_messages
 from slick.plugins import load_function
 from slick.reward.evidence import reply_evidence
 from slick.reward.hub import check_reward

@@ -28,7 +28,7 @@ import itertools
 import time
 from typing import Awaitable, Callable, Optional
 
-from slick.engine.fault import PartialGeneration
+from slick.engines.fault import PartialGeneration
 from slick.types import Generation, SamplingParams
 
 REQUEST_KIND: contextvars.ContextVar[str] = contextvars.ContextVar("slick_request_kind", default="eval")

@@ -84,7 +84,7 @@ class RolloutManager:
         self.pending: set[int] = set()       # indices of the samples being generated now
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
-        self.pending.add(sample.index)       # named when an engine dies (slick/engine/fault.py)
+        self.pending.add(sample.index)       # named when an engine dies (slick/engines/fault.py)
         try:
             if self.generate_fn is not None:
                 return await self.generate_fn(self.cfg, sample, sampling, self.engine)

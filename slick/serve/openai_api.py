@@ -28,7 +28,7 @@ ways slick cannot follow (``presence_penalty`` other than 0, ``logit_bias``, ``r
 ``tool_choice`` "required" or a named function, ...) and unknown fields answer 400 naming the field. Errors use
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. Any ``model`` name is accepted.
 
-Bodies are read by ``slick/engine/http_body.py`` (strict JSON, lone surrogates refused naming the field, large
+Bodies are read by ``slick/serve/http_body.py`` (strict JSON, lone surrogates refused naming the field, large
 bodies checked in a thread); sizes are checked before any per-message work (``check_sizes``: 413 for text of more
 than ``max_text_chars`` characters or an id prompt that cannot fit the context); answers never hold NaN/Infinity.
 """
@@ -43,10 +43,10 @@ from typing import Any, Optional
 from aiohttp import web
 
 from slick.chat.toolcall import get_parser
-from slick.engine.fanout import generate_all     # all checked before any starts; one fails: all stop
-from slick.engine.http_body import THREAD_BYTES, BodyError, json_response, read_json
-from slick.engine.http_protocol import text_char_limit
-from slick.engine.openai_protocol import (Call, Choice, OpenAIError, Params, check_sizes, finish_reason,
+from slick.serve.fanout import generate_all     # all checked before any starts; one fails: all stop
+from slick.serve.http_body import THREAD_BYTES, BodyError, json_response, read_json
+from slick.serve.http_protocol import text_char_limit
+from slick.serve.openai_protocol import (Call, Choice, OpenAIError, Params, check_sizes, finish_reason,
                                           parse_messages, parse_params, parse_prompts, parse_tools, render_chat,
                                           response_text, split_tool_calls, token_logprobs, usage)
 from slick.types import Generation, SamplingParams

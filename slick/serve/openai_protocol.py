@@ -1,4 +1,4 @@
-"""OpenAI request checking and answer building for ``slick/engine/openai_api.py`` (pure functions, no I/O).
+"""OpenAI request checking and answer building for ``slick/serve/openai_api.py`` (pure functions, no I/O).
 
 See ``openai_api``'s docstring for what is honoured, refused and added; ``Call`` / ``Choice`` are what an agent
 session records (``slick/rollout/agent.py``).

@@ -1,5 +1,5 @@
 """The ``slick serve`` command line: flags, start-up and shutdown of a :class:`SlickServer` (see
-``slick/engine/server.py`` for the endpoints and docs/serving.md for the flags)."""
+``slick/serve/server.py`` for the endpoints and docs/serving.md for the flags)."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +10,12 @@ from typing import Optional
 
 from aiohttp import web
 
-from slick.engine import server as _server
-from slick.engine.http_guard import parse_allowed_hosts
+from slick.serve import server as _server
+from slick.serve.http_guard import parse_allowed_hosts
 from slick.engine.local import LocalEngine
-from slick.engine.server import SlickServer
-from slick.engine.sglang_args import KNOWN, engine_options, flag, split_sglang_args, unknown_warning
-from slick.engine.weight_dirs import parse_dirs
+from slick.serve.server import SlickServer
+from slick.serve.sglang_args import KNOWN, engine_options, flag, split_sglang_args, unknown_warning
+from slick.serve.weight_dirs import parse_dirs
 from slick.models.check import model_dir_problems
 from slick.proc import watch_parent
 

@@ -7,10 +7,10 @@ Endpoints (SGLang names and shapes): POST /generate, GET /health, /health_genera
 /get_server_info, /get_weight_version, /metrics (Prometheus text); POST /flush_cache, /abort_request,
 /update_weights_from_disk, /pause_generation, /continue_generation, and the broadcast group calls
 /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group
-(``slick/engine/weight_group.py``). Every request first passes the guard of ``slick/engine/http_guard.py``
+(``slick/engine/weight_group.py``). Every request first passes the guard of ``slick/serve/http_guard.py``
 (Host, Origin, ``--api-key`` on every route but /health, /health_generate and /metrics, JSON-only control
-endpoints, ``--max-request-bytes``); bodies are read by ``slick/engine/http_body.py`` and answers never hold
-NaN/Infinity. ``/update_weights_from_disk`` loads only the directories of ``slick/engine/weight_dirs.py``.
+endpoints, ``--max-request-bytes``); bodies are read by ``slick/serve/http_body.py`` and answers never hold
+NaN/Infinity. ``/update_weights_from_disk`` loads only the directories of ``slick/serve/weight_dirs.py``.
 Bad requests get a 4xx ``{"error": message}``; oversized ``text`` requests are refused before tokenizing,
 and tokenizing (and checking a large body) runs off the event loop. A request whose client disconnects is aborted (its slot is freed).
 SIGTERM aborts in-flight requests (they answer with finish reason "abort") and exits with code 0.
@@ -24,14 +24,15 @@ from typing import Any, Optional
 
 from aiohttp import web
 
-from slick.engine.fanout import run_together     # one prompt fails: the others are aborted too
-from slick.engine.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
-from slick.engine.http_guard import HostPolicy, guard_middleware
-from slick.engine.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
+from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS
+from slick.serve.fanout import run_together     # one prompt fails: the others are aborted too
+from slick.serve.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
+from slick.serve.http_guard import HostPolicy, guard_middleware
+from slick.serve.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
                                         parse_weight_version, text_char_limit, text_prompts)
-from slick.engine.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
-from slick.engine.weight_dirs import WeightDirPolicy
-from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS, WeightGroupRoutes
+from slick.serve.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
+from slick.serve.weight_dirs import WeightDirPolicy
+from slick.serve.weight_group_routes import WeightGroupRoutes
 from slick.proc import rss_bytes   # the same reading as the training run's /metrics
 from slick.types import Generation, SamplingParams
 
@@ -107,7 +108,7 @@ class SlickServer:
         OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
                        max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
                        eos_ids=self.eos_ids, max_text_chars=self.max_text_chars).add_routes(app)
-        self.weight_groups = WeightGroupRoutes(self)    # broadcast updates: slick/engine/weight_group.py
+        self.weight_groups = WeightGroupRoutes(self)    # broadcast updates: slick/serve/weight_group_routes.py
         self.weight_groups.register(r)
         return app
 

@@ -9,7 +9,7 @@ the run directory's files again, so a run still training shows its new steps:
 - ``GET /api/samples?step=N&order=best|worst&limit=K``: a step's best or worst samples with their evidence
 - ``GET /api/sample?step=N&index=I``: one sample with its tokens (text, loss mask, logprob, weight version)
 
-Every request passes the Host and Origin checks of ``slick/engine/http_guard.py`` (as ``slick serve``): a
+Every request passes the Host and Origin checks of ``slick/serve/http_guard.py`` (as ``slick serve``): a
 ``Host`` other than localhost, a loopback address or one of ``--allowed-hosts`` gets 403 (no DNS-rebinding page
 can read the run's prompts and answers), and so does a request from a foreign ``Origin``.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from slick.engine.http_guard import HostPolicy, guard_middleware, parse_allowed_hosts
+from slick.serve.http_guard import HostPolicy, guard_middleware, parse_allowed_hosts
 from slick.observe.inspect import data
 
 STATIC = Path(__file__).parent / "static"

@@ -1,0 +1,109 @@
+"""``Plan``: the values validation derives from the flags, kept apart from the config the user gave.
+
+``validate(cfg)`` (``slick.config.validate``) reads the user's ``Config`` and never writes to it: it
+derives a frozen :class:`Plan`, checks ``plan.apply(cfg)`` (a new ``Config`` with the derived values in
+place of the unset or ``auto`` ones) and returns both. Each field of the plan is the resolved value of
+the flag of the same name:
+
+* ``global_batch_size`` / ``num_steps_per_rollout``: the one left unset follows from the other and
+  ``--rollout-batch-size`` x ``--n-samples-per-prompt`` (both unset: one optimizer step per rollout);
+* ``weight_transport``: ``auto`` becomes ``colocated`` when the engines share the trainer's process, else ``disk``;
+* ``max_staleness``: slick train with ``--update-weights-interval`` N > 1 raises it to the lag that interval
+  allows, (N - 1) x ``num_steps_per_rollout``;
+* ``gradient_checkpointing``: Megatron's recompute flags (``--recompute-activations``,
+  ``--recompute-granularity``) turn it on.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from slick.cluster.layout import trainer_ranks, uses_ray
+from slick.config.config import Config
+from slick.config.megatron import recompute_requested
+
+
+@dataclass(frozen=True)
+class Plan:
+    global_batch_size: Optional[int]
+    num_steps_per_rollout: Optional[int]
+    weight_transport: str
+    max_staleness: int
+    gradient_checkpointing: bool
+
+    def changes(self, cfg: Config) -> dict:
+        """{flag field: derived value} for each value the plan sets differently from ``cfg``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(cfg, f.name) != getattr(self, f.name)}
+
+    def apply(self, cfg: Config) -> Config:
+        """A new ``Config``: a deep copy of ``cfg`` with the derived values; ``cfg`` is left as it is."""
+        out = copy.deepcopy(cfg)
+        for name, value in self.changes(cfg).items():
+            setattr(out, name, value)
+        return out
+
+
+def num_engine_actors(cfg: Config) -> int:
+    """Slick-managed engine actors: --rollout-num-gpus / --rollout-num-gpus-per-engine; with --colocate on Ray,
+    one per trainer rank when --rollout-num-gpus is 0. 0: the engine --rollout-engine picks."""
+    if cfg.colocate and uses_ray(cfg):
+        return cfg.rollout_num_gpus or trainer_ranks(cfg)
+    return max(cfg.rollout_num_gpus, 0) // max(cfg.rollout_num_gpus_per_engine, 1)
+
+
+def engines_share_trainer_process(cfg: Config) -> bool:
+    """The in-process engine in the driver, or one engine inside each trainer rank's actor (--colocate)."""
+    engines = num_engine_actors(cfg)
+    in_driver = cfg.rollout_engine == "local" and not engines
+    return in_driver or (cfg.colocate and engines > 0)
+
+
+def derive_batch_sizes(cfg: Config, problems: list[str]) -> tuple[Optional[int], Optional[int]]:
+    """(global_batch_size, num_steps_per_rollout), the unset one derived; a mismatch is a problem."""
+    samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    gbs, steps = cfg.global_batch_size, cfg.num_steps_per_rollout
+    if gbs is None and steps is None:
+        return samples, 1
+    if gbs is None:
+        if steps <= 0 or samples % steps:
+            problems.append(f"--num-steps-per-rollout {steps} does not divide rollout_batch_size x "
+                            f"n_samples_per_prompt = {samples}")
+            return gbs, steps
+        return samples // steps, steps
+    if steps is None:
+        if gbs <= 0 or samples % gbs:
+            problems.append(f"--global-batch-size {gbs} does not divide rollout_batch_size x "
+                            f"n_samples_per_prompt = {samples}")
+            return gbs, steps
+        return gbs, samples // gbs
+    if gbs * steps != samples:
+        problems.append(
+            f"batch sizes disagree: rollout_batch_size x n_samples_per_prompt = {cfg.rollout_batch_size} x "
+            f"{cfg.n_samples_per_prompt} = {samples}, but global_batch_size x num_steps_per_rollout = "
+            f"{gbs} x {steps} = {gbs * steps}")
+    return gbs, steps
+
+
+def derive_plan(cfg: Config, driver: str, problems: list[str]) -> Plan:
+    """The plan of ``cfg`` for ``driver`` ("sync" or "async"); reads ``cfg`` only. Problems found while
+    deriving (batch sizes that do not divide) are appended to ``problems``."""
+    gbs, steps = cfg.global_batch_size, cfg.num_steps_per_rollout
+    if cfg.rollout_batch_size <= 0:
+        problems.append("--rollout-batch-size must be positive")
+    if cfg.n_samples_per_prompt <= 0:
+        problems.append("--n-samples-per-prompt must be positive")
+    if not problems:
+        gbs, steps = derive_batch_sizes(cfg, problems)
+    transport = cfg.weight_transport
+    if transport == "auto":
+        transport = "colocated" if engines_share_trainer_process(cfg) else "disk"
+    staleness, interval = cfg.max_staleness, cfg.update_weights_interval
+    if driver == "sync" and steps and interval > 1:
+        # engines lag the trainer by up to (interval - 1) rollouts of optimizer steps: allow that staleness
+        staleness = max(staleness, (interval - 1) * steps)
+    return Plan(global_batch_size=gbs, num_steps_per_rollout=steps, weight_transport=transport,
+                max_staleness=staleness,
+                gradient_checkpointing=True if recompute_requested(cfg) else cfg.gradient_checkpointing)
