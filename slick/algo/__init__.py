@@ -5,6 +5,7 @@ ordered group by group (``group_size`` consecutive samples per prompt); padded
 tensors [B, T] with a float ``mask`` [B, T] that is 1.0 on the response tokens
 that count and 0.0 elsewhere. See docs/algorithms.md.
 """
+from .batch import TrainBatch
 from .estimators import ESTIMATORS, get_estimator, normalize_advantages
 from .grpo import grpo, gspo
 from .inputs import AdvantageInputs, AdvantageOutputs, LossInputs, check_plugin_signature
@@ -24,6 +25,7 @@ __all__ = [
     "AdvantageInputs",
     "AlgoParams",
     "AdvantageOutputs",
+    "TrainBatch",
     "LossInputs",
     "check_plugin_signature",
     "ESTIMATORS",

@@ -38,22 +38,23 @@ def load_rollout(directory: str, step: int) -> list[list[Sample]]:
     return list(groups.values())
 
 
-def save_train_data(directory: str, step: int, samples, rewards, tensors: dict, logprobs,
-                    train_versions: list[int]) -> Path:
-    """DIR/train_{step}.jsonl: one line per sample with raw reward, advantages and logprobs per token, the
-    policy version of each response token, the trainer's version at the sample's optimizer step, its epoch."""
+def save_train_data(directory: str, step: int, batch, logprobs) -> Path:
+    """DIR/train_{step}.jsonl: one line per sample of ``batch`` (a ``slick.algo.batch.TrainBatch``) with raw
+    reward, advantages and logprobs per token, the policy version of each response token, the trainer's version at
+    the sample's optimizer step, its epoch."""
     def tolist(x, i):
         return None if x is None else [round(float(v), 6) for v in x[i]]
 
     rows = []
-    for i, s in enumerate(samples):
+    for i, s in enumerate(batch.samples):
         row = {"index": s.index, "group_index": s.group_index, "prompt_index": s.prompt_index, "epoch": s.epoch,
-               "response_ids": list(s.response_ids), "weight_versions": list(s.weight_versions), "train_version": train_versions[i],
-               "reward": rewards[i], "advantages": tolist(tensors["advantages"], i),
+               "response_ids": list(s.response_ids), "weight_versions": list(s.weight_versions),
+               "train_version": batch.versions[i],
+               "reward": batch.rewards[i], "advantages": tolist(batch.advantages, i),
                "loss_mask": list(s.loss_mask), "rollout_logprobs": list(s.rollout_logprobs),
                "logprobs": tolist(logprobs, i)}
-        if tensors.get("ref_logprobs") is not None:
-            row["ref_logprobs"] = tolist(tensors["ref_logprobs"], i)
+        if batch.ref_logprobs is not None:
+            row["ref_logprobs"] = tolist(batch.ref_logprobs, i)
         rows.append(row)
     path = Path(directory) / f"train_{step}.jsonl"
     _write_jsonl(path, rows)

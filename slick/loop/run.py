@@ -12,10 +12,11 @@ import logging
 import math
 from typing import Optional
 
+from slick.algo.batch import TrainBatch
 from slick.loop import debug
 from slick.loop.build import Components, build
 from slick.loop.omp import release_openmp_workers
-from slick.loop.step import NonFiniteTrainingError, optimizer_batch_size, train_on_samples
+from slick.loop.step import NonFiniteTrainingError, optimizer_batch_size, train_on_batch
 from slick.observe.store import store_step
 from slick.reward import NonFiniteRewardError
 from slick.rollout.eval import evaluate
@@ -114,18 +115,17 @@ class Run:
         debug_logp = self.trainer.compute_logprobs(samples, "actor") if dump else None  # an extra pass
         # the trainer's version at each sample's optimizer step (samples are split into global batches in order)
         v0, gbs = self.trainer.version, optimizer_batch_size(self.cfg, len(samples))
-        train_versions = [v0 + i // gbs for i in range(len(samples))]
+        batch = TrainBatch.from_samples(samples, rewards, versions=[v0 + i // gbs for i in range(len(samples))])
         try:
-            metrics, tensors = train_on_samples(self.cfg, self.trainer, samples, rewards, self.loss_fn, step,
-                                                critic=self.critic)
+            metrics, batch = train_on_batch(self.cfg, self.trainer, batch, self.loss_fn, step, critic=self.critic)
         except NonFiniteTrainingError as e:
             if dump:
-                debug.save_train_data(dump, step, samples, rewards, e.tensors, debug_logp, train_versions)
+                debug.save_train_data(dump, step, e.batch, debug_logp)
             raise
         if dump:
-            debug.save_train_data(dump, step, samples, rewards, tensors, debug_logp, train_versions)
+            debug.save_train_data(dump, step, batch, debug_logp)
         metrics["train/nonfinite_rewards"] = float(len(bad))
-        metrics.update(store_step(self.store, step + 1, samples, rewards, train_versions))  # 1-based, as metrics
+        metrics.update(store_step(self.store, step + 1, batch.samples, batch.rewards, batch.versions))  # 1-based
         return metrics
 
     async def train_off_loop(self, step: int, groups) -> dict:

@@ -1,4 +1,5 @@
-"""One training phase of a step: rewards -> advantages (algo/) -> optimizer steps (Trainer)."""
+"""One training phase of a step: a TrainBatch (slick.algo.batch) -> logprobs, values -> advantages (algo/)
+-> optimizer steps (Trainer), each on a slice of the batch."""
 from __future__ import annotations
 
 import functools
@@ -9,9 +10,10 @@ import torch
 
 from slick.algo import (AdvantageInputs, AdvantageOutputs, AlgoParams, check_plugin_signature, get_estimator,
                         normalize_advantages)
+from slick.algo.batch import TrainBatch
 from slick.algo.objective import compute_policy_objective
+from slick.algo.sessions import check_session_estimator, session_heads, split_sessions, spread_session_advantages
 from slick.plugins import load_function
-from slick.rollout.agent import session_advantages, split_sessions
 from slick.train.critic import train_critic
 from slick.train.packing import pad
 
@@ -22,13 +24,19 @@ COUNTS = ("skipped_steps", "nonfinite_losses")  # summed over a step's optimizer
 class NonFiniteTrainingError(RuntimeError):
     """Every optimizer step of a rollout step was skipped for a non-finite loss or gradient norm.
 
-    Raised before anything is synced, saved or exported; ``tensors`` holds the step's advantages and
-    logprobs (as :func:`train_on_samples` returns them) for the debug dump.
+    Raised before anything is synced, saved or exported; ``batch`` holds the step's TrainBatch with its
+    advantages and logprobs for the debug dump (``tensors``: those columns as :func:`train_on_samples` returns them).
     """
 
-    def __init__(self, message: str, tensors: dict):
+    def __init__(self, message: str, batch: TrainBatch):
         super().__init__(message)
-        self.tensors = tensors
+        self.batch = batch
+        self.tensors = debug_tensors(batch)
+
+
+def debug_tensors(batch: TrainBatch) -> dict:
+    """The per-sample advantages and old/ref logprobs of ``batch``, as :func:`train_on_samples` returns them."""
+    return {"advantages": batch.advantages, "old_logprobs": batch.old_logprobs, "ref_logprobs": batch.ref_logprobs}
 
 
 def load_custom(cfg, which: str):
@@ -53,9 +61,13 @@ def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=No
     (``values``: the critic's values of the response tokens). With ``with_returns`` the result is
     ``(advantages, returns)``, both per-sample lists (returns: the critic's targets).
     """
-    sessions = split_sessions(samples)   # agent sessions that became several samples (slick/rollout/agent.py)
+    sessions = split_sessions(samples)   # agent sessions that became several samples (slick/algo/sessions.py)
     if sessions is not None:   # refuses estimators that are not outcome-level (ppo among them), naming the flag
-        advantages = session_advantages(cfg, samples, rewards, sessions, compute_advantages)
+        check_session_estimator(sessions, cfg.advantage_estimator, cfg.kl_coef,
+                                bool(cfg.custom_advantage_function_path))
+        heads = session_heads(sessions)
+        head_adv = compute_advantages(cfg, [samples[h] for h in heads], [rewards[h] for h in heads])
+        advantages = spread_session_advantages(sessions, head_adv, [s.loss_mask for s in samples])
         if with_returns or values is not None:
             raise ValueError("agent sessions split into several samples support only outcome-level estimators, "
                              "which use no critic values or returns (docs/agents.md)")
@@ -98,13 +110,45 @@ def optimizer_batch_size(cfg, num_samples: int) -> int:
     return max(cfg.global_batch_size, -(-num_samples // cfg.num_steps_per_rollout))
 
 
+def with_advantages(cfg, batch: TrainBatch) -> TrainBatch:
+    """``batch`` with its advantages (and, when it has critic values, returns) from the configured estimator."""
+    if batch.values is None:
+        return batch.with_columns(advantages=compute_advantages(cfg, batch.samples, batch.rewards,
+                                                                batch.old_logprobs, batch.ref_logprobs))
+    advantages, returns = compute_advantages(cfg, batch.samples, batch.rewards, batch.old_logprobs,
+                                             batch.ref_logprobs, values=batch.values, with_returns=True)
+    return batch.with_columns(advantages=advantages, returns=returns)
+
+
+def with_logprobs(cfg, trainer, batch: TrainBatch, critic=None) -> TrainBatch:
+    """``batch`` with the old and ref logprobs and critic values the step needs. Old logprobs are recomputed
+    only when the batch is not on-policy for every step (several optimizer steps per rollout, or --kl-coef);
+    otherwise the training forward's own logprobs serve as the old ones."""
+    samples = batch.samples
+    old = ref = None
+    if cfg.use_rollout_logprobs:
+        old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
+    elif cfg.num_steps_per_rollout > 1 or cfg.kl_coef:  # --kl-coef shapes rewards with old - ref
+        old = trainer.compute_logprobs(samples, "actor")
+    if trainer.has_ref:
+        ref = trainer.compute_logprobs(samples, "ref")
+    values = critic.compute_values(samples) if critic is not None else None
+    return batch.with_columns(old_logprobs=old, ref_logprobs=ref, values=values)
+
+
 def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step: int,
                      critic=None) -> tuple[dict, dict]:
+    """:func:`train_on_batch` on the batch of ``samples`` and their scalar ``rewards``. Returns (metrics, tensors)
+    where tensors holds the per-sample advantages and old/ref logprobs (:func:`debug_tensors`)."""
+    metrics, batch = train_on_batch(cfg, trainer, TrainBatch.from_samples(samples, rewards), loss_fn, step,
+                                    critic=critic)
+    return metrics, debug_tensors(batch)
+
+
+def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=None) -> tuple[dict, TrainBatch]:
     """Compute advantages and run ``num_steps_per_rollout`` optimizer steps for rollout step ``step``.
 
-    Returns (metrics, tensors) where tensors holds the per-sample advantages and logprobs for debugging.
-    Old logprobs are recomputed only when the batch is not on-policy for every step (several optimizer
-    steps per rollout); otherwise the training forward's own logprobs serve as the old ones.
+    Returns (metrics, batch) where batch has gained its logprob, value, advantage and return columns.
     Metrics are averaged over the optimizer steps that were applied; ``train/skipped_steps`` and
     ``train/nonfinite_losses`` are summed. When every optimizer step was skipped (non-finite loss or
     gradient norm), raises :class:`NonFiniteTrainingError` naming the step.
@@ -114,37 +158,26 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     metrics), and during the first --num-critic-only-steps rollout steps the actor takes none.
     """
     t0 = time.perf_counter()
-    old = ref = None
-    if cfg.use_rollout_logprobs:
-        old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
-    elif cfg.num_steps_per_rollout > 1 or cfg.kl_coef:  # --kl-coef shapes rewards with old - ref
-        old = trainer.compute_logprobs(samples, "actor")
-    if trainer.has_ref:
-        ref = trainer.compute_logprobs(samples, "ref")
-    values = critic.compute_values(samples) if critic is not None else None
+    batch = with_logprobs(cfg, trainer, batch, critic)
     t_logp = time.perf_counter() - t0
     t0 = time.perf_counter()
+    batch = with_advantages(cfg, batch)
     critic_metrics: dict = {}
-    if critic is None:
-        advantages = compute_advantages(cfg, samples, rewards, old, ref)
-    else:
-        advantages, returns = compute_advantages(cfg, samples, rewards, old, ref, values=values, with_returns=True)
-        critic_metrics = train_critic(cfg, critic, samples, returns, values)
-    tensors = {"advantages": advantages, "old_logprobs": old, "ref_logprobs": ref}
+    if critic is not None:
+        critic_metrics = train_critic(cfg, critic, batch)
     actor_steps = cfg.num_steps_per_rollout
     if critic is not None and step < cfg.num_critic_only_steps:
         actor_steps = 0   # critic-only warm-up: the actor does not step
     applied: list[dict] = []
     counts = dict.fromkeys(COUNTS, 0.0)
     skipped_norms: list[float] = []
-    gbs = optimizer_batch_size(cfg, len(samples))
+    gbs = optimizer_batch_size(cfg, len(batch))
     for k in range(actor_steps):
-        sl = slice(k * gbs, (k + 1) * gbs)
-        if not samples[sl]:
+        part = batch.slice(k * gbs, (k + 1) * gbs)
+        if not len(part):
             break
-        m = trainer.train_step(samples[sl], advantages[sl], loss_fn,
-                               old_logprobs=old[sl] if old is not None else None,
-                               ref_logprobs=ref[sl] if ref is not None else None)
+        m = trainer.train_step(part.samples, part.advantages, loss_fn,
+                               old_logprobs=part.old_logprobs, ref_logprobs=part.ref_logprobs)
         skipped = m["skipped_steps"] > 0
         for key in COUNTS:
             counts[key] += float(m.pop(key))
@@ -159,7 +192,7 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
             raise NonFiniteTrainingError(
                 f"step {step}: training is non-finite: all {len(skipped_norms)} optimizer step(s) skipped "
                 f"({what}); no weights changed and nothing was synced or saved. Check the rewards and "
-                f"advantages of this step (--save-debug-train-data DIR writes them).", tensors)
+                f"advantages of this step (--save-debug-train-data DIR writes them).", batch)
         log.warning("step %d: %d of %d optimizer step(s) skipped (%s); their gradients were dropped",
                     step, len(skipped_norms), len(skipped_norms) + len(applied), what)
     metrics: dict = {}
@@ -171,4 +204,4 @@ def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step:
     out.update(critic_metrics)
     out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
-    return out, tensors
+    return out, batch

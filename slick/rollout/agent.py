@@ -53,6 +53,7 @@ import time
 import uuid
 from typing import Any, Optional
 
+from slick.algo.sessions import SESSION_KEY   # the training side of split sessions: slick/algo/sessions.py
 from slick.chat.delta import ChatDelta, ChatTemplateRewriteError
 from slick.serve.http_guard import HostPolicy, guard_middleware
 from slick.serve.openai_api import OpenAIEndpoint
@@ -64,7 +65,6 @@ from slick.rollout.multiturn import append_env_tokens
 from slick.types import FINISH_TO_STATUS, SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.agent")
-SESSION_KEY = "agent_session"
 
 
 class AgentSession:
@@ -356,43 +356,3 @@ def _eos_ids(engine, tokenizer) -> set:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
-
-
-# ----------------------------------------------------------------------------- training on split sessions
-OUTCOME_ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus_baseline")
-
-
-def split_sessions(samples: list[Sample]) -> Optional[list[list[int]]]:
-    """Positions of the samples of each agent session, in batch order, when some session yielded several samples
-    (``None`` when every sample stands alone: then nothing changes for training)."""
-    order: dict[str, list[int]] = {}
-    for i, s in enumerate(samples):
-        sid = (s.metadata.get(SESSION_KEY) or {}).get("id") or f"sample-{i}"
-        order.setdefault(sid, []).append(i)
-    return None if all(len(v) == 1 for v in order.values()) else list(order.values())
-
-
-def session_advantages(cfg, samples: list[Sample], rewards: list[float], sessions: list[list[int]],
-                       compute) -> list:
-    """Advantages when agent sessions split into several samples: the estimator sees one sample per session (its
-    last one, so groups keep ``--n-samples-per-prompt`` members) and every sample of the session gets that
-    session's advantage on its own loss-masked tokens. Only outcome-level estimators allow this
-    (:data:`OUTCOME_ESTIMATORS`, no ``--kl-coef``, no ``--custom-advantage-function-path``); others raise."""
-    import torch
-
-    if cfg.advantage_estimator not in OUTCOME_ESTIMATORS or cfg.kl_coef or cfg.custom_advantage_function_path:
-        raise ValueError(
-            f"--agent-function-path: {sum(len(v) > 1 for v in sessions)} agent session(s) became several training "
-            f"samples each (their calls do not extend one another; docs/agents.md), which needs one advantage per "
-            f"session: use --advantage-estimator {'/'.join(OUTCOME_ESTIMATORS)} without --kl-coef or a custom "
-            f"advantage function (got {cfg.advantage_estimator})")
-    heads = [v[-1] for v in sessions]
-    head_adv = compute(cfg, [samples[h] for h in heads], [rewards[h] for h in heads])
-    out: list = [None] * len(samples)
-    for members, adv in zip(sessions, head_adv):
-        nz = adv[adv != 0]
-        value = float(nz[0]) if len(nz) else 0.0
-        for i in members:
-            mask = torch.tensor(samples[i].loss_mask, dtype=torch.float32)
-            out[i] = value * mask
-    return out

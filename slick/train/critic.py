@@ -330,19 +330,20 @@ def with_critic(trainer, critic):
     return trainer if critic is None else CheckpointPair(trainer, critic)
 
 
-def train_critic(cfg, critic, samples: Sequence, returns: Sequence, values: Sequence) -> dict:
-    """``--critic-num-steps-per-rollout`` critic optimizer steps over ``samples`` (consecutive equal slices), each
-    with the clipped value loss against ``returns`` around the rollout's ``values``. Returns ``critic/*`` metrics:
-    value_loss, vf_clipfrac, values_mean, returns_mean, grad_norm, lr averaged over the applied steps (skipped
-    ones are counted in critic/skipped_steps), and critic/explained_variance of ``values`` for ``returns``."""
+def train_critic(cfg, critic, batch) -> dict:
+    """``--critic-num-steps-per-rollout`` critic optimizer steps over ``batch`` (a ``slick.algo.batch.TrainBatch``
+    with values and returns; consecutive equal slices), each with the clipped value loss against the returns around
+    the rollout's values. Returns ``critic/*`` metrics: value_loss, vf_clipfrac, values_mean, returns_mean,
+    grad_norm, lr averaged over the applied steps (skipped ones are counted in critic/skipped_steps), and
+    critic/explained_variance of the values for the returns."""
     k = int(cfg.critic_num_steps_per_rollout or cfg.num_steps_per_rollout or 1)
-    size = -(-len(samples) // k)
+    size = -(-len(batch) // k)
     applied, skipped = [], 0.0
     for j in range(k):
-        sl = slice(j * size, (j + 1) * size)
-        if not samples[sl]:
+        part = batch.slice(j * size, (j + 1) * size)
+        if not len(part):
             break
-        m = critic.train_step(samples[sl], returns[sl], values[sl])
+        m = critic.train_step(part.samples, part.returns, part.values)
         s = float(m.pop("skipped_steps"))
         skipped += s
         if s == 0:
@@ -355,7 +356,8 @@ def train_critic(cfg, critic, samples: Sequence, returns: Sequence, values: Sequ
         for key, v in m.items():
             out[f"critic/{key}"] = out.get(f"critic/{key}", 0.0) + float(v) / len(applied)
     out["critic/skipped_steps"] = skipped
-    width = max([len(s.response_ids) for s in samples] + [1])
-    mask = pad([_loss_mask(s) for s in samples], width)
-    out["critic/explained_variance"] = float(explained_variance(pad(values, width), pad(returns, width), mask))
+    width = max([len(s.response_ids) for s in batch.samples] + [1])
+    mask = pad([_loss_mask(s) for s in batch.samples], width)
+    out["critic/explained_variance"] = float(explained_variance(pad(batch.values, width), pad(batch.returns, width),
+                                                                mask))
     return out
