@@ -11,7 +11,7 @@ import torch
 from slick.config import Config, ConfigError
 from slick.config.validate import validate_config
 from slick.train.checkpoint import load_checkpoint, save_checkpoint
-from slick.train.critic import Critic, critic_source, with_critic
+from slick.train.critic import Critic, critic_source, value_objective, with_critic
 from slick.types import Sample
 
 
@@ -77,7 +77,7 @@ def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir):
     old = [torch.zeros(len(s.response_ids)) for s in samples]
     losses = []
     for _ in range(12):
-        m = c.train_step(samples, returns, old)
+        m = c.train_step(samples, returns, value_objective(c.cfg), old)
         losses.append(m["value_loss"])
         assert m["skipped_steps"] == 0.0 and m["grad_norm"] > 0 and m["vf_clipfrac"] == 0.0
     assert losses[-1] < 0.1 * losses[0], losses
@@ -93,7 +93,7 @@ def test_tool_tokens_get_no_value_loss(tiny_model_dir):
         r[1:3] = 100.0    # only at the tool tokens
     a, b = Critic(make_cfg(tiny_model_dir)), Critic(make_cfg(tiny_model_dir))
     zeros = [torch.zeros(len(s.response_ids)) for s in samples]
-    ma, mb = a.train_step(samples, returns, zeros), b.train_step(samples, other, zeros)
+    ma, mb = a.train_step(samples, returns, value_objective(a.cfg), zeros), b.train_step(samples, other, value_objective(b.cfg), zeros)
     assert ma["value_loss"] == mb["value_loss"] and ma["grad_norm"] == mb["grad_norm"]
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         assert torch.equal(p, q), n
@@ -101,7 +101,7 @@ def test_tool_tokens_get_no_value_loss(tiny_model_dir):
     counted = [r.clone() for r in returns]
     counted[0][0] += 1.0
     c = Critic(make_cfg(tiny_model_dir))
-    assert c.train_step(samples, counted, zeros)["value_loss"] != ma["value_loss"]
+    assert c.train_step(samples, counted, value_objective(c.cfg), zeros)["value_loss"] != ma["value_loss"]
 
 
 def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
@@ -114,11 +114,11 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     returns = [targets_for(samples, seed=k) for k in range(3)]
     trainer, critic = Trainer(cfg), Critic(cfg)
     for k in range(2):
-        critic.train_step(samples, returns[k], critic.compute_values(samples))
+        critic.train_step(samples, returns[k], value_objective(cfg), critic.compute_values(samples))
     step_dir = save_checkpoint(tmp_path / "ckpt", 2, with_critic(trainer, critic), {"step": 2})
     assert (step_dir / "critic" / "value_head.safetensors").is_file()
     old = critic.compute_values(samples)
-    m3 = critic.train_step(samples, returns[2], old)
+    m3 = critic.train_step(samples, returns[2], value_objective(cfg), old)
     v3 = critic.compute_values(samples)
 
     trainer2, critic2 = Trainer(cfg), Critic(cfg)
@@ -126,7 +126,7 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     assert step == 2 and critic2.version == 2
     old2 = critic2.compute_values(samples)
     assert all(torch.equal(x, y) for x, y in zip(old, old2))
-    m3b = critic2.train_step(samples, returns[2], old2)
+    m3b = critic2.train_step(samples, returns[2], value_objective(cfg), old2)
     for key in ("value_loss", "vf_clipfrac", "values_mean", "returns_mean", "grad_norm", "lr"):
         assert m3[key] == m3b[key], key
     assert all(torch.equal(x, y) for x, y in zip(v3, critic2.compute_values(samples)))

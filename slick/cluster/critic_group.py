@@ -29,8 +29,13 @@ class RayCriticGroup:
     def compute_values(self, samples: Sequence):
         return self._call("compute_values", list(samples), what="compute values")
 
-    def train_step(self, samples: Sequence, returns: Sequence, old_values: Sequence) -> dict:
-        out = self._call("train_step", list(samples), list(returns), list(old_values), what="train the critic")
+    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn, old_logprobs=None,
+                   ref_logprobs=None) -> dict:
+        """The trainer's signature; for the value head ``advantages`` are the returns, ``old_logprobs`` the old
+        values (``slick.train.critic.Critic``)."""
+        out = self._call("train_step", list(samples), list(advantages), loss_fn, what="train the critic",
+                         old_logprobs=None if old_logprobs is None else list(old_logprobs),
+                         ref_logprobs=None if ref_logprobs is None else list(ref_logprobs))
         self.version += int(out["skipped_steps"] == 0)
         return out
 

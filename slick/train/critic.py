@@ -23,16 +23,16 @@ Sharded (FSDP) critics write ``slick.train.dcp``'s layout into the same director
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
-import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
+from slick.algo.inputs import LossInputs
 from slick.algo.value import explained_variance, value_loss
 from slick.models.tokenizer import load_tokenizer
 from slick.train import dist as D
@@ -40,13 +40,15 @@ from slick.train.attention import use_segments
 from slick.train.dcp import is_sharded, load_sharded, save_sharded
 from slick.train.fsdp import make_mesh, shard
 from slick.train.optim import make_adamw
-from slick.train.packing import pad, pad_stack
+from slick.train.packing import pad
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.rng import rng_state, set_rng_state
 from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 from slick.train.trainer import Trainer, _loss_mask
 
 HEAD_FILE = "value_head.safetensors"
+# the train_step metrics train_critic reports (as critic/KEY, averaged over the applied steps)
+CRITIC_METRICS = ("value_loss", "vf_clipfrac", "values_mean", "returns_mean", "lr", "grad_norm", "step_time")
 log = logging.getLogger(__name__)
 
 
@@ -101,8 +103,28 @@ def critic_source(path) -> tuple[Path, Optional[Path]]:
     return d, None
 
 
+def _value_loss(clip: float, per_token: bool, inputs: LossInputs):
+    """The value head's loss over one micro-batch: ``inputs.logprobs`` carries the head's values, ``advantages``
+    the returns and ``old_logprobs`` the rollout's values (see :meth:`Critic.train_step`)."""
+    return value_loss(inputs.logprobs, inputs.old_logprobs, inputs.advantages, inputs.mask, clip, per_token,
+                      num_samples=inputs.num_samples, num_tokens=inputs.num_tokens)
+
+
+def value_objective(cfg) -> Callable:
+    """The critic's ``loss_fn`` for the trainer's ``train_step``: the clipped value loss with ``--value-clip`` and
+    ``--calculate-per-token-loss`` bound (a picklable partial: the Ray ranks receive it)."""
+    return functools.partial(_value_loss, float(cfg.value_clip), bool(cfg.calculate_per_token_loss))
+
+
 class Critic(Trainer):
-    """The value model, its AdamW and warm-up; collective over FSDP ranks like the Trainer (same rules)."""
+    """The value model, its AdamW and warm-up; collective over FSDP ranks like the Trainer (same rules).
+
+    A Trainer with the value head: the trainer's ``train_step`` (same signature, same micro-batch loop) with
+    ``train_step(samples, returns, value_objective(cfg), old_values)``. Metrics: the trainer's, with the value
+    loss's value_loss, vf_clipfrac, values_mean, returns_mean (global-batch reductions).
+    """
+
+    head = "value"
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
         from transformers import AutoModel
@@ -180,64 +202,6 @@ class Critic(Trainer):
     def compute_values(self, samples: Sequence) -> list[torch.Tensor]:
         """fp32 CPU tensors ``[T_i]``: the critic's value at each response token of each sample."""
         return self.compute_logprobs(samples, "actor")   # the trainer's loop over this class's forward
-
-    # ------------------------------------------------------------------ training
-    def train_step(self, samples: Sequence, returns: Sequence, old_values: Sequence) -> dict:
-        """One critic optimizer step on ``samples``: clipped value loss of the new values against ``returns``
-        (values clipped to ``old_values`` +- --value-clip). Prefix-free metrics: value_loss, vf_clipfrac,
-        values_mean, returns_mean (global-batch reductions), grad_norm, lr, skipped_steps, step_time."""
-        if not len(returns) == len(old_values) == len(samples):
-            raise ValueError(f"critic train_step: {len(samples)} samples, {len(returns)} returns and "
-                             f"{len(old_values)} old values")
-        t0 = time.perf_counter()
-        masks = [_loss_mask(s) for s in samples]
-        num_samples, num_tokens = len(samples), int(sum(sum(m) for m in masks))
-        clip, per_token = float(self.cfg.value_clip), bool(self.cfg.calculate_per_token_loss)
-        dev = self.device
-        sums: dict[str, float] = {}
-        nonfinite = 0
-        self.optimizer.zero_grad(set_to_none=True)
-        self._nonfinite_losses = 0
-        plan = self._plan(samples)
-        with self._collective("critic train_step forward/backward"), self._cast_once():
-            for idx in self._micro_batches(plan):
-                if idx is None:
-                    self._pad_pass(self._fwd, backward=True)
-                    continue
-                vals, _ = self._forward(self._fwd, self._pack(samples, idx), False, False)
-                T = max(len(samples[i].response_ids) for i in idx)
-                values = pad_stack(vals, T, dtype=torch.float32)
-
-                def stack(rows):
-                    return pad_stack([torch.as_tensor(r, dtype=torch.float32, device=dev) for r in rows], T,
-                                     dtype=torch.float32)
-
-                mask = stack([masks[i] for i in idx])
-                loss, metrics = value_loss(values, stack([old_values[i] for i in idx]),
-                                           stack([returns[i] for i in idx]), mask, clip, per_token,
-                                           num_samples=num_samples, num_tokens=num_tokens)
-                if math.isfinite(float(loss.detach())):
-                    loss.backward()
-                    if self.scheme == "bf16" and not self.fsdp:
-                        self._accumulate_master_grads()
-                else:
-                    nonfinite += 1
-                    if self.fsdp:
-                        (values.sum() * 0.0).backward()
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-        if self.fsdp:
-            keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "critic metric names")))
-            vals = D.all_reduce_values([nonfinite] + [sums.get(k, 0.0) for k in keys], "sum", "critic metrics")
-            nonfinite, sums = vals[0], dict(zip(keys, vals[1:]))
-        self._nonfinite_losses = int(nonfinite)
-        out = dict(sums)
-        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        skipped_before = self.skipped_steps
-        out["grad_norm"] = self.optimizer_step()
-        out["skipped_steps"] = float(self.skipped_steps - skipped_before)
-        out["step_time"] = time.perf_counter() - t0
-        return out
 
     # ------------------------------------------------------------------ save / load
     def save_hf_files(self, out_dir) -> None:
@@ -337,17 +301,18 @@ def train_critic(cfg, critic, batch) -> dict:
     grad_norm, lr averaged over the applied steps (skipped ones are counted in critic/skipped_steps), and
     critic/explained_variance of the values for the returns."""
     k = int(cfg.critic_num_steps_per_rollout or cfg.num_steps_per_rollout or 1)
+    loss_fn = value_objective(cfg)
     size = -(-len(batch) // k)
     applied, skipped = [], 0.0
     for j in range(k):
         part = batch.slice(j * size, (j + 1) * size)
         if not len(part):
             break
-        m = critic.train_step(part.samples, part.returns, part.values)
-        s = float(m.pop("skipped_steps"))
+        m = critic.train_step(part.samples, part.returns, loss_fn, part.values)
+        s = float(m["skipped_steps"])
         skipped += s
         if s == 0:
-            applied.append(m)
+            applied.append({key: m[key] for key in CRITIC_METRICS})
     if skipped:
         log.warning("critic: %d of %d optimizer step(s) skipped (non-finite value loss or gradient norm)",
                     int(skipped), int(skipped) + len(applied))

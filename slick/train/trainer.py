@@ -11,6 +11,11 @@ called once per packed micro-batch with the *global* normalisers, so summing the
 the global-batch loss and accumulated gradients equal the one-big-batch gradient. The metrics a loss_fn
 returns must be additive in the same way (slick.algo reduces every metric with the global normalisers);
 the trainer sums them over micro-batches.
+
+The head and the loss are pluggable: the head is the forward module (``_fwd``) and what it predicts per response
+token, the loss is ``loss_fn``. The policy head (this class) predicts logprobs and trains on advantages; the value
+head (``slick.train.critic.Critic``: ``head = "value"``) predicts values and trains on returns with
+``slick.train.critic.value_objective``, through this class's ``train_step`` and its one micro-batch loop.
 """
 from __future__ import annotations
 
@@ -64,6 +69,9 @@ class Trainer:
     FSDP2 rank (``slick.train.fsdp``): every public method is then collective -- all ranks call it with the
     same full arguments and get the same result; each rank computes its share of the samples.
     """
+
+    #: what the head predicts per response token: "policy" (logprobs; compared with the rollout's) or "value"
+    head = "policy"
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None, *,
                  thread_budget: Optional[Callable[[], Optional[int]]] = None):
@@ -262,7 +270,9 @@ class Trainer:
         ``advantages[i]`` (and ``old_logprobs[i]``, ``ref_logprobs[i]`` when given) are 1-D per-token
         tensors of length ``len(samples[i].response_ids)``. Equals :meth:`forward_backward` followed by
         :meth:`optimizer_step`; ``skipped_steps`` is 1.0 when that step was skipped (non-finite loss or
-        gradient norm: weights unchanged), else 0.0.
+        gradient norm: weights unchanged), else 0.0. The value head (``head == "value"``) reads the same
+        arguments as the critic's: ``advantages`` are the returns it regresses on, ``old_logprobs`` the rollout's
+        values (the clip's centre), ``loss_fn`` a value loss (``slick.train.critic.value_objective``).
         """
         t0 = time.perf_counter()
         out = self.forward_backward(samples, advantages, loss_fn, old_logprobs, ref_logprobs)
@@ -314,7 +324,7 @@ class Trainer:
                 lps, ents = self._forward(self._fwd, mb, with_entropy=True, entropy_grad=entropy_grad)
                 T = max(mb.response_lengths)
                 logprobs = pad_stack(lps, T, dtype=torch.float32)
-                entropy = pad_stack(ents, T, dtype=torch.float32)
+                entropy = pad_stack(ents, T, dtype=torch.float32) if ents is not None else None
                 mask = pad_stack([torch.tensor(masks[i], device=dev) for i in idx], T, dtype=torch.float32)
                 adv = pad_stack([torch.as_tensor(advantages[i], device=dev) for i in idx], T, dtype=torch.float32)
                 old = (pad_stack([torch.as_tensor(old_logprobs[i], device=dev) for i in idx], T,
@@ -322,7 +332,8 @@ class Trainer:
                 ref = (pad_stack([torch.as_tensor(ref_logprobs[i], device=dev) for i in idx], T,
                                  dtype=torch.float32) if ref_logprobs is not None else None)
                 roll = None
-                if all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids) for i in idx):
+                if self.head == "policy" and all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids)
+                                                 for i in idx):
                     roll = pad_stack([torch.tensor(samples[i].rollout_logprobs, device=dev) for i in idx], T,
                                      dtype=torch.float32)
                     d = ((logprobs.detach() - roll).abs() * mask)
