@@ -42,12 +42,15 @@ def _pid(pid_file: Path) -> int:
     return int(pid_file.read_text())
 
 
-def test_a_timed_out_unsafe_tool_is_killed_with_its_grandchildren(toolset, tmp_path):
-    pid_file = tmp_path / "grandchild.pid"
+def _call_spawning(toolset, name: str, pid_file: Path):
+    """Run tool ``name`` (which starts a grandchild and writes its pid): (result, seconds taken, grandchild pid)."""
     t0 = time.perf_counter()
-    r = asyncio.run(toolset.run(ToolCall("spawn_then_hang", {"pid_file": str(pid_file)})))
-    took = time.perf_counter() - t0
-    pid = _pid(pid_file)
+    r = asyncio.run(toolset.run(ToolCall(name, {"pid_file": str(pid_file)})))
+    return r, time.perf_counter() - t0, _pid(pid_file)
+
+
+def test_a_timed_out_unsafe_tool_is_killed_with_its_grandchildren(toolset, tmp_path):
+    r, took, pid = _call_spawning(toolset, "spawn_then_hang", tmp_path / "grandchild.pid")
     try:
         assert (r.content, r.error) == ("Error: tool 'spawn_then_hang' timed out after 5 s (its process was "
                                         "killed)", True)
@@ -58,11 +61,7 @@ def test_a_timed_out_unsafe_tool_is_killed_with_its_grandchildren(toolset, tmp_p
 
 
 def test_a_grandchild_holding_stdout_does_not_hold_a_finished_call(toolset, tmp_path):
-    pid_file = tmp_path / "grandchild.pid"
-    t0 = time.perf_counter()
-    r = asyncio.run(toolset.run(ToolCall("spawn_and_return", {"pid_file": str(pid_file)})))
-    took = time.perf_counter() - t0
-    pid = _pid(pid_file)
+    r, took, pid = _call_spawning(toolset, "spawn_and_return", tmp_path / "grandchild.pid")
     try:
         assert (r.content, r.error) == ("the tool's value", False)
         assert took < 8.0, f"the call took {took:.1f} s: it waited for the grandchild (timeout 20 s)"
