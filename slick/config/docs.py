@@ -57,6 +57,13 @@ without `--rollout-urls`. Options with a meaning there are honoured; a warning n
 has none. SGLang servers you start yourself and pass with `--rollout-urls` do not receive them (a
 warning says so): give those servers their own flags when you launch them.
 
+## vLLM options: `--vllm-*`
+
+`--vllm-KEY VALUE` flags are collected into `cfg.vllm` the same way and reach the vLLM servers slick
+launches (`--rollout-engine vllm` without `--rollout-urls`) as vLLM's own `--KEY VALUE` (for example
+`--vllm-max-num-seqs 128` becomes `--max-num-seqs 128`; a bare `--vllm-KEY` becomes `--KEY`). vLLM
+checks them: a server that refuses an option ends the run at start-up with vLLM's error line quoted.
+
 ## Megatron-LM flags
 
 slime passes Megatron-LM's own flags through, and its scripts carry them (`--num-layers`,
@@ -141,10 +148,12 @@ def render_markdown() -> str:
         for f in dataclasses.fields(cls):
             meta = f.metadata
             if "flag" in meta and meta["flag"] is None:
-                name, typ = "--sglang-KEY VALUE", "str"
+                name, typ = f"--{f.name}-KEY VALUE", "str"
             else:
                 name, typ = flag_name(f.name), _type_name(f)
             out.append(f"| `{name}` | {_cell(typ)} | {_cell(_fmt_default(_default(f)))} | {_cell(field_help(f))} |")
+            if typ == "flag" and _default(f) is None:   # --flag / --no-flag, unset meaning automatic
+                out.append(f"| `--no-{name[2:]}` | flag | unset | Turns `{name}` off (unset: chosen at start-up). |")
     out.append(SLIME_USERS)
     out.extend(f"| `{flag}` | {_cell(meaning)} |" for flag, meaning in alias_rows())
     out.append(SLIME_KEPT)

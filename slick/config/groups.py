@@ -49,8 +49,16 @@ class RolloutConfig:
     rollout_stop: list = F([], "Stop strings.", nargs="+")
     rollout_stop_token_ids: list = F([], "Extra stop token ids (the tokenizer's EOS always stops).", nargs="+", type=int)
     partial_rollout: bool = F(False, "Keep aborted partial responses and continue them next step.")
-    rollout_engine: str = F("local", "Engine kind: in-process torch engine or HTTP servers.", choices=["local", "http"])
-    rollout_urls: list = F([], "Worker or router URLs for --rollout-engine http.", nargs="+")
+    rollout_engine: str = F("local", "Engine kind: slick's in-process torch engine (local), `slick serve` or SGLang "
+                            "servers over SGLang's API (http), vLLM servers slick launches or finds at --rollout-urls "
+                            "(vllm; docs/vllm.md), or SGLang servers slick launches (sglang).",
+                            choices=["local", "http", "vllm", "sglang"])
+    rollout_urls: list = F([], "Server or router URLs to use instead of launching engines (--rollout-engine http "
+                           "or vllm).", nargs="+")
+    rollout_engine_python: Optional[str] = F(None, "Python of the environment that has vLLM or SGLang (default for "
+                                             "vllm: .venv-vllm/bin/python, made by `make vllm`).")
+    rollout_startup_timeout: float = F(600.0, "Seconds a launched vLLM/SGLang server may take to become healthy "
+                                       "before the run fails quoting its log.")
     router: str = F("none", "Start a router in front of the workers.", choices=["none", "sglang"])
     rollout_num_workers: int = F(1, "`slick serve` workers to launch when --rollout-engine http has no --rollout-urls.")
     rollout_concurrency: int = F(256, "Maximum in-flight generate requests.")
@@ -79,6 +87,8 @@ class RolloutConfig:
     sglang: dict = F({}, "Engine options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE} and goes to the "
                          "engines slick launches (see `--sglang-*` above); servers you start yourself take their own flags.",
                      flag=None)
+    vllm: dict = F({}, "vLLM options: every `--vllm-KEY VALUE` flag lands here as {KEY: VALUE} and reaches the vLLM "
+                       "servers slick launches as `--KEY VALUE` (see `--vllm-*` above).", flag=None)
 
 
 @dataclass
@@ -130,6 +140,28 @@ class RewardConfig:
 
 
 @dataclass
+class SandboxConfig:
+    sandbox_workers: Optional[int] = F(None, "Sandboxed programs run at once (--rm-type code, @tool(sandbox=True)); "
+                                             "default: one per core (docs/sandbox.md).")
+    sandbox_timeout: float = F(10.0, "Wall-clock seconds one sandboxed program may run; then its sandbox is killed "
+                                     "(verdict time_limit).")
+    sandbox_cpu_seconds: int = F(5, "CPU seconds (RLIMIT_CPU) of each process in the sandbox.")
+    sandbox_memory_mb: int = F(1024, "Address space (RLIMIT_AS) of each process in the sandbox, in MiB.")
+    sandbox_max_processes: int = F(32, "Processes and threads a sandboxed program may have (RLIMIT_NPROC).")
+    sandbox_file_size_mb: int = F(16, "Largest file a sandboxed program may write (RLIMIT_FSIZE), in MiB.")
+    sandbox_open_files: int = F(64, "Open files of each process in the sandbox (RLIMIT_NOFILE).")
+    sandbox_output_kb: int = F(1024, "stdout and stderr are each kept up to this many KiB; past it the sandbox is "
+                                     "killed (verdict output_limit).")
+    sandbox_tmp_mb: int = F(64, "Size of the sandbox's fresh in-memory /tmp (its working directory), in MiB.")
+    sandbox_python: Optional[str] = F(None, "Interpreter inside the sandbox (default: /usr/bin/python3, else the "
+                                            "one running slick).")
+    code_reward_mode: str = F("fraction", "--rm-type code: reward = fraction of tests passed, or 1.0 only when "
+                                          "all pass.", choices=["fraction", "all"])
+    code_block: str = F("last", "--rm-type code: which fenced code block of the response is the program (none: "
+                                "the whole response).", choices=["last", "first", "none"])
+
+
+@dataclass
 class TrainConfig:
     hf_checkpoint: Optional[str] = F(None, "Local Hugging Face model directory for the policy (and reference); "
                                            "required. Checked before anything loads (config.json, weights, "
@@ -148,8 +180,13 @@ class TrainConfig:
     clip_grad: float = F(1.0, "Gradient-norm clip (0 disables).")
     global_batch_size: Optional[int] = F(None, "Samples per optimizer step (derived when unset).")
     num_steps_per_rollout: Optional[int] = F(None, "Optimizer steps per rollout (derived when unset).")
-    micro_batch_size: int = F(8, "Samples per micro-batch before packing.")
-    max_tokens_per_micro_batch: Optional[int] = F(None, "Pack micro-batches up to this many tokens instead of a sample count.")
+    micro_batch_size: Optional[int] = F(None, "Samples per micro-batch before packing. Unset, with "
+                                        "--max-tokens-per-micro-batch unset too: micro-batches packed to a token "
+                                        "budget sized from the model, the sequence lengths and the memory "
+                                        "available, logged at start-up (docs/training.md, Automatic choices).")
+    max_tokens_per_micro_batch: Optional[int] = F(None, "Pack micro-batches up to this many tokens instead of a sample "
+                                                  "count (slime: --use-dynamic-batch-size --max-tokens-per-gpu N; "
+                                                  "unset: sized automatically unless --micro-batch-size is given).")
     seed: int = F(1234, "Global random seed (python, numpy, torch), set once when the run starts.")
     dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
     train_precision: str = F("autocast", "bf16 training scheme: fp32 weights under torch.autocast, fp32 weight "
@@ -245,11 +282,12 @@ class ClusterConfig:
                                                     "/health_generate check (time for compilation or warm-up).")
     update_weights_interval: int = F(1, "Push weights to the engines every N steps (raises --max-staleness to the "
                                         "lag this creates).")
-    offload_rollout: bool = F(False, "slick train with the in-process engine: free the engine's KV cache and packed "
-                                     "weight copies while the trainer steps (the weight sync after the step sends "
-                                     "them back): a lower peak for the same speed (docs/training.md, Where the "
-                                     "memory goes). Refused where no sync follows a step or the engines run "
-                                     "elsewhere.")
+    offload_rollout: Optional[bool] = F(None, "slick train with the in-process engine: free the engine's KV cache "
+                                              "and packed weight copies while the trainer steps (the weight sync "
+                                              "after the step sends them back): a lower peak for the same speed "
+                                              "(docs/training.md, Where the memory goes). Unset: on wherever it "
+                                              "applies (logged at start-up); --no-offload-rollout keeps the memory. "
+                                              "Refused where no sync follows a step or the engines run elsewhere.")
 
 
 _PLANNED = "slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-per-node"
@@ -392,10 +430,28 @@ class RolloutStoreConfig:
                                            "are deleted (a rolling window of the latest steps); 0 = unbounded.")
 
 
+@dataclass
+class LoraConfig:
+    lora_rank: int = F(0, "LoRA rank: train low-rank adapters (PEFT) on a frozen base instead of every weight; 0 = full "
+                          "fine-tuning (docs/lora.md).")
+    lora_alpha: Optional[float] = F(None, "LoRA alpha: adapters are scaled by alpha / rank (default: 2 x --lora-rank).")
+    lora_dropout: Optional[float] = F(None, "LoRA dropout on the adapters' input during training steps (default 0; "
+                                            "logprobs for the loss's old, reference and sync checks run without it).")
+    lora_target_modules: Optional[str] = F(None, "Comma-separated linear layer names to adapt (a name matches a layer "
+                                                 "whose full name ends with it, e.g. q_proj,v_proj), or all-linear "
+                                                 "(every linear layer but the output layer; the default).")
+    lora_load: Optional[str] = F(None, "Start from this PEFT LoRA adapter directory (adapter_config.json): its rank, "
+                                       "alpha and targets are used, on --hf-checkpoint as the base.")
+    weight_check_tol: Optional[float] = F(None, "After every weight sync, check that each engine reports the trainer's "
+                                                "version and that a probe's logprobs match the trainer's within this "
+                                                "bound; a failed check stops the run. On by default with LoRA (1e-3 in "
+                                                "fp32, 0.1 in bf16); off otherwise unless set (docs/lora.md).")
+
+
 GROUPS = {
     "data": DataConfig, "rollout": RolloutConfig, "algorithm": AlgorithmConfig,
     "reward": RewardConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
     "eval": EvalConfig, "cluster": ClusterConfig, "megatron": MegatronCompatConfig, "logging": LoggingConfig, "debug": DebugConfig,
     "agent": AgentConfig, "critic": CriticConfig,
-    "rollout_store": RolloutStoreConfig,
+    "rollout_store": RolloutStoreConfig, "lora": LoraConfig, "sandbox": SandboxConfig,
 }

@@ -37,8 +37,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_ = f"{field_help(f)} (default: {default!r})".replace("%", "%%")
             kw = dict(dest=f.name, default=argparse.SUPPRESS, help=help_)
-            if tp is bool:
-                grp.add_argument(flag_name(f.name), action="store_true", **kw)
+            if tp is bool:   # an unset (None) default: --flag / --no-flag, None meaning automatic
+                action = argparse.BooleanOptionalAction if default is None else "store_true"
+                grp.add_argument(flag_name(f.name), action=action, **kw)
                 continue
             if tp is list or meta.get("nargs"):
                 kw["nargs"] = meta.get("nargs", "+")
@@ -124,6 +125,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
     "async" for slick train-async). Raises ConfigError."""
     argv = sys.argv[1:] if argv is None else list(argv)
     rest, sglang = split_sglang_args(argv)
+    rest, vllm = split_sglang_args(rest, "--vllm-")
     parser = parser or build_parser()
     ns = vars(parser.parse_args(rest))
     slime_problems = resolve_slime_flags(ns)       # slime's spellings onto slick's fields, or refused by name
@@ -134,6 +136,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
     values.update(ns)
     if sglang:
         values["sglang"] = {**values.get("sglang", {}), **sglang}
+    if vllm:
+        values["vllm"] = {**values.get("vllm", {}), **vllm}
     cfg = Config.from_flat(values)
     if validate:
         cfg = validate_config(cfg, driver=driver)   # a new Config with the plan's derived values

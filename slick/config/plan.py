@@ -11,7 +11,12 @@ the flag of the same name:
 * ``max_staleness``: slick train with ``--update-weights-interval`` N > 1 raises it to the lag that interval
   allows, (N - 1) x ``num_steps_per_rollout``;
 * ``gradient_checkpointing``: Megatron's recompute flags (``--recompute-activations``,
-  ``--recompute-granularity``) turn it on.
+  ``--recompute-granularity``) turn it on;
+* ``max_tokens_per_micro_batch``: unset with ``--micro-batch-size`` unset too, a token budget sized from the
+  model, the sequence lengths and the memory available (``slick.config.auto``);
+* ``offload_rollout``: unset (neither ``--offload-rollout`` nor ``--no-offload-rollout``), on wherever it can apply.
+
+``auto`` keeps the automatic choices with the line each logs (what and why), once the config is valid.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
+from slick.config.auto import Choice, Machine
+from slick.config.autoplan import micro_batch_choice, offload_rollout_choice
 from slick.config.config import Config
 from slick.config.megatron import recompute_requested
 
@@ -32,11 +39,15 @@ class Plan:
     weight_transport: str
     max_staleness: int
     gradient_checkpointing: bool
+    max_tokens_per_micro_batch: Optional[int] = None
+    offload_rollout: Optional[bool] = None
+    # the automatic choices made (slick.config.auto.Choice: value and the line logged); not a flag
+    auto: tuple = dataclasses.field(default=(), compare=False, repr=False, metadata={"flag": False})
 
     def changes(self, cfg: Config) -> dict:
         """{flag field: derived value} for each value the plan sets differently from ``cfg``."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(cfg, f.name) != getattr(self, f.name)}
+                if f.metadata.get("flag", True) and getattr(cfg, f.name) != getattr(self, f.name)}
 
     def apply(self, cfg: Config) -> Config:
         """A new ``Config``: a deep copy of ``cfg`` with the derived values; ``cfg`` is left as it is."""
@@ -87,9 +98,10 @@ def derive_batch_sizes(cfg: Config, problems: list[str]) -> tuple[Optional[int],
     return gbs, steps
 
 
-def derive_plan(cfg: Config, driver: str, problems: list[str]) -> Plan:
+def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional[Machine] = None) -> Plan:
     """The plan of ``cfg`` for ``driver`` ("sync" or "async"); reads ``cfg`` only. Problems found while
-    deriving (batch sizes that do not divide) are appended to ``problems``."""
+    deriving (batch sizes that do not divide) are appended to ``problems``. ``machine``: the memory and cores
+    the automatic choices size for (default: this machine now, read only when a choice needs it)."""
     gbs, steps = cfg.global_batch_size, cfg.num_steps_per_rollout
     if cfg.rollout_batch_size <= 0:
         problems.append("--rollout-batch-size must be positive")
@@ -104,6 +116,16 @@ def derive_plan(cfg: Config, driver: str, problems: list[str]) -> Plan:
     if driver == "sync" and steps and interval > 1:
         # engines lag the trainer by up to (interval - 1) rollouts of optimizer steps: allow that staleness
         staleness = max(staleness, (interval - 1) * steps)
+    checkpointing = True if recompute_requested(cfg) else cfg.gradient_checkpointing
+    auto: list[Choice] = []
+    offload = cfg.offload_rollout
+    if offload is None:
+        auto.append(offload_rollout_choice(cfg, driver, num_engine_actors(cfg)))
+        offload = auto[-1].value
+    tokens = cfg.max_tokens_per_micro_batch
+    if tokens is None and cfg.micro_batch_size is None:
+        auto.append(micro_batch_choice(cfg, offload, checkpointing, engines_share_trainer_process(cfg), machine))
+        tokens = auto[-1].value
     return Plan(global_batch_size=gbs, num_steps_per_rollout=steps, weight_transport=transport,
-                max_staleness=staleness,
-                gradient_checkpointing=True if recompute_requested(cfg) else cfg.gradient_checkpointing)
+                max_staleness=staleness, gradient_checkpointing=checkpointing,
+                max_tokens_per_micro_batch=tokens, offload_rollout=offload, auto=tuple(auto))

@@ -102,7 +102,11 @@ KEPT_DEFAULTS: dict[str, tuple[str, str]] = {
     "--n-samples-per-prompt": ("1", "slick's default group of 8; a group of 1 gives zero GRPO advantages, "
                                     "refused at start"),
     "--rm-type": ("unset", "slime has no default reward: a slime script gives --rm-type or --custom-rm-path"),
-    "--micro-batch-size": ("1", "the same gradients; slick packs 8 samples per micro-batch for speed"),
+    "--micro-batch-size": ("1", "the same gradients; unset, slick packs micro-batches to a token budget sized from "
+                                "the model, the sequence lengths and the memory (logged at start-up)"),
+    "--offload-rollout": ("false", "unset, slick train frees the in-process engine's memory while the trainer steps "
+                                   "wherever a weight sync follows, which costs nothing there; --no-offload-rollout "
+                                   "keeps it"),
     "--weight-decay": ("0.01", "Megatron decays matrices only; slick's AdamW decays every parameter, so "
                                "slick keeps 0: give --weight-decay"),
     "--log-probs-chunk-size": ("-1", "the same logprobs; slick always chunks (--logprob-chunk-size 128)"),

@@ -11,9 +11,12 @@ from typing import Optional
 
 from slick.chat.toolcall import PARSERS
 from slick.cluster.layout import trainer_ranks, uses_ray
+from slick.config.auto import log_choices
 from slick.config.config import Config, ConfigError
+from slick.config.engine_checks import server_engine_problems
 from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
+from slick.config.lora import lora_problems
 from slick.config.megatron import megatron_problems, shape_problems
 from slick.config.plan import Plan, derive_plan, engines_share_trainer_process, num_engine_actors
 from slick.models.check import model_dir_problems, read_model_config
@@ -111,6 +114,7 @@ def cluster_problems(cfg: Config, problems: list[str]) -> None:
         if getattr(cfg, name) <= 0:
             p.append(f"{flag_name(name)} must be > 0 (got {getattr(cfg, name)})")
     fault_problems(cfg, p)
+    server_engine_problems(cfg, p)
 
 
 def fault_problems(cfg: Config, p: list[str]) -> None:
@@ -122,9 +126,10 @@ def fault_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--rollout-health-check-first-wait must be >= 0 (got {cfg.rollout_health_check_first_wait})")
     if not cfg.use_fault_tolerance:
         return
-    if cfg.rollout_engine != "http" and not num_engine_actors(cfg):
-        p.append("--use-fault-tolerance restarts engine processes: it needs --rollout-engine http (workers slick "
-                 "launches) or engine actors on Ray; the in-process engine (--rollout-engine local) has none")
+    if cfg.rollout_engine == "local" and not num_engine_actors(cfg):
+        p.append("--use-fault-tolerance restarts engine processes: it needs --rollout-engine http, vllm or sglang "
+                 "(servers slick launches) or engine actors on Ray; the in-process engine (--rollout-engine local) "
+                 "has none")
     elif cfg.rollout_urls:
         p.append("--use-fault-tolerance restarts engines slick launched: the engines at --rollout-urls are not "
                  "slick's to restart (drop --rollout-urls to let slick launch --rollout-num-workers workers)")
@@ -382,6 +387,7 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
     prometheus_problems(cfg, p)
     critic_problems(cfg, p)
     algo_plugin_problems(cfg, p)
+    lora_problems(cfg, p, check_files)
     if cfg.recompute_mlp and cfg.disable_fused_layers:
         p.append("--recompute-mlp recomputes inside slick's fused decoder layers, which --disable-fused-layers "
                  "turns off (use --gradient-checkpointing for the HF layers)")
@@ -398,4 +404,5 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
         checkpoint_problems(cfg, p)
     if p:
         raise ConfigError(p)
+    log_choices(plan.auto)   # what the plan chose for unset flags, and why (slick.config.auto)
     return cfg, plan

@@ -1,2 +1,3 @@
 """Driver-side engine clients behind the ``slick.engine.base.Engine`` protocol: the HTTP client (``HttpEngine``),
-launching workers and the router, health watching and fault recovery."""
+the vLLM client (``VllmEngine``) and its server launcher and in-server plugin, launching workers and the router,
+health watching and fault recovery."""

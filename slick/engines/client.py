@@ -179,6 +179,28 @@ class HttpEngine:
         self._answered = urls
         return outs
 
+    # ------------------------------------------------- the wire format (a subclass speaks another)
+    generate_path = "/generate"
+    health_path = "/health_generate"    # answers 200 only when the worker can generate (the health monitor's probe)
+
+    def _payload(self, prompt_ids: list[int], sampling: SamplingParams, rid: str, stream: bool) -> dict:
+        """The body of one generate request (SGLang's native API)."""
+        return {"input_ids": prompt_ids, "sampling_params": sampling.to_sglang(), "return_logprob": True,
+                "stream": stream, "rid": rid}
+
+    def _parse(self, out: Any) -> Generation:
+        """A non-streamed generate answer as a Generation."""
+        return generation_from_json(out[0] if isinstance(out, list) else out)
+
+    def _chunk(self, out: Any, flight: "_Flight") -> Optional[Generation]:
+        """One streamed chunk: a partial one goes into ``flight`` (None is returned), the final one is returned."""
+        out = out[0] if isinstance(out, list) else out
+        meta = out.get("meta_info", {})
+        if meta.get("finish_reason") is None:    # a partial chunk: the tokens since the last one
+            flight.extend(generation_from_json(out), int(meta.get("output_offset", 0)))
+            return None
+        return generation_from_json(out)
+
     # ------------------------------------------------------------ Engine
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        rid: Optional[str] = None) -> Generation:
@@ -188,15 +210,12 @@ class HttpEngine:
         With ``fault_tolerant`` the request streams and survives the failure of its worker (:meth:`_generate_ft`)."""
         if self.fault_tolerant:
             return await self._generate_ft(prompt_ids, sampling, uuid.uuid4().hex if rid is None else rid)
-        payload = {"input_ids": list(prompt_ids), "sampling_params": sampling.to_sglang(),
-                   "return_logprob": True, "stream": False, "rid": uuid.uuid4().hex if rid is None else rid}
-        out = await self._request("POST", "/generate", payload)
-        if isinstance(out, list):
-            out = out[0]
+        payload = self._payload(list(prompt_ids), sampling, uuid.uuid4().hex if rid is None else rid, stream=False)
+        out = await self._request("POST", self.generate_path, payload)
         try:
-            gen = generation_from_json(out)
+            gen = self._parse(out)
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise EngineError(f"could not parse /generate response: {e}") from None
+            raise EngineError(f"could not parse {self.generate_path} response: {e}") from None
         if not gen.prompt_tokens:
             gen.prompt_tokens = len(prompt_ids)
         self._version = max(self._version, gen.weight_version)
@@ -219,8 +238,7 @@ class HttpEngine:
                 flight = _Flight(url, asyncio.Event())
                 self._flights[rid_now] = flight
                 self._current[rid] = rid_now
-                payload = {"input_ids": part.prompt(prompt_ids), "sampling_params": part.sampling(sampling).to_sglang(),
-                           "return_logprob": True, "stream": True, "rid": rid_now}
+                payload = self._payload(part.prompt(prompt_ids), part.sampling(sampling), rid_now, stream=True)
                 try:
                     gen = await _unless(self._stream(url, payload, flight, deadline), flight.lost)
                     part.add(gen)
@@ -249,11 +267,12 @@ class HttpEngine:
         session, _ = self._ensure()
         to = aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.1))
         try:
-            async with session.post(url + "/generate", json=payload, timeout=to) as resp:
+            async with session.post(url + self.generate_path, json=payload, timeout=to) as resp:
                 if resp.status >= 500 or resp.status == 429:
-                    raise _Retryable(f"{url}/generate: HTTP {resp.status}: {(await resp.text())[:300]}")
+                    raise _Retryable(f"{url}{self.generate_path}: HTTP {resp.status}: {(await resp.text())[:300]}")
                 if resp.status >= 400:
-                    raise EngineError(f"{url}/generate: HTTP {resp.status}: {_message(await resp.text())}")
+                    raise EngineError(f"{url}{self.generate_path}: HTTP {resp.status}: "
+                                      f"{_message(await resp.text())}")
                 buf = b""
                 async for chunk in resp.content.iter_any():
                     buf += chunk
@@ -265,24 +284,16 @@ class HttpEngine:
                         data = data[5:].strip()
                         if data == "[DONE]":
                             break
-                        out = json.loads(data)
-                        if isinstance(out, list):
-                            out = out[0]
-                        meta = out.get("meta_info", {})
-                        if meta.get("finish_reason") is None:    # a partial chunk: the tokens since the last one
-                            flight.extend(generation_from_json(out), int(meta.get("output_offset", 0)))
-                            continue
-                        gen = generation_from_json(out)
-                        if not gen.prompt_tokens:
-                            gen.prompt_tokens = len(payload["input_ids"])
-                        return gen
+                        gen = self._chunk(json.loads(data), flight)
+                        if gen is not None:
+                            return gen
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
-            raise _Retryable(f"{url}/generate: {type(e).__name__}: {e}") from e
+            raise _Retryable(f"{url}{self.generate_path}: {type(e).__name__}: {e}") from e
         except asyncio.TimeoutError:
-            raise EngineError(f"{url}/generate: no answer within {to.total:.0f}s (timeout)") from None
+            raise EngineError(f"{url}{self.generate_path}: no answer within {to.total:.0f}s (timeout)") from None
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise EngineError(f"could not parse a /generate stream chunk from {url}: {e}") from None
-        raise _Retryable(f"{url}/generate: the stream ended before its final chunk")
+            raise EngineError(f"could not parse a {self.generate_path} stream chunk from {url}: {e}") from None
+        raise _Retryable(f"{url}{self.generate_path}: the stream ended before its final chunk")
 
     def _lost_event(self, url: str) -> asyncio.Event:
         return self._lost.setdefault(url, asyncio.Event())
@@ -333,11 +344,15 @@ class HttpEngine:
 
     async def weight_version_of(self, url: str, timeout: float = 30.0) -> int:
         """The weight version worker ``url`` reports (GET /get_weight_version)."""
-        try:
-            out = await self._call("GET", _norm(url), "/get_weight_version", timeout=timeout)
-        except _Retryable as e:
-            raise EngineError(f"worker {url} did not answer /get_weight_version: {e}") from None
+        out = await self._get(url, "/get_weight_version", timeout)
         return parse_weight_version(out.get("weight_version") if isinstance(out, dict) else None, default=-1)
+
+    async def _get(self, url: str, path: str, timeout: float) -> Any:
+        """GET ``path`` from one worker (no fail-over); EngineError naming it when it does not answer."""
+        try:
+            return await self._call("GET", _norm(url), path, timeout=timeout)
+        except _Retryable as e:
+            raise EngineError(f"worker {url} did not answer {path}: {e}") from None
 
     async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,
                              version: Optional[int] = None) -> int:
@@ -361,6 +376,12 @@ class HttpEngine:
         new = int(version) if version is not None else (max(known) if known else self._version + 1)
         self._version = new
         return new
+
+    async def load_weights_at(self, url: str, path: str, version: int, timeout: Optional[float] = None) -> None:
+        """Load the weights directory ``path`` as ``version`` into the one worker ``url`` (a replacement worker
+        catching up; ``/update_weights_from_disk``)."""
+        await self.control(url, "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version)},
+                           timeout=timeout)
 
     async def control(self, url: str, path: str, payload: Any = None, timeout: Optional[float] = None) -> dict:
         """POST ``payload`` to ``path`` on one worker ``url`` (no fail-over) and return its JSON answer, which must
@@ -417,8 +438,11 @@ class HttpEngine:
         await self._abort({"rid": self._current.get(rid, rid)})
 
     async def _abort(self, payload: dict) -> None:
+        await self._abort_at("/abort_request", payload)
+
+    async def _abort_at(self, path: str, payload: dict) -> None:
         self._ensure()
-        results = await asyncio.gather(*(self._call("POST", u, "/abort_request", payload, timeout=30)
+        results = await asyncio.gather(*(self._call("POST", u, path, payload, timeout=30)
                                          for u in self.control_urls), return_exceptions=True)
         for r in results:
             if isinstance(r, EngineError):

@@ -36,8 +36,9 @@ class HealthMonitor:
     def __init__(self, urls: Callable[[], list], on_failure: Callable[[str, str], Awaitable[None]], *,
                  processes: Optional[Callable[[], dict]] = None, interval: float = 10.0, timeout: float = 30.0,
                  first_wait: float = 0.0, health_checks: bool = True, poll: float = 0.5,
-                 paused: Optional[Callable[[], bool]] = None):
+                 paused: Optional[Callable[[], bool]] = None, path: str = "/health_generate"):
         self.urls, self.on_failure = urls, on_failure
+        self.path = path                                # the route that proves a worker generates
         self.processes = processes or (lambda: {})
         self.interval, self.timeout, self.first_wait = float(interval), float(timeout), float(first_wait)
         self.health_checks, self.poll = bool(health_checks), float(poll)
@@ -104,12 +105,12 @@ class HealthMonitor:
             self._session = aiohttp.ClientSession()
         self.checks += 1
         try:
-            async with self._session.get(url + "/health_generate",
+            async with self._session.get(url + self.path,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                 if resp.status == 200:
                     return None
-                return f"/health_generate answered HTTP {resp.status}: {(await resp.text())[:200]}"
+                return f"{self.path} answered HTTP {resp.status}: {(await resp.text())[:200]}"
         except asyncio.TimeoutError:
-            return f"no answer to /health_generate within {self.timeout:g}s (--rollout-health-check-timeout): hung"
+            return f"no answer to {self.path} within {self.timeout:g}s (--rollout-health-check-timeout): hung"
         except (aiohttp.ClientError, OSError) as e:
-            return f"/health_generate failed: {type(e).__name__}: {e}"
+            return f"{self.path} failed: {type(e).__name__}: {e}"

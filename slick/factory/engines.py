@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
+
+import torch
 
 from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
 from slick.engines.client import HttpEngine
@@ -12,6 +15,9 @@ from slick.engines.fault import EngineDied, Recovery
 from slick.engines.health import HealthMonitor
 from slick.engine.local import LocalEngine
 from slick.engines.router import RouterProcess, WorkerProcess, launch_router, launch_workers
+from slick.engines.vllm_client import VllmEngine
+from slick.engines.vllm_launch import launch_sglang, launch_vllm
+from slick.train.precision import resolve_dtype
 from slick.serve.sglang_args import engine_options, to_argv, unknown_warning
 
 log = logging.getLogger("slick.engine")
@@ -79,7 +85,8 @@ class EngineSet:
                                      interval=cfg.rollout_health_check_interval,
                                      timeout=cfg.rollout_health_check_timeout,
                                      first_wait=cfg.rollout_health_check_first_wait,
-                                     health_checks=self.recovery is not None, poll=0.2)
+                                     health_checks=self.recovery is not None, poll=0.2,
+                                     path=self.engine.health_path)
         self.monitor.start()
 
     def fault_metrics(self) -> dict:
@@ -113,7 +120,7 @@ class EngineSet:
             p.stop()
 
 
-def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
+def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     """--rollout-engine local: LocalEngine in this process (weights synced as tensors).
     --rollout-engine http: HttpEngine over --rollout-urls, or over `slick serve` workers launched from
     --hf-checkpoint; --router sglang puts the real sglang-router in front (weights synced via disk).
@@ -125,7 +132,13 @@ def make_engines(cfg, cluster=None, trainer=None) -> EngineSet:
     On Ray (``cluster`` with engines in its layout) the engines are `slick serve` servers in actors: their own
     (disaggregated) or inside ``trainer``'s rank actors (--colocate); the rollout reaches them over HTTP, through
     the real sglang-router with --router sglang, and the trainer ranks push weights to them themselves
-    (sync mode "ray": ``RayTrainerGroup.send_weights`` with --weight-transport)."""
+    (sync mode "ray": ``RayTrainerGroup.send_weights`` with --weight-transport).
+
+    --rollout-engine vllm / sglang: real vLLM (or SGLang) servers launched from --hf-checkpoint
+    (slick/engines/vllm_launch.py), or found at --rollout-urls; weights reach them through the disk transport's
+    directory ``weight_dir`` (the only directory the launched vLLM servers load weights from)."""
+    if cfg.rollout_engine in ("vllm", "sglang"):
+        return _server_engines(cfg, weight_dir)
     sglang = dict(getattr(cfg, "sglang", None) or {})
     options, unknown = engine_options(sglang)
     if sglang and cfg.rollout_engine == "http" and cfg.rollout_urls:
@@ -183,3 +196,30 @@ def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
     eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout,
                      control_urls=worker_urls)
     return EngineSet(eng, sync_mode, procs, worker_urls)
+
+
+def _server_engines(cfg, weight_dir) -> EngineSet:
+    """vLLM servers (VllmEngine) or SGLang servers (HttpEngine): at --rollout-urls, or launched here."""
+    vllm = cfg.rollout_engine == "vllm"
+    client = VllmEngine if vllm else HttpEngine
+    if cfg.rollout_urls:
+        eng = client(list(cfg.rollout_urls), concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
+        return EngineSet(eng, "disk", [], list(cfg.rollout_urls))
+    n = cfg.rollout_num_workers
+    dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
+    key = secrets.token_hex(16)     # every server launched for this run, replacements included, needs it
+    common = dict(python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
+                  startup_timeout=cfg.rollout_startup_timeout, api_key=key)
+    if vllm:
+        launch = lambda k: launch_vllm(cfg.hf_checkpoint, k, weight_dir=weight_dir, options=cfg.vllm,  # noqa: E731
+                                       threads=max(1, (os.cpu_count() or 1) // n), **common)
+    else:
+        launch = lambda k: launch_sglang(cfg.hf_checkpoint, k, options=cfg.sglang, **common)  # noqa: E731
+    log.info("starting %d %s server(s) for %s (up to %.0fs)", n, cfg.rollout_engine, cfg.hf_checkpoint,
+             cfg.rollout_startup_timeout)
+    procs = launch(n)
+    eng = client([p.url for p in procs], api_key=key,
+                 concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
+    engines = EngineSet(eng, "disk", procs, [p.url for p in procs])
+    engines.relaunch = lambda url: launch(1)[0]
+    return engines

@@ -12,6 +12,7 @@ the Prometheus endpoint last. A failure stops what was started (:meth:`Component
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch
 import yaml
 
 from slick.cluster import start_cluster
+from slick.config.auto import allocator_reason, threads_reason
 from slick.config.validate import async_lead
 from slick.data.buffer import RolloutBuffer
 from slick.data.checks import check_run_prompts, check_zero_advantages
@@ -43,7 +45,7 @@ from slick.rollout.interrupt import InterruptibleEngine
 from slick.rollout.manager import RolloutManager
 from slick.train.checkpoint import clean_stale_temp, load_checkpoint
 from slick.train.critic import with_critic
-from slick.train.memory import release_free_memory, tcmalloc_loaded, tune_cpu_allocator
+from slick.train.memory import find_tcmalloc, release_free_memory, tcmalloc_loaded, tune_cpu_allocator
 from slick.train.precision import resolve_device
 from slick.train.rng import seed_everything
 
@@ -135,8 +137,9 @@ def _build_inputs(c: Components) -> None:
     """Run directory, tokenizer, prompts, buffer, reward hub, loss: the cheap parts that fail on bad input."""
     cfg = c.cfg
     if resolve_device(cfg.device).type == "cpu":   # before the tokenizer, Ray or torch start threads
-        log.info("CPU allocator: %s", "tcmalloc" if tcmalloc_loaded()
-                 else "glibc, tuned" if tune_cpu_allocator() else "glibc")
+        level, line = allocator_reason(tcmalloc_loaded(), find_tcmalloc() is not None,
+                                       os.environ.get("SLICK_ALLOCATOR", "auto").strip().lower(), tune_cpu_allocator())
+        log.log(level, "%s", line)
     c.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     c.run_dir.mkdir(parents=True, exist_ok=True)
     # what interrupted atomic writes left behind (checkpoints; disk weight syncs into RUN_DIR/weights):
@@ -171,6 +174,9 @@ def _build_trainer(c: Components) -> None:
                                                                   thread_budget=train_budget if overlap else None)
     c.critic = make_critic(cfg, c.cluster, c.trainer)   # PPO's value model (None otherwise)
     c.threads = ThreadPolicy.for_run(cfg, overlap, c.trainer is None or c.trainer.device.type == "cpu")
+    if c.threads.take_turns or c.threads.share_cores or cfg.train_num_threads or cfg.rollout_num_threads:
+        log.info("%s", threads_reason(c.threads.cores, c.threads.train, c.threads.rollout, overlap,
+                                      bool(cfg.train_num_threads or cfg.rollout_num_threads)))
     torch.set_num_threads(c.threads.rollout)   # this thread runs the event loop and the in-process engine
     c.train_pool = c.threads.train_pool()      # training never blocks the event loop (engine, rewards, HTTP)
     c.start_step = resume(cfg, c.trainer, c.critic, c.data, c.buffer)
@@ -191,7 +197,8 @@ def _build_rollout(c: Components) -> None:
     """Engines (may start processes), the engine the rollout talks to, the rollout manager, the weight sink and the
     Prometheus endpoint."""
     cfg = c.cfg
-    c.engines = None if cfg.load_debug_rollout_data else make_engines(cfg, c.cluster, c.trainer)
+    c.engines = None if cfg.load_debug_rollout_data else make_engines(cfg, c.cluster, c.trainer,
+                                                                      weight_dir=EngineWeights.dir_for(c.run_dir))
     if c.engines is not None:
         c.engine = c.engines.engine
         if c.mode == "async":   # weight updates that pause, continue or resubmit the requests in flight

@@ -16,12 +16,14 @@ from slick.algo.batch import TrainBatch
 from slick.loop import debug
 from slick.loop.build import Components, build
 from slick.loop.omp import release_openmp_workers
+from slick.loop.weights import EngineWeights
 from slick.loop.step import NonFiniteTrainingError, optimizer_batch_size, train_on_batch
 from slick.observe.store import store_step
 from slick.reward import NonFiniteRewardError
 from slick.rollout.eval import evaluate
 from slick.train.checkpoint import save_checkpoint, save_hf
 from slick.train.critic import with_critic
+from slick.train.sync_check import check_engine_weights, check_tolerance
 
 log = logging.getLogger("slick")
 
@@ -59,15 +61,15 @@ class Run:
                                pending=lambda: self.manager.pending if self.manager else ())
         if self.start_step and self.engines and self.trainer:
             await self.sync_weights()
+            await self.check_weights()
 
     async def bring_up(self, url: str) -> int:
         """Load the engines' current weights and version into the (new) engine at ``url``; returns that version.
         The last weight sync's disk directory holds them; before any sync the engines hold --hf-checkpoint."""
         version = self.engine_version
         if version:
-            await self.engines.engine.control(url, "/update_weights_from_disk", {
-                "model_path": str(self.run_dir / "weights"), "weight_version": str(version)},
-                timeout=float(self.cfg.dist_timeout))
+            await self.engines.engine.load_weights_at(url, EngineWeights.dir_for(self.run_dir), version,
+                                                      timeout=float(self.cfg.dist_timeout))
         return version
 
     async def rollout(self, step: int):
@@ -150,6 +152,16 @@ class Run:
         seconds = await self.trainer.send_weights(self.weights)
         self.engine_version = self.trainer.version
         return {"perf/update_weights_time": seconds}
+
+    async def check_weights(self) -> dict:
+        """After a sync, once the engines generate again: their version and a probe's logprobs against the
+        trainer's (slick/train/sync_check.py; LoRA or --weight-check-tol). Raises WeightSyncError."""
+        tol = check_tolerance(self.cfg, getattr(self.trainer, "dtype", None))
+        if tol is None or not self.engines or self.cfg.debug_train_only or self._actor_unchanged():
+            return {}
+        loop = asyncio.get_running_loop()
+        return await check_engine_weights(self.trainer, self.engines.engine, tol, lambda samples: loop.run_in_executor(
+            self.train_pool, self.trainer.compute_logprobs, samples))
 
     def _actor_unchanged(self) -> bool:
         """Critic-only steps (--num-critic-only-steps): the actor has not stepped; the engines hold its weights."""

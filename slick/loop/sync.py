@@ -53,6 +53,7 @@ async def train(cfg) -> Run:
                 metrics.update(await run.train_off_loop(step, batch))
                 if syncs:
                     metrics.update(await run.sync_weights())
+                    metrics.update(await run.check_weights())
             if run.engines:
                 metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0

@@ -70,6 +70,7 @@ async def train_async(cfg) -> Run:
                 if cfg.async_weight_update == "wait":          # one-step-off: let the rollouts in flight finish
                     await producer.drain(cfg.async_timeout)
                 metrics.update(await engine.update(run.sync_weights))
+                metrics.update(await run.check_weights())   # the engine generates again: the probe can run
                 producer.weights_synced(done)
                 producer.resume()
                 metrics["perf/paused_time"] = engine.paused_time - paused0

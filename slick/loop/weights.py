@@ -33,11 +33,16 @@ class EngineWeights:
         self.engines = engines
         self.transport = resolve_transport(cfg, engines, cluster)
         self.ranks_reach_engines = engines.sync_mode == "ray"   # engine actors the trainer ranks push to
-        self.disk_dir = str(Path(run_dir) / "weights")
+        self.disk_dir = self.dir_for(run_dir)
         self.bucket_bytes = int(cfg.weight_bucket_mb) << 20
         self.timeout_s = float(cfg.dist_timeout)
         self.model_dir = cfg.hf_checkpoint
         self._transport = None      # connected on the first send from this process, kept until close
+
+    @staticmethod
+    def dir_for(run_dir) -> str:
+        """The disk transport's directory of a run (the only one launched vLLM servers load weights from)."""
+        return str(Path(run_dir) / "weights")
 
     @property
     def worker_urls(self) -> list:

@@ -105,6 +105,9 @@ class RewardHub:
                 raise ValueError("--rm-type remote_rm needs --rm-url")
         else:
             get_score_fn(self.rm_type)           # raises ValueError naming the unknown type
+        self._judges: dict = {}                  # rm_type -> verifier built for this run (get_judge_fn with cfg)
+        if self.rm_type and self.rm_type != REMOTE and self.custom_fn is None:
+            self._judge(self.rm_type)            # e.g. code: its sandbox is checked now, not at the first sample
         self._remote: Optional[RemoteRM] = None
         if cfg.rm_url:
             self._remote = RemoteRM(cfg.rm_url, timeout=self.timeout or 300.0,
@@ -192,6 +195,11 @@ class RewardHub:
             result = await result
         return result
 
+    def _judge(self, rm_type: str) -> Callable:
+        if rm_type not in self._judges:
+            self._judges[rm_type] = get_judge_fn(rm_type, self.cfg)
+        return self._judges[rm_type]
+
     def _rm_type_of(self, sample: Any) -> str:
         meta = sample.metadata if isinstance(sample.metadata, dict) else {}
         return meta.get("rm_type") or self.rm_type
@@ -216,7 +224,7 @@ class RewardHub:
             # the remote client bounds each attempt itself; the outer bound covers all retries
             return (self._remote.score(sample.prompt, sample.response or "", sample.label),
                     self._remote.worst_case_seconds() + 1.0)
-        fn = get_judge_fn(rm_type)     # the rule verifier with its evidence (a Judgement)
+        fn = self._judge(rm_type)      # the rule verifier with its evidence (a Judgement)
         meta = sample.metadata if isinstance(sample.metadata, dict) else {}
         return self._call(fn, sample.response or "", sample.label, meta), self.timeout
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from slick.reward import countdown, gsm8k, math as math_rm, text
+from slick.reward import code, countdown, gsm8k, math as math_rm, text
 from slick.reward.evidence import Judgement
 from slick.reward.extract import last_boxed
 
@@ -23,6 +23,7 @@ JUDGES: dict[str, JudgeFn] = {
     "exact": text.judge_exact,
     "f1": text.judge_f1,
     "countdown": countdown.judge,
+    "code": code.judge,
 }
 
 BUILTIN: dict[str, ScoreFn] = {
@@ -31,7 +32,10 @@ BUILTIN: dict[str, ScoreFn] = {
     "exact": text.score_exact,
     "f1": text.score_f1,
     "countdown": countdown.score,
+    "code": code.score,
 }
+# types whose verifier a run's config shapes (``make(cfg) -> JudgeFn``; the hub builds one per run)
+CONFIGURED: dict[str, Callable[[Any], JudgeFn]] = {"code": code.judge_from_config}
 REMOTE = "remote_rm"
 BOXED_PREFIX = "boxed_"
 
@@ -61,9 +65,12 @@ def get_score_fn(rm_type: str) -> ScoreFn:
                      f"or boxed_<type> for the rule types)")
 
 
-def get_judge_fn(rm_type: str) -> JudgeFn:
+def get_judge_fn(rm_type: str, cfg: Any = None) -> JudgeFn:
     """Like :func:`get_score_fn`, but the function returns a :class:`Judgement` (score, extracted answer,
-    verdict, extras); ``boxed_<type>`` adds the extra ``box`` (the box content, ``None`` without a box)."""
+    verdict, extras); ``boxed_<type>`` adds the extra ``box`` (the box content, ``None`` without a box).
+    With ``cfg``, a :data:`CONFIGURED` type gets the verifier built from it (e.g. code: its sandbox pool)."""
+    if cfg is not None and rm_type in CONFIGURED:
+        return CONFIGURED[rm_type](cfg)
     if rm_type in JUDGES:
         return JUDGES[rm_type]
     if rm_type.startswith(BOXED_PREFIX) and rm_type[len(BOXED_PREFIX):] in JUDGES:

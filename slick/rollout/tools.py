@@ -21,6 +21,10 @@ ends or times out, and gets a clean environment: none of the driver's variables 
 those named in ``@tool(unsafe=True, env=["NAME", ...])``. ``@tool(timeout=S)`` overrides ``--tool-timeout`` for
 one tool.
 
+``@tool(sandbox=True)`` runs the function's own source in the bubblewrap sandbox instead
+(:mod:`slick.rollout.tool_sandbox`): no network, no host files, the ``--sandbox-*`` limits. The function must be
+self-contained (imports inside its body, standard library only); the sandbox pool is built from the run's config.
+
 **Failures never crash a rollout.** A tool that raises, times out (``--tool-timeout``), is unknown, gets bad
 arguments, or whose call could not be parsed, answers with a tool message starting ``Error:`` and counts in
 ``rollout/tool_errors``. Output longer than ``--tool-max-output-chars`` is cut, ending with
@@ -39,25 +43,30 @@ import types
 from typing import Callable, Optional, Sequence
 
 from slick.plugins import _import
+from slick.reward.sandbox import SandboxPool, default_pool, pool_from_config
 from slick.rollout.tool_process import run_in_subprocess, to_text
+from slick.rollout.tool_sandbox import run_in_sandbox
 from slick.chat.toolcall import ToolCall
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
 def tool(fn: Optional[Callable] = None, *, unsafe: bool = False, timeout: Optional[float] = None,
-         name: Optional[str] = None, schema: Optional[dict] = None, env: Sequence[str] = ()):
+         name: Optional[str] = None, schema: Optional[dict] = None, env: Sequence[str] = (), sandbox: bool = False):
     """Mark a function as a tool with options (usable bare, ``@tool``, or with arguments). ``env``: names of
     the driver's environment variables an unsafe tool's process gets (it gets no others)."""
     if isinstance(env, str) or not all(isinstance(k, str) and k for k in env):
         raise TypeError(f"@tool(env=...): expected a list of environment variable names, got {env!r}")
+    if sandbox and (unsafe or env):
+        raise TypeError("@tool(sandbox=True) runs in the sandbox with no environment of the driver: "
+                        "drop unsafe=True and env=")
     if env and not unsafe:
         raise TypeError(f"@tool(env={list(env)!r}): only an unsafe tool's process gets a filtered environment; "
                         f"a safe tool runs in the driver and sees all of it (add unsafe=True)")
 
     def mark(f):
         f.__slick_tool__ = {"unsafe": unsafe, "timeout": timeout, "name": name, "schema": schema,
-                            "env": tuple(env)}
+                            "env": tuple(env), "sandbox": bool(sandbox)}
         return f
     return mark(fn) if fn is not None else mark
 
@@ -167,14 +176,18 @@ def _in_daemon_thread(fn, kwargs) -> asyncio.Future:
 class ToolSet:
     """Named tools with their schemas; :meth:`run_all` executes a turn's calls concurrently."""
 
-    def __init__(self, tools: dict[str, Callable], timeout: float = 10.0, max_output_chars: int = 4000):
+    def __init__(self, tools: dict[str, Callable], timeout: float = 10.0, max_output_chars: int = 4000,
+                 sandbox_pool: Optional[SandboxPool] = None):
         self.tools, self.timeout, self.max_output_chars = dict(tools), float(timeout), int(max_output_chars)
+        self.sandbox_pool = sandbox_pool       # runs @tool(sandbox=True) tools (from_config builds one when needed)
 
     @classmethod
     def from_config(cls, cfg) -> Optional["ToolSet"]:
         if not cfg.tool_path:
             return None
-        return cls(load_tools(cfg.tool_path), cfg.tool_timeout, cfg.tool_max_output_chars)
+        tools = load_tools(cfg.tool_path)
+        wants = any(getattr(f, "__slick_tool__", {}).get("sandbox") for f in tools.values())
+        return cls(tools, cfg.tool_timeout, cfg.tool_max_output_chars, pool_from_config(cfg) if wants else None)
 
     def schemas(self) -> list[dict]:
         return [function_schema(n, f) for n, f in self.tools.items()]
@@ -207,6 +220,9 @@ class ToolSet:
         opts = getattr(fn, "__slick_tool__", {})
         timeout = float(opts.get("timeout") or self.timeout)
         try:
+            if opts.get("sandbox"):
+                pool = self.sandbox_pool if self.sandbox_pool is not None else default_pool()
+                return await run_in_sandbox(fn, call.arguments, timeout, pool)
             if opts.get("unsafe"):
                 return await run_in_subprocess(fn, call.arguments, timeout, self.max_output_chars,
                                                opts.get("env", ()))

@@ -81,15 +81,16 @@ def to_argv(sglang: dict) -> list[str]:
     return [flag(str(k)) if v is True else f"{flag(str(k))}={v}" for k, v in (sglang or {}).items()]
 
 
-def split_sglang_args(argv: Sequence[str]) -> tuple[list[str], dict]:
-    """Remove ``--sglang-KEY [VALUE]`` / ``--sglang-KEY=VALUE`` from argv; return (rest, {key: value})."""
+def split_sglang_args(argv: Sequence[str], prefix: str = "--sglang-") -> tuple[list[str], dict]:
+    """Remove ``--sglang-KEY [VALUE]`` / ``--sglang-KEY=VALUE`` (or another ``prefix``) from argv; return
+    (rest, {key: value})."""
     rest, sg = [], {}
     argv = list(argv)
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--sglang-"):
-            key, eq, val = a[len("--sglang-"):].partition("=")
+        if a.startswith(prefix):
+            key, eq, val = a[len(prefix):].partition("=")
             key = key.replace("-", "_")
             if eq:
                 sg[key] = val

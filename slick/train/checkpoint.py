@@ -44,6 +44,7 @@ from slick.train.atomic_files import fsync_dir, write_text_atomic
 from slick.train.output_dirs import (CHECKPOINT_ROOT, CHECKPOINT_STEP, HF_EXPORT, TEMP_ENTRY, OutputDirError,
                                      describe, export_problems, is_checkpoint_step, owned, write_marker)
 from slick.train.dcp import export_sharded, is_sharded
+from slick.train.lora import export_lora
 from slick.train.safe_load import load_pt, unsafe_globals
 from slick.types import ClusterFailure
 
@@ -425,7 +426,7 @@ def save_hf(out_dir, trainer) -> Path:
     return write_dir_atomic(out_dir, trainer.save_hf_files, kind=HF_EXPORT)
 
 
-def export_checkpoint(load_root, out_dir, step: Optional[int] = None) -> Path:
+def export_checkpoint(load_root, out_dir, step: Optional[int] = None, lora_adapter: bool = False) -> Path:
     """HF model directory of a run checkpoint in ``out_dir``, atomically: a copy of a one-process checkpoint's
     ``model/`` (no model is loaded), or the fp32 weights gathered from a sharded one (``slick.train.dcp``).
     ``out_dir`` is checked first (``output_dirs.export_problems``): not the checkpoint nor inside it, and new,
@@ -434,6 +435,8 @@ def export_checkpoint(load_root, out_dir, step: Optional[int] = None) -> Path:
     if problems:
         raise OutputDirError("; ".join(problems))
     s, d = resolve_step_dir(load_root, step)
+    if lora_adapter or (d / "adapter").is_dir():   # a LoRA checkpoint (slick.train.lora): merged, or the adapter
+        return write_dir_atomic(out_dir, lambda tmp: export_lora(d, tmp, lora_adapter), kind=HF_EXPORT)
     if is_sharded(d):
         return write_dir_atomic(out_dir, lambda tmp: export_sharded(d, tmp), kind=HF_EXPORT)
     src = d / "model"

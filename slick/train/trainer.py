@@ -39,6 +39,7 @@ from slick.train.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
+from slick.train.lora import attach_lora
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
@@ -47,6 +48,7 @@ from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint fi
 from slick.types import Sample
 
 LOSS_KEY = "loss"
+DEFAULT_MICRO_BATCH_SIZE = 8   # samples, when neither --micro-batch-size nor a token budget is set
 log = logging.getLogger(__name__)
 _PAD = Sample(index=-1, prompt_ids=[0], response_ids=[0])   # the zero-contribution micro-batch of short ranks
 
@@ -72,6 +74,8 @@ class Trainer:
 
     #: what the head predicts per response token: "policy" (logprobs; compared with the rollout's) or "value"
     head = "policy"
+    #: the policy's LoRA adapters (slick.train.lora.PolicyLora) with --lora-rank / --lora-load, else None
+    lora = None
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None, *,
                  thread_budget: Optional[Callable[[], Optional[int]]] = None):
@@ -94,10 +98,13 @@ class Trainer:
         self.fsdp = self.world_size > 1
         # FSDP shards fp32 master weights; its mixed-precision policy gives the bf16 scheme its bf16 compute
         weight_dtype = torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32
+        if cfg.lora_rank or cfg.lora_load:   # LoRA: the frozen base in the compute dtype, fp32 adapters under autocast
+            weight_dtype = self.dtype
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
         use_segments(self.model)
-        self.fused_layers = 0 if cfg.disable_fused_layers else fuse_decoder_layers(
+        self.lora = attach_lora(self.model, cfg, self.model_path)   # PEFT adapters (slick.train.lora) or None
+        self.fused_layers = 0 if cfg.disable_fused_layers or self.lora else fuse_decoder_layers(
             decoder_layers(self.model), recompute_mlp=cfg.recompute_mlp)
         if cfg.recompute_mlp and not self.fused_layers:
             raise ValueError(f"--recompute-mlp: none of {self.model_path}'s decoder layers can be fused "
@@ -134,7 +141,7 @@ class Trainer:
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
         self.ref_model = None
         self._ref_fwd = None
-        if self.has_ref:
+        if self.has_ref and self.lora is None:   # LoRA's reference: the base, adapters disabled
             ref_path = cfg.ref_load or self.model_path
             ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
             self.ref_model = AutoModelForCausalLM.from_pretrained(
@@ -201,7 +208,8 @@ class Trainer:
         plan, so each knows how many zero-contribution micro-batches it must add to match the longest rank.
         """
         def split(sub):
-            return split_micro_batches(sub, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+            return split_micro_batches(sub, self.cfg.micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
+                                       self.cfg.max_tokens_per_micro_batch)
 
         if not self.fsdp:
             return [split(samples)]
@@ -235,6 +243,8 @@ class Trainer:
         """fp32 CPU tensors ``[T_i]``: logprob of each response token under the actor or reference model."""
         if which == "actor":
             fwd = self._fwd
+        elif which == "ref" and self.lora is not None:
+            fwd = self._fwd   # under self.lora.mode(reference=True): the adapters disabled
         elif which == "ref":
             if self.ref_model is None:
                 raise ValueError("compute_logprobs(which='ref') but no reference model is loaded "
@@ -244,7 +254,8 @@ class Trainer:
             raise ValueError(f"which must be 'actor' or 'ref' (got {which!r})")
         result: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
         plan = self._plan(samples)
-        with self._collective(f"compute_logprobs({which!r})"), self._cast_once():
+        lora_mode = self.lora.mode(which == "ref") if self.lora is not None else contextlib.nullcontext()
+        with self._collective(f"compute_logprobs({which!r})"), self._cast_once(), lora_mode:
             for idx in self._micro_batches(plan):
                 if idx is None:
                     self._pad_pass(fwd, backward=False)
@@ -423,6 +434,9 @@ class Trainer:
         Sharded: full (all-gathered) tensors in the model's compute dtype (bf16 in the bf16 scheme), the same
         names in the same order on every rank; collective, so every rank must exhaust the iterator.
         """
+        if self.lora is not None:   # the adapters merged into the base (slick.train.lora)
+            yield from self.lora.merged_weights()
+            return
         if not self.fsdp:
             for name, p in self.model.named_parameters():
                 yield name, p.detach()
@@ -441,6 +455,8 @@ class Trainer:
     def full_precision_state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once.
         Sharded: full tensors on every rank (collective)."""
+        if self.lora is not None:
+            return self.lora.merged_state_dict()
         sd = {}
         master = dict(zip([id(p) for p in self.params], self.master))
         for name, p in self.model.named_parameters():
@@ -485,7 +501,10 @@ class Trainer:
             return
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.save_hf_files(out / "model")
+        if self.lora is not None:   # the adapter alone, in PEFT's format (the base is --hf-checkpoint)
+            self.lora.save_adapter(out / "adapter")
+        else:
+            self.save_hf_files(out / "model")
         torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), out / "scheduler.pt")
         torch.save(rng_state(), out / "rng.pt")   # tensors and plain data: loads with weights_only=True
@@ -501,6 +520,9 @@ class Trainer:
         if is_sharded(d):
             load_sharded(self, d)
             return
+        if self.lora is not None or (d / "adapter").is_dir():
+            self._load_adapter(d)
+            return
         sd = self._read_legacy_weights(d)
         if self.fsdp:
             load_legacy_sharded(self, d, sd)
@@ -513,6 +535,17 @@ class Trainer:
                 if id(p) in master and master[id(p)] is not p:
                     master[id(p)].copy_(sd[n])
 
+        self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
+        self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
+        set_rng_state(read_rng_file(d / "rng.pt"))
+        self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+
+    def _load_adapter(self, d: Path) -> None:
+        """Restore a LoRA checkpoint (``adapter/`` + optimizer, scheduler, RNG, version) into a LoRA trainer."""
+        if self.lora is None or not (d / "adapter").is_dir():
+            raise ValueError(f"{d}: a {'LoRA' if self.lora is None else 'full fine-tuning'} checkpoint cannot resume "
+                             f"a {'full fine-tuning' if self.lora is None else 'LoRA'} run (--lora-rank differs)")
+        self.lora.load_adapter(d / "adapter")
         self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
         self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
         set_rng_state(read_rng_file(d / "rng.pt"))

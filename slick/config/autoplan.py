@@ -1,0 +1,84 @@
+"""The automatic choices of a run: a ``Config``'s flags turned into the inputs of ``slick.config.auto``'s pure
+functions. ``slick.config.plan.derive_plan`` calls these only for flags the user left unset."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from slick.cluster.layout import trainer_ranks, uses_ray
+from slick.config.auto import (Choice, Machine, ModelShape, Training, fallback_micro_batch, machine_now,
+                               micro_batch_tokens, offload_choice)
+from slick.models.check import read_model_config
+
+_DEBUG_FLAGS = ("debug_rollout_only", "debug_train_only", "load_debug_rollout_data")
+
+
+def offload_blockers(cfg, driver: str, engine_actors: int) -> list[str]:
+    """Why --offload-rollout cannot apply to this run (empty: it can); the same conditions under which
+    ``slick.config.validate.offload_problems`` refuses the flag."""
+    out = []
+    if driver != "sync":
+        out.append("slick train-async generates while the trainer steps")
+    if engine_actors:
+        out.append("the engines are actors of their own")
+    elif cfg.rollout_engine != "local":
+        out.append(f"--rollout-engine {cfg.rollout_engine} engines run in processes of their own")
+    out += [f"{'--' + name.replace('_', '-')} has no weight sync after a step" for name in _DEBUG_FLAGS
+            if getattr(cfg, name)]
+    return out
+
+
+def offload_rollout_choice(cfg, driver: str, engine_actors: int) -> Choice:
+    return offload_choice(offload_blockers(cfg, driver, engine_actors))
+
+
+def training_of(cfg, offload: bool, checkpointing: bool, engine_in_process: bool, device: str) -> Training:
+    """The memory-relevant settings of ``cfg`` (``--dtype auto`` resolved for ``device``)."""
+    if cfg.dtype == "auto":
+        from slick.train.precision import cpu_has_fast_bf16   # import cost: torch, only when a budget is sized
+
+        bf16 = device == "cuda" or cpu_has_fast_bf16()
+    else:
+        bf16 = cfg.dtype == "bf16"
+    seq = (cfg.rollout_max_prompt_len or 256) + cfg.rollout_max_response_len
+    lora = bool(getattr(cfg, "lora_rank", None) or getattr(cfg, "lora_load", None))   # PEFT: HF layers, frozen base
+    return Training(
+        matmul_bytes=2 if bf16 else 4, scheme=cfg.train_precision if bf16 else "fp32",
+        exp_avg_bytes=2 if cfg.exp_avg_dtype == "bf16" else 4,
+        exp_avg_sq_bytes=2 if cfg.exp_avg_sq_dtype == "bf16" else 4,
+        fused_layers=not (cfg.disable_fused_layers or lora), frozen_base=lora, recompute_mlp=cfg.recompute_mlp,
+        gradient_checkpointing=checkpointing, logprob_chunk=cfg.logprob_chunk_size,
+        has_ref=bool((cfg.use_kl_loss and cfg.kl_loss_coef > 0) or cfg.kl_coef > 0),
+        critic=cfg.advantage_estimator == "ppo" and not cfg.debug_rollout_only,
+        engine_in_process=engine_in_process, engine_released=bool(offload),
+        engine_tokens=cfg.engine_max_running * seq, ranks=trainer_ranks(cfg) if uses_ray(cfg) else 1)
+
+
+def _device(cfg) -> str:
+    if cfg.device in (None, "", "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
+
+
+def micro_batch_choice(cfg, offload: bool, checkpointing: bool, engine_in_process: bool,
+                       machine: Optional[Machine] = None) -> Choice:
+    """--max-tokens-per-micro-batch for a run that sets neither it nor --micro-batch-size: sized by
+    :func:`slick.config.auto.micro_batch_tokens` from the checkpoint's config.json, the length flags and
+    ``machine`` (default: this machine now), or a sample count when one of them cannot be known."""
+    if cfg.debug_rollout_only:
+        return Choice(None, "auto: no micro-batches (--debug-rollout-only trains nothing)")
+    if cfg.ray_address:
+        return fallback_micro_batch("the trainer ranks run on the Ray cluster at --ray-address, whose memory "
+                                    "slick cannot see at start-up")
+    try:
+        shape = ModelShape.from_config(read_model_config(cfg.hf_checkpoint))
+    except (TypeError, OSError, ValueError, KeyError) as e:
+        where = Path(str(cfg.hf_checkpoint)) / "config.json" if cfg.hf_checkpoint else "--hf-checkpoint unset"
+        return fallback_micro_batch(f"no model shape from {where}: {type(e).__name__}")
+    device = machine.device if machine else _device(cfg)
+    machine = machine or machine_now(device)
+    t = training_of(cfg, offload, checkpointing, engine_in_process, device)
+    max_seq = cfg.rollout_max_prompt_len + cfg.rollout_max_response_len if cfg.rollout_max_prompt_len else None
+    return micro_batch_tokens(shape, machine, t, max_seq, cfg.rollout_max_response_len)

@@ -1,0 +1,31 @@
+"""Start-up checks of the engines slick launches as servers of their own: vLLM and SGLang (docs/vllm.md)."""
+from __future__ import annotations
+
+from slick.config.fields import flag_name
+
+SERVER_ENGINES = ("vllm", "sglang")
+
+
+def server_engine_problems(cfg, p: list[str]) -> None:
+    """--rollout-engine vllm|sglang, --vllm-* and the flags they cannot combine with."""
+    engine = cfg.rollout_engine
+    if cfg.vllm and engine != "vllm":
+        p.append(f"--vllm-* options ({', '.join('--vllm-' + k.replace('_', '-') for k in cfg.vllm)}) go to vLLM "
+                 f"servers slick launches, but --rollout-engine is {engine}: add --rollout-engine vllm or drop them")
+    if engine not in SERVER_ENGINES:
+        return
+    if cfg.vllm and cfg.rollout_urls:
+        p.append("--vllm-* options reach the vLLM servers slick launches; the servers at --rollout-urls are "
+                 "already running (give them their own flags)")
+    if not cfg.rollout_urls and not cfg.hf_checkpoint:
+        p.append(f"--rollout-engine {engine} needs --rollout-urls or --hf-checkpoint (to launch servers)")
+    if engine == "vllm" and cfg.router != "none":
+        p.append(f"--router {cfg.router} speaks SGLang's API; vLLM servers are reached directly (drop --router)")
+    if cfg.rollout_num_gpus > 0:
+        p.append(f"--rollout-engine {engine} launches its servers from the driver; --rollout-num-gpus "
+                 f"{cfg.rollout_num_gpus} (engine actors on Ray) runs slick's own engine: drop one of them")
+    if cfg.weight_transport not in ("auto", "disk"):
+        p.append(f"--rollout-engine {engine} loads weights from the disk transport's directory: "
+                 f"--weight-transport {cfg.weight_transport} cannot reach its servers (use disk)")
+    if cfg.rollout_startup_timeout <= 0:
+        p.append(f"{flag_name('rollout_startup_timeout')} must be > 0 (got {cfg.rollout_startup_timeout})")

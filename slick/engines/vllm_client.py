@@ -1,0 +1,185 @@
+"""VllmEngine: the Engine protocol over vLLM's HTTP API (0.32, its CPU build included).
+
+The same client as :class:`slick.engines.client.HttpEngine` (round robin, fail-over, streaming fault tolerance,
+bounded waits) speaking vLLM's RL-facing routes instead of SGLang's:
+
+=====================  =========================================================================================
+Engine protocol        vLLM route
+=====================  =========================================================================================
+generate               ``POST /inference/v1/generate`` token ids in, token ids + logprobs + per-token weight
+                       versions out (``stream`` for --use-fault-tolerance); nothing is re-tokenized
+update_weights(path)   ``/start_weight_update`` -> ``/update_weights {"update_info": {"path": DIR}}`` ->
+                       ``/finish_weight_update {"weight_version": V}`` (the ``slick_dir`` backend of
+                       slick/engines/vllm_plugin.py) -> ``/reset_prefix_cache`` (prompt KV computed under the
+                       old weights must not be reused), then ``GET /weight_info`` on every server must say V
+pause / continue       ``POST /pause?mode=keep`` (requests in flight keep their state) / ``POST /resume``
+abort(rid), abort_all  ``POST /abort_requests {"request_ids": [rid]}`` / ``{}``
+weight version         ``GET /weight_info`` (vLLM's ``"default"`` before any update is version 0)
+=====================  =========================================================================================
+
+The routes other than ``/inference/v1/generate`` exist when the server runs with ``VLLM_SERVER_DEV_MODE=1``, and
+``/inference/v1/generate`` with ``--enable-scale-out``: :mod:`slick.engines.vllm_launch` starts servers so.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from slick.engines.client import EngineError, HttpEngine, _Flight, _Retryable
+from slick.types import Generation, SamplingParams
+
+GENERATE = "/inference/v1/generate"
+REQUEST_PREFIX = "generate-tokens-"   # vLLM's id for the request_id a client gave /inference/v1/generate
+FINISH = {"stop": "stop", "length": "length", "abort": "abort", None: "abort"}
+
+
+def parse_version(v: Any) -> int:
+    """vLLM's weight version string as slick's integer (``"default"``, never updated, is 0; unknown is -1)."""
+    if v in (None, "default"):
+        return 0
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return -1
+
+
+def vllm_sampling(s: SamplingParams) -> dict:
+    """slick's sampling parameters as vLLM's ``SamplingParams`` fields (logprob of the sampled token only)."""
+    d = {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+         "logprobs": 0, "ignore_eos": bool(s.ignore_eos), "skip_special_tokens": bool(s.skip_special_tokens)}
+    if s.stop:
+        d["stop"] = list(s.stop)
+    if s.stop_token_ids:
+        d["stop_token_ids"] = list(s.stop_token_ids)
+    if s.seed is not None:
+        d["seed"] = int(s.seed)
+    return d
+
+
+def token_versions(spans: Optional[list], n: int, default: int) -> list[int]:
+    """Per-token versions from vLLM's ``weight_versions`` spans ``[{"version", "start", "end"}]``."""
+    out = [default] * n
+    for span in spans or []:
+        v = parse_version(span.get("version"))
+        for i in range(max(0, int(span.get("start", 0))), min(n, int(span.get("end", 0)))):
+            out[i] = v
+    return out
+
+
+def _choice(out: Any) -> dict:
+    if not isinstance(out, dict) or not out.get("choices"):
+        raise ValueError(f"no choices in {str(out)[:200]}")
+    return out["choices"][0]
+
+
+def _tokens(choice: dict) -> tuple[list[int], list[float]]:
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    lps = [float(c["logprob"]) for c in content]
+    if len(lps) != len(ids):
+        raise ValueError(f"{len(ids)} tokens but {len(lps)} logprobs")
+    return ids, lps
+
+
+class VllmEngine(HttpEngine):
+    """Engine protocol over vLLM servers (module doc). Same constructor as HttpEngine."""
+
+    generate_path = GENERATE
+    health_path = "/health"             # vLLM: 200 while its engine core is alive
+
+    def _payload(self, prompt_ids: list[int], sampling: SamplingParams, rid: str, stream: bool) -> dict:
+        return {"token_ids": prompt_ids, "sampling_params": vllm_sampling(sampling), "request_id": rid,
+                "stream": stream}
+
+    def _parse(self, out: Any) -> Generation:
+        choice = _choice(out)
+        ids, lps = _tokens(choice)
+        versions = token_versions(choice.get("weight_versions"), len(ids), self._version)
+        usage = out.get("usage") or {}
+        return Generation(ids, lps, FINISH.get(choice.get("finish_reason"), "stop"),
+                          max(versions) if versions else self._version, int(usage.get("prompt_tokens") or 0),
+                          weight_versions=versions)
+
+    def _chunk(self, out: Any, flight: _Flight) -> Optional[Generation]:
+        """vLLM streams deltas: every chunk's tokens go into ``flight``; the final one (it carries the finish reason
+        and the per-token version spans) returns this attempt's whole generation."""
+        choice = _choice(out)
+        ids, lps = _tokens(choice)
+        flight.extend(Generation(ids, lps, "stop", self._version, weight_versions=[self._version] * len(ids)),
+                      len(flight.tokens))
+        if choice.get("finish_reason") is None:
+            return None
+        if flight.gap:
+            raise ValueError("a streamed chunk was out of order")
+        tokens, logprobs, _ = flight.received()
+        versions = token_versions(choice.get("weight_versions"), len(tokens), self._version)
+        return Generation(tokens, logprobs, FINISH.get(choice.get("finish_reason"), "stop"),
+                          max(versions) if versions else self._version, 0, weight_versions=versions)
+
+    # ------------------------------------------------------------ control
+    async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,
+                             version: Optional[int] = None) -> int:
+        """Load the safetensors directory ``path`` (readable by the servers, under their weight root) on every
+        server as ``version``, then check that every server reports it: an update that did not land is an
+        ``EngineError`` naming the server, never silent staleness."""
+        if named_tensors is not None or path is None:
+            raise EngineError("VllmEngine.update_weights needs path=<safetensors directory the servers can read>")
+        new = self._version + 1 if version is None else int(version)
+        await self._broadcast("POST", "/start_weight_update", {})
+        await self._broadcast("POST", "/update_weights", {"update_info": {"path": str(path)}})
+        await self._broadcast("POST", "/finish_weight_update", {"weight_version": str(new)})
+        await self._broadcast("POST", "/reset_prefix_cache", {})   # KV computed under the old weights
+        for url in self._answered:
+            got = await self.weight_version_of(url)
+            if got != new:
+                raise EngineError(f"vLLM server {url} reports weight version {got} after an update to {new}: "
+                                  "the weights did not land")
+        self._version = new
+        return new
+
+    async def load_weights_at(self, url: str, path: str, version: int, timeout: Optional[float] = None) -> None:
+        """Load ``path`` as ``version`` into the one server ``url`` (a replacement catching up), checked."""
+        for route, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {"path": str(path)}}),
+                            ("/finish_weight_update", {"weight_version": str(int(version))}),
+                            ("/reset_prefix_cache", {})):
+            await self._post_one(url, route, body, timeout)
+        got = await self.weight_version_of(url)
+        if got != int(version):
+            raise EngineError(f"vLLM server {url} reports weight version {got} after loading {version}")
+
+    async def _post_one(self, url: str, path: str, body: dict, timeout: Optional[float]) -> Any:
+        try:
+            return await self._call("POST", url, path, body, timeout=timeout)
+        except _Retryable as e:
+            raise EngineError(f"vLLM server {url} did not answer {path}: {e}") from None
+
+    async def weight_version_of(self, url: str, timeout: float = 30.0) -> int:
+        """The weight version vLLM server ``url`` reports (``GET /weight_info``)."""
+        out = await self._get(url, "/weight_info", timeout)
+        return parse_version(out.get("weight_version") if isinstance(out, dict) else None)
+
+    async def get_weight_version(self) -> int:
+        out = await self._request("GET", "/weight_info")
+        v = parse_version(out.get("weight_version") if isinstance(out, dict) else None)
+        if v >= 0:
+            self._version = v
+        return self._version
+
+    async def pause_generation(self) -> None:
+        """``POST /pause?mode=keep`` on every server: no step runs until :meth:`continue_generation`; the
+        requests in flight keep their state (SGLang's in-place pause)."""
+        await self._broadcast("POST", "/pause?mode=keep", {})
+
+    async def continue_generation(self) -> None:
+        await self._broadcast("POST", "/resume", {})
+
+    async def abort_all(self) -> None:
+        await self._abort({})
+
+    async def abort(self, rid: str) -> None:
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"rid must be a non-empty string, got {rid!r}")
+        rid = self._current.get(rid, rid)
+        await self._abort({"request_ids": [REQUEST_PREFIX + rid, rid]})
+
+    async def _abort(self, payload: dict) -> None:
+        await self._abort_at("/abort_requests", payload)

@@ -1,0 +1,184 @@
+"""Launch real vLLM servers (and SGLang servers where SGLang is installed) as slick's rollout engines.
+
+    procs = launch_vllm(model_dir, 2, weight_dir=run_dir / "weights", options={"max_num_seqs": "64"})
+    VllmEngine([p.url for p in procs], api_key=procs[0].api_key)
+
+vLLM lives in an environment of its own (``make vllm`` makes ``.venv-vllm``: vLLM caps transformers below slick's
+and pulls heavy extras), found by :func:`engine_python`. Each server is ``python -m vllm.entrypoints.openai.api_server``
+on a free loopback port, run under slick's parent watch (``slick.proc``: it exits when the driver dies, SIGKILL
+included), in a session of its own, with:
+
+* ``VLLM_SERVER_DEV_MODE=1`` and ``--enable-scale-out`` (the pause, weight-update and token-in/token-out routes),
+* ``--weight-transfer-config {"backend": "slick_dir"}`` and ``SLICK_VLLM_WEIGHT_DIRS`` = the run's weight directory
+  (slick/engines/vllm_plugin.py), ``--middleware slick.engines.vllm_plugin.Guard`` with a fresh random API key,
+* ``--logprobs-mode processed_logprobs`` (the sampled token's logprob under softmax(logits / T), as slick's trainer
+  computes it), ``--seed``, ``--dtype``, and every ``--vllm-KEY VALUE`` the user gave, as ``--KEY VALUE``.
+
+A server that exits before it is healthy (a bad ``--vllm-*`` option, not enough memory) or is not healthy within
+``startup_timeout`` seconds ends the launch with vLLM's own error line quoted, and every server started is stopped.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+from slick.engines.router import WorkerProcess, _log_path, free_port
+from slick.proc import watch_parent_args
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+SGLANG_MODULE = "sglang.launch_server"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_ENV = ROOT / ".venv-vllm"
+
+
+def engine_python(explicit: Optional[str], module: str = "vllm") -> str:
+    """The Python that runs ``module``'s servers: ``--rollout-engine-python``, else ``$SLICK_VLLM_PYTHON`` /
+    ``$SLICK_SGLANG_PYTHON``, else ``.venv-vllm/bin/python`` (``make vllm``) for vLLM, else this Python. Raises
+    FileNotFoundError naming what was looked for when none of them can import ``module``."""
+    env_var = f"SLICK_{module.upper()}_PYTHON"
+    candidates = [explicit, os.environ.get(env_var)]
+    if module == "vllm":
+        candidates.append(str(DEFAULT_ENV / "bin" / "python"))
+    candidates.append(sys.executable)
+    for c in [c for c in candidates if c]:
+        if Path(c).exists() and _has_module(c, module):
+            return c
+    hint = "run `make vllm` (it makes .venv-vllm)" if module == "vllm" else \
+        "install SGLang (GPU machines; its CPU kernels are not on PyPI)"
+    raise FileNotFoundError(f"no Python with {module} found (looked at --rollout-engine-python, ${env_var}"
+                            f"{', ' + str(DEFAULT_ENV) if module == 'vllm' else ''} and {sys.executable}): {hint}, "
+                            f"or name one with --rollout-engine-python")
+
+
+def _has_module(python: str, module: str) -> bool:
+    """Whether ``python`` has ``module`` installed (its distribution metadata; nothing is imported)."""
+    import subprocess
+    code = f"import importlib.util,sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def option_args(options: dict) -> list[str]:
+    """``{key: value}`` (from ``--vllm-KEY VALUE``) as the server's own ``--key value`` arguments."""
+    out = []
+    for k, v in (options or {}).items():
+        name = "--" + str(k).replace("_", "-")
+        out += [name] if v is True else [name, str(v)]
+    return out
+
+
+class EngineServer(WorkerProcess):
+    """One vLLM or SGLang server process (``api_key``: the key its requests need)."""
+
+    name = "vLLM server"
+
+    def __init__(self, cmd, url, log_path, env, api_key: Optional[str], module: str):
+        self.module, self.api_key = module, api_key
+        super().__init__(cmd, url, log_path, env)
+        self.name = "vLLM server" if module == VLLM_MODULE else "SGLang server"
+
+    def watched(self, cmd: list[str]) -> list[str]:
+        return watch_parent_args(cmd, cmd[2]) if cmd[1] == "-m" else cmd
+
+    def stop(self, timeout: float = 20.0) -> Optional[int]:
+        """SIGTERM (the server stops its engine processes), then SIGKILL; then whatever is left of its session."""
+        code = super().stop(timeout)
+        _kill_group(self.pid)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL of the server process alone (a crash: its engine processes are left to notice)."""
+        super().kill()
+
+    def wait_ready(self, timeout: float) -> None:
+        try:
+            super().wait_ready(timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"{self.name} {self.url} failed to start: {error_line(self.log_tail(20000))}\n{e}") \
+                from None
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def error_line(log: str) -> str:
+    """The line of a server log that says why it stopped (an argparse error, the last exception), else its last."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for pattern in (r"error: (unrecognized arguments|argument) .*", r"\b\w*(Error|Exception): .*"):
+        hits = [m.group(0) for ln in lines for m in [re.search(pattern, ln)] if m]
+        if hits:
+            return hits[-1]
+    return lines[-1] if lines else "(empty log)"
+
+
+def launch_vllm(model: str, n: int, *, weight_dir, python: Optional[str] = None, dtype: str = "auto",
+                seed: int = 0, options: Optional[dict] = None, startup_timeout: float = 600.0,
+                threads: Optional[int] = None, log_dir: Optional[str] = None,
+                api_key: Optional[str] = None) -> list[EngineServer]:
+    """Start ``n`` vLLM servers for ``model`` in parallel and wait until each is healthy (module doc); their
+    requests need ``api_key`` (a fresh random one when None: ``server.api_key``)."""
+    python = engine_python(python, "vllm")
+    Path(weight_dir).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+               SLICK_VLLM_WEIGHT_DIRS=str(Path(weight_dir).resolve()))
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")                 # GiB of KV cache per CPU server
+    env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // n)))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")         # share the cores with the trainer
+    opts = {"dtype": _vllm_dtype(dtype), "seed": seed, "logprobs_mode": "processed_logprobs",
+            **{str(k).replace("-", "_"): v for k, v in (options or {}).items()}}
+
+    def one(i: int) -> EngineServer:
+        port, key = free_port(), api_key or secrets.token_hex(16)
+        cmd = [python, "-m", VLLM_MODULE, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "--enable-scale-out", "--weight-transfer-config", '{"backend": "slick_dir"}',
+               "--middleware", "slick.engines.vllm_plugin.Guard", *option_args(opts)]
+        return EngineServer(cmd, f"http://127.0.0.1:{port}", _log_path(f"vllm{i}-", log_dir),
+                            dict(env, SLICK_VLLM_API_KEY=key), key, VLLM_MODULE)
+    return _start_all(one, n, startup_timeout)
+
+
+def launch_sglang(model: str, n: int, *, python: Optional[str] = None, dtype: str = "auto", seed: int = 0,
+                  options: Optional[dict] = None, startup_timeout: float = 600.0,
+                  log_dir: Optional[str] = None, api_key: Optional[str] = None) -> list[EngineServer]:
+    """Start ``n`` SGLang servers (``python -m sglang.launch_server``) with ``--sglang-*`` options as their own."""
+    python = engine_python(python, "sglang")
+    opts = {"dtype": dtype, "random_seed": seed, **(options or {})}
+
+    def one(i: int) -> EngineServer:
+        port, key = free_port(), api_key or secrets.token_hex(16)
+        cmd = [python, "-m", SGLANG_MODULE, "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "--api-key", key, *option_args(opts)]
+        return EngineServer(cmd, f"http://127.0.0.1:{port}", _log_path(f"sglang{i}-", log_dir), dict(os.environ),
+                            key, SGLANG_MODULE)
+    return _start_all(one, n, startup_timeout)
+
+
+def _start_all(one, n: int, startup_timeout: float) -> list[EngineServer]:
+    if n < 1:
+        raise ValueError(f"need at least one engine server, got {n}")
+    servers: list[EngineServer] = []
+    try:
+        for i in range(n):
+            servers.append(one(i))
+        for s in servers:
+            s.wait_ready(startup_timeout)
+    except BaseException:
+        for s in servers:
+            s.stop(timeout=10)
+        raise
+    return servers
+
+
+def _vllm_dtype(dtype: str) -> str:
+    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)

@@ -1,0 +1,200 @@
+"""Automatic choices (slick.config.auto): exact values for given inputs, a user flag always wins, the choices live in
+the Plan and are logged once, and automatic micro-batching gives the same update as an explicit micro-batch size."""
+import copy
+import logging
+import random
+
+import pytest
+import torch
+
+from slick.config import Config, parse_config
+from slick.config.auto import (GiB, Machine, ModelShape, Training, activation_bytes_per_token, allocator_reason,
+                               micro_batch_tokens, offload_choice, state_bytes, threads_reason)
+from slick.config.autoplan import offload_blockers
+from slick.config.plan import derive_plan
+from slick.config.validate import validate
+from slick.loop.threads import thread_split
+from slick.train.trainer import DEFAULT_MICRO_BATCH_SIZE, Trainer
+from slick.types import Sample
+
+SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
+           "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "tie_word_embeddings": True}
+SHAPE = ModelShape.from_config(SMOLLM2)
+RELEASED = Training(engine_released=True)   # bf16 autocast, fused layers, fp32 moments, engine freed in steps
+
+
+def test_model_shape_and_memory_model_of_smollm2():
+    assert SHAPE.params == 134_515_008                      # SmolLM2-135M, tied head counted once
+    # per layer: fp32 residual twice (2 x 4 x 576) + qkv (2 x 960) + attention out (2 x 576) + lse (4 x 9)
+    # + gate/up (2 x 2 x 1536); outside the layers 3 x 4 x 576
+    assert activation_bytes_per_token(SHAPE, Training()) == 30 * (4608 + 1920 + 1152 + 36 + 6144) + 6912
+    assert activation_bytes_per_token(SHAPE, Training(recompute_mlp=True)) == 30 * (4608 + 1920 + 1152 + 36) + 6912
+    assert activation_bytes_per_token(SHAPE, Training(fused_layers=False)) == 30 * 3 * 13860 + 6912
+    # fp32 AdamW: 16 bytes per parameter; the head's bf16 cast and three 128-row fp32 logits chunks; 1 GiB runtime
+    head = 49152 * 576 * 2 + 3 * 128 * 49152 * 4
+    assert state_bytes(SHAPE, RELEASED) == 16 * SHAPE.params + head + GiB
+    assert state_bytes(SHAPE, Training(engine_released=True, exp_avg_bytes=2, exp_avg_sq_bytes=2)) == \
+        12 * SHAPE.params + head + GiB
+    kv = 30 * 2 * 3 * 64 * 2 * 1000
+    assert state_bytes(SHAPE, Training(engine_tokens=1000)) == 16 * SHAPE.params + head + GiB + 2 * SHAPE.params + kv
+
+
+@pytest.mark.parametrize("memory_gib, max_seq, tokens, why", [
+    (32, None, 4096, "larger micro-batches are no faster"),          # the speed plateau
+    (8, None, 4096, "larger micro-batches are no faster"),
+    (6, None, 3328, "what the memory holds"),                         # 0.8 x 6 GiB - 3.13 GiB state, / 516 KiB
+    (4, 176, 128, "memory is short"),                                 # the floor; longer samples go alone
+    (2, None, 128, "memory is short"),                                # the state alone exceeds 80% of it
+])
+def test_micro_batch_budget_exact(memory_gib, max_seq, tokens, why):
+    c = micro_batch_tokens(SHAPE, Machine(memory_gib * GiB, 2), RELEASED, max_seq, 48)
+    assert c.value == tokens
+    assert c.reason.startswith(f"auto: micro-batches of <= {tokens} tokens ({why}")
+    assert f"model 135M, {memory_gib}.0 GiB available" in c.reason and c.reason.endswith(
+        "--max-tokens-per-micro-batch or --micro-batch-size to override")
+    assert (f"sequences <= {max_seq} tokens" if max_seq else "responses <= 48 tokens") in c.reason
+
+
+def test_budget_follows_the_lean_flags_and_the_device():
+    lean = Training(engine_released=True, recompute_mlp=True, exp_avg_bytes=2, exp_avg_sq_bytes=2)
+    assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), RELEASED, None, 48).value == 1664
+    assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), lean, None, 48).value == 4096
+    assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), Training(), None, 48).value == 512   # engine kept
+    assert micro_batch_tokens(SHAPE, Machine(80 * GiB, 16, "cuda"), RELEASED, None, 48).value == 16384
+
+
+def test_offload_choice_and_what_blocks_it():
+    assert offload_choice([]).value is True
+    assert "--no-offload-rollout" in offload_choice([]).reason
+    cfg = Config.from_flat({})
+    assert offload_blockers(cfg, "sync", 0) == []
+    assert offload_blockers(cfg, "async", 0) == ["slick train-async generates while the trainer steps"]
+    assert offload_blockers(Config.from_flat({"rollout_engine": "http"}), "sync", 0) == [
+        "--rollout-engine http engines run in processes of their own"]
+    assert offload_blockers(cfg, "sync", 2) == ["the engines are actors of their own"]
+    assert offload_blockers(Config.from_flat({"debug_train_only": True}), "sync", 0) == [
+        "--debug-train-only has no weight sync after a step"]
+    no = offload_choice(["slick train-async generates while the trainer steps"])
+    assert no.value is False and no.reason.endswith("(slick train-async generates while the trainer steps)")
+
+
+def test_thread_split_and_its_line():
+    cfg = Config.from_flat({})
+    assert thread_split(cfg, overlap=False, device_is_cpu=True, cores=4) == (4, 4)
+    assert thread_split(cfg, overlap=True, device_is_cpu=True, cores=4) == (2, 2)
+    assert thread_split(cfg, overlap=True, device_is_cpu=True, cores=3) == (2, 1)
+    assert thread_split(Config.from_flat({"train_num_threads": 1}), overlap=True, device_is_cpu=True, cores=4) == (1, 3)
+    assert threads_reason(4, 4, 4, False, False).startswith("auto: CPU threads: all 4 for rollout and for training")
+    assert threads_reason(4, 2, 2, True, False).startswith("auto: CPU threads: training 2 of 4 while the engine")
+    assert threads_reason(4, 1, 3, True, True) == \
+        "CPU threads: training 1, rollout 3 (--train-num-threads / --rollout-num-threads)"
+
+
+def test_allocator_line_says_plainly_when_tcmalloc_cannot_be_had():
+    assert allocator_reason(True, True, "auto") == (logging.INFO, "CPU allocator: tcmalloc")
+    assert allocator_reason(False, True, "glibc", tuned=True) == (
+        logging.INFO, "CPU allocator: glibc, tuned (SLICK_ALLOCATOR=glibc)")
+    level, line = allocator_reason(False, False, "auto")
+    assert level == logging.WARNING and "tcmalloc is not installed" in line and "make tcmalloc" in line
+    level, line = allocator_reason(False, True, "auto")
+    assert level == logging.WARNING and "installed but not preloaded" in line
+
+
+# ------------------------------------------------------------------------------------------ the plan
+def _plan(flags, machine=Machine(32 * GiB, 2), driver="sync"):
+    problems = []
+    plan = derive_plan(Config.from_flat(flags), driver, problems, machine)
+    assert problems == []
+    return plan
+
+
+def test_the_plan_holds_the_choices_and_the_config_is_left_as_given(tiny_model_dir):
+    cfg = Config.from_flat({"hf_checkpoint": str(tiny_model_dir)})
+    before = copy.deepcopy(cfg.to_dict())
+    plan = _plan({"hf_checkpoint": str(tiny_model_dir)})
+    assert (plan.max_tokens_per_micro_batch, plan.offload_rollout) == (4096, True)
+    assert [c.value for c in plan.auto] == [True, 4096]
+    resolved = plan.apply(cfg)
+    assert (resolved.max_tokens_per_micro_batch, resolved.offload_rollout, resolved.micro_batch_size) == (
+        4096, True, None)
+    assert cfg.to_dict() == before
+
+
+@pytest.mark.parametrize("argv, tokens, mbs, offload", [
+    (["--micro-batch-size", "4"], None, 4, True),
+    (["--max-tokens-per-micro-batch", "512"], 512, None, True),
+    (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "700"], 700, None, True),   # slime's spelling
+    (["--no-offload-rollout"], 4096, None, False),
+    (["--offload-rollout", "--micro-batch-size", "8"], None, 8, True),
+])
+def test_a_user_flag_always_wins(tiny_model_dir, tmp_path, argv, tokens, mbs, offload):
+    cfg = parse_config(["--hf-checkpoint", str(tiny_model_dir)] + argv, validate=False)
+    plan = derive_plan(cfg, "sync", [], Machine(32 * GiB, 2))
+    resolved = plan.apply(cfg)
+    assert (resolved.max_tokens_per_micro_batch, resolved.micro_batch_size, resolved.offload_rollout) == (
+        tokens, mbs, offload)
+    auto = [c.reason for c in plan.auto]
+    assert not any("micro-batches" in r for r in auto) if (tokens != 4096) else len(auto) == 1
+    assert not any("in-process engine" in r for r in auto) if "offload" in " ".join(argv) else True
+
+
+def test_no_model_shape_falls_back_to_a_sample_count():
+    plan = _plan({"hf_checkpoint": "/nonexistent"})
+    assert plan.max_tokens_per_micro_batch is None
+    assert plan.auto[-1].reason.startswith(f"auto: micro-batches of {DEFAULT_MICRO_BATCH_SIZE} samples (no model shape")
+
+
+def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="slick"):
+        validate(Config.from_flat({"hf_checkpoint": str(tiny_model_dir)}), check_files=False)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto: ")]
+    assert len(lines) == 2 and "micro-batches of <= " in lines[1] and "freed while the trainer steps" in lines[0]
+
+
+# ------------------------------------------------------------------------------------------ same update
+def _samples(n=12, seed=3):
+    rng = random.Random(seed)
+    out = []
+    for g in range(n // 4):
+        p = [rng.randrange(3, 1000) for _ in range(rng.randint(5, 12))]
+        for _ in range(4):
+            r = [rng.randrange(3, 1000) for _ in range(rng.randint(3, 20))]
+            out.append(Sample(index=len(out), group_index=g, prompt_ids=p, response_ids=r))
+    return out
+
+
+def _loss(x):
+    per = (x.advantages * x.logprobs * x.mask).sum(-1) / x.mask.sum(-1).clamp(min=1)
+    return -per.sum() / x.num_samples, {}
+
+
+def test_automatic_micro_batching_gives_the_same_update_as_an_explicit_size(tiny_model_dir):
+    """One step of a tiny fp32 model: the plan's token budget (sized for no memory at all, so the batch is cut into
+    several micro-batches of <= 128 tokens) and an explicit --micro-batch-size 5 accumulate the same gradient (to
+    fp32 rounding) and take the same AdamW step: every weight whose gradient is not ~0 lands within 1% of the learning
+    rate of the other run's (AdamW's first step divides a gradient by its own magnitude, so an entry whose gradient
+    is ~0 moves by rounding, at most one step of the learning rate either way)."""
+    samples = _samples()
+    g = torch.Generator().manual_seed(0)
+    adv = [torch.randn(len(s.response_ids), generator=g) for s in samples]
+    lr = 1e-3
+    base = {"hf_checkpoint": str(tiny_model_dir), "dtype": "fp32", "device": "cpu", "lr": lr, "clip_grad": 0.0}
+    grads, weights, plans = [], [], []
+    for flags, machine in (({}, Machine(0, 2)), ({"micro_batch_size": 5}, None)):
+        cfg = Config.from_flat({**base, **flags})
+        tr = Trainer(derive_plan(cfg, "sync", [], machine).apply(cfg))
+        plans.append(tr._plan(samples)[0])
+        tr.forward_backward(samples, adv, _loss)            # train_step = forward_backward + optimizer_step
+        grads.append({n: p.grad.clone() for n, p in tr.model.named_parameters()})
+        tr.optimizer_step()
+        weights.append({n: p.detach().clone() for n, p in tr.model.named_parameters()})
+    assert tr.cfg.max_tokens_per_micro_batch is None and plans[0] != plans[1] and len(plans[0]) > 1
+    assert sorted(i for mb in plans[0] for i in mb) == list(range(len(samples)))
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-7, msg=name)
+        dw = (weights[0][name] - weights[1][name]).abs()
+        sure = grads[0][name].abs() > 1e-6                   # AdamW moves these by ~lr in a definite direction
+        assert float((dw * sure).max()) <= 0.01 * lr, name
+        assert float(dw.max()) <= 2 * lr, name               # a ~0 gradient: one step of rounding at most
+    start = Trainer(Config.from_flat(base)).model.state_dict()
+    assert max(float((weights[0][n] - start[n]).abs().max()) for n in weights[0]) > 0.5 * lr   # the step moved them

