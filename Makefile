@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 # nothing is ever fetched from a model hub at run time
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -49,8 +51,6 @@ sandbox:
 # vLLM's CPU build in an environment of its own (.venv-vllm): vLLM caps transformers below slick's and pulls
 # torchvision/torchaudio/torchcodec builds that do not import with the CPU torch (removed). slick goes in without
 # its dependencies, for the plugin vLLM loads (slick/engines/vllm_plugin.py). docs/vllm.md.
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml
 	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip

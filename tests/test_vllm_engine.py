@@ -108,7 +108,22 @@ def test_an_update_lands_is_versioned_and_a_refused_one_changes_nothing(server, 
         after = await eng.generate(PROMPT, sampling)
         return v, gen, after, await eng.weight_version_of(proc.url)
 
+    async def probe(eng):
+        return await eng.prompt_top_logprobs(PROMPT + gen.token_ids, 20)
+
     v, gen, after, version = _run(go, proc)
+    top = _run(probe, proc)
+    import transformers
+    from slick.algo.correction import coarse_kl
+    from slick.train.probe import candidate_logprobs
+    import contextlib
+    for weights, lo, hi in ((new, 0.0, 1e-6), (base, 1e-3, 10.0)):   # the engine's weights vs the old ones
+        m = transformers.AutoModelForCausalLM.from_pretrained(str(vllm_model_dir), dtype=torch.float32)
+        m.load_state_dict(weights, strict=False)
+        m.tie_weights()
+        mine = candidate_logprobs(m, PROMPT + gen.token_ids, [list(d) for d in top], "cpu", contextlib.nullcontext())
+        kl = [coarse_kl(a, b) for a, b in zip(top, mine)]
+        assert lo <= max(kl) < hi, (lo, max(kl))
     assert v == 7 and version == 7 and set(gen.weight_versions) == {7}
     ref = _hf_logprobs(vllm_model_dir, new.items(), PROMPT, gen.token_ids)
     assert (ref - torch.tensor(gen.logprobs)).abs().max().item() < 2e-4   # the tied output head moved too

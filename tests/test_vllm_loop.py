@@ -64,6 +64,9 @@ def test_train_with_vllm_syncs_every_step(vllm_model_dir, tmp_path):
     # own recomputation in fp32 (a sync that did not land would leave step-1 weights: differences of ~1e-2)
     for r in rows:
         assert r["train/train_rollout_logprob_abs_diff"] < 2e-4, r
+        assert r["train/train_rollout_logprob_abs_diff_max"] < 2e-3 and r["train/train_rollout_logprob_gap_frac"] == 0
+        # the whole next-token distributions agree too (top-20 + rest, on 2 samples): fp32 roundings only
+        assert 0 <= r["train/mismatch_kl_mean"] <= r["train/mismatch_kl_max"] < 1e-5, r
     # every prompt trained exactly once: 3 steps x 2 prompts over 6 prompts
     # and every token carries the version vLLM reports it was sampled with: the trainer's version at that step
     seen = []

@@ -26,13 +26,14 @@ from torch import Tensor
 from .inputs import LossInputs
 from .kl import kl
 from .params import AlgoParams
-from .policy_loss import policy_terms, tis_terms
+from .correction import log_ratios, masked_weights, truncated_weights
+from .policy_loss import policy_terms
 from .reduce import reduce
 
 
 def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
     """Scalar training loss and metrics ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl_loss",
-    "entropy_loss", and "tis_mean"/"tis_clipfrac" when ``cfg.use_tis``).
+    "entropy_loss", "tis_mean"/"tis_clipfrac" when ``cfg.use_tis``, "mis_mean"/"mis_maskfrac" when ``cfg.use_mis``).
 
     ``old_logprobs=None`` means on-policy: ``logprobs.detach()`` is used (ratio 1,
     gradient ``-A``). ``entropy`` may be None when ``cfg.entropy_coef`` is 0
@@ -67,17 +68,23 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
         sequence_level=cfg.advantage_estimator == "gspo",
     )
     metrics: dict[str, float] = {}
-    if cfg.use_tis:
+    if cfg.use_tis or cfg.use_mis:   # rollout correction (slick/algo/correction.py)
         if rollout_logprobs is None:
-            raise ValueError("use_tis needs rollout_logprobs [B, T] (the engine's logprobs); got None")
+            raise ValueError("use_tis/use_mis need rollout_logprobs [B, T] (the engine's logprobs); got None")
         if rollout_logprobs.shape != mask.shape:
             raise ValueError(f"rollout_logprobs {tuple(rollout_logprobs.shape)} must match mask {tuple(mask.shape)}")
-        w, raw, changed = tis_terms(
-            old, rollout_logprobs, float(cfg.tis_clip_low), float(cfg.tis_clip)
-        )
-        pg = pg * w.to(pg.dtype)
-        metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
-        metrics["tis_clipfrac"] = float(red(changed.to(mask.dtype)))
+        if cfg.use_tis:
+            w, raw, changed = truncated_weights(log_ratios(old, rollout_logprobs, mask, cfg.tis_level),
+                                                float(cfg.tis_clip_low), float(cfg.tis_clip))
+            pg = pg * w.to(pg.dtype)
+            metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
+            metrics["tis_clipfrac"] = float(red(changed.to(mask.dtype)))
+        if cfg.use_mis:
+            keep, raw, dropped = masked_weights(log_ratios(old, rollout_logprobs, mask, cfg.mis_level),
+                                                float(cfg.mis_low), float(cfg.mis_high))
+            pg = pg * keep.to(pg.dtype)
+            metrics["mis_mean"] = float(red(raw.to(mask.dtype)))
+            metrics["mis_maskfrac"] = float(red(dropped.to(mask.dtype)))
 
     pg_loss = red(pg)
     loss = pg_loss

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 @dataclass(frozen=True)
 class AlgoParams:
-    """The 17 algorithm flags read by ``slick.algo`` (``--flag-name`` = field name with dashes)."""
+    """The algorithm flags read by ``slick.algo`` (``--flag-name`` = field name with dashes)."""
 
     advantage_estimator: str             # "gspo" selects the sequence-level ratio in the loss
     use_kl_loss: bool
@@ -31,6 +31,11 @@ class AlgoParams:
     use_tis: bool
     tis_clip: float
     tis_clip_low: float
+    tis_level: str                       # token | sequence | geometric (slick/algo/correction.py)
+    use_mis: bool
+    mis_level: str
+    mis_low: float
+    mis_high: float
     gamma: float
     lambd: float
 

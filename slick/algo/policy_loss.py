@@ -24,6 +24,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .correction import truncated_weights
+
 from .utils import masked_mean
 
 
@@ -126,8 +128,6 @@ def tis_weights(
 def tis_terms(
     old_logprobs: Tensor, rollout_logprobs: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token ``(clamped weight, unclamped ratio, 1.0 where the clamp changed it)``, no gradient."""
-    with torch.no_grad():
-        raw = torch.exp(old_logprobs.detach().float() - rollout_logprobs.detach().float())
-        w = raw.clamp(min=clip_low, max=clip_high)
-        return w, raw, (w != raw).float()
+    """Per-token ``(clamped weight, unclamped ratio, 1.0 where the clamp changed it)``, no gradient
+    (token-level TIS of ``slick.algo.correction``)."""
+    return truncated_weights(old_logprobs.detach().float() - rollout_logprobs.detach().float(), clip_low, clip_high)

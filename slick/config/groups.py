@@ -113,6 +113,14 @@ class AlgorithmConfig:
     use_tis: bool = F(False, "Truncated importance sampling against rollout logprobs.")
     tis_clip: float = F(2.0, "Upper clamp of TIS weights.")
     tis_clip_low: float = F(0.0, "Lower clamp of TIS weights.")
+    tis_level: str = F("token", "TIS ratio per token, per sequence (product over its tokens) or geometric (per-token "
+                       "geometric mean over the sequence): docs/algorithms.md, rollout correction.",
+                       choices=["token", "sequence", "geometric"])
+    use_mis: bool = F(False, "Masked importance sampling: tokens (or sequences, --mis-level) whose trainer/rollout "
+                      "ratio falls outside [--mis-low, --mis-high] leave the loss.")
+    mis_level: str = F("token", "MIS ratio level (as --tis-level).", choices=["token", "sequence", "geometric"])
+    mis_low: float = F(0.5, "Lower bound of the MIS ratio.")
+    mis_high: float = F(2.0, "Upper bound of the MIS ratio.")
     use_rollout_logprobs: bool = F(False, "Use the engine's logprobs as old logprobs (skip the trainer's recompute).")
     gamma: float = F(1.0, "Discount factor (PPO / REINFORCE++).")
     lambd: float = F(1.0, "GAE lambda (PPO).")
@@ -362,6 +370,10 @@ class LoggingConfig:
     prometheus_port: Optional[int] = F(None, "Serve the run's Prometheus /metrics on this port (0: a free port, "
                                              "logged and written to RUN_DIR/prometheus_targets.json); unset: off.")
     prometheus_host: str = F("127.0.0.1", "Address the --prometheus-port endpoint binds (default loopback only).")
+    mismatch_probe_samples: int = F(2, "Samples per step whose every response position the engine and the trainer "
+                                    "score over the whole vocabulary (top-k + the rest): train/mismatch_kl_*. Engines "
+                                    "that return top-k prompt logprobs (vLLM) only; 0: off.")
+    mismatch_probe_top_k: int = F(20, "Top-k logprobs the engine returns per position for the mismatch probe.")
 
 
 @dataclass

@@ -115,6 +115,17 @@ class VllmEngine(HttpEngine):
         return Generation(tokens, logprobs, FINISH.get(choice.get("finish_reason"), "stop"),
                           max(versions) if versions else self._version, 0, weight_versions=versions)
 
+    async def prompt_top_logprobs(self, token_ids: list[int], k: int) -> list[dict]:
+        """``[{token: logprob}]`` for positions 1..n-1 of ``token_ids``: the top-``k`` next-token logprobs at T=1
+        plus the token that follows (vLLM's prompt logprobs), for the mismatch probe."""
+        body = {"token_ids": list(token_ids), "request_id": f"probe-{next(self._rr)}",
+                "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": int(k)}}
+        out = await self._request("POST", GENERATE, body)
+        rows = (out or {}).get("prompt_logprobs") or []
+        if len(rows) != len(token_ids):
+            raise EngineError(f"prompt_logprobs: {len(rows)} positions for {len(token_ids)} tokens")
+        return [{int(t): float(v["logprob"]) for t, v in row.items()} for row in rows[1:]]
+
     # ------------------------------------------------------------ control
     async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,
                              version: Optional[int] = None) -> int:

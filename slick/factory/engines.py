@@ -211,7 +211,8 @@ def _server_engines(cfg, weight_dir) -> EngineSet:
     common = dict(python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
                   startup_timeout=cfg.rollout_startup_timeout, api_key=key)
     if vllm:
-        launch = lambda k: launch_vllm(cfg.hf_checkpoint, k, weight_dir=weight_dir, options=cfg.vllm,  # noqa: E731
+        options = {"max_logprobs": max(20, cfg.mismatch_probe_top_k), **cfg.vllm}   # the mismatch probe's top-k
+        launch = lambda k: launch_vllm(cfg.hf_checkpoint, k, weight_dir=weight_dir, options=options,  # noqa: E731
                                        threads=max(1, (os.cpu_count() or 1) // n), **common)
     else:
         launch = lambda k: launch_sglang(cfg.hf_checkpoint, k, options=cfg.sglang, **common)  # noqa: E731

@@ -48,6 +48,7 @@ async def train(cfg) -> Run:
                                 "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
             if not cfg.debug_rollout_only:
                 syncs = (step + 1) % cfg.update_weights_interval == 0
+                metrics.update(await run.probe_mismatch(batch))   # engines and trainer hold the same weights here
                 if syncs and cfg.offload_rollout:
                     metrics.update(await run.offload_rollout())
                 metrics.update(await run.train_off_loop(step, batch))

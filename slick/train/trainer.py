@@ -29,7 +29,9 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
+from slick.algo.correction import GAP_THRESHOLD, gap_stats
 from slick.algo.inputs import LossInputs
+from slick.train.probe import candidate_logprobs
 from slick.models.tokenizer import load_tokenizer
 from slick.train import dist as D
 from slick.train.attention import use_segments
@@ -239,6 +241,13 @@ class Trainer:
         return D.named_errors(what) if self.fsdp else contextlib.nullcontext()
 
     @torch.no_grad()
+    def candidate_logprobs(self, token_ids: Sequence[int], candidates: Sequence) -> list[dict]:
+        """The actor's T=1 logprobs of ``candidates[i]`` at each position i+1 of ``token_ids`` (the mismatch probe,
+        slick/train/probe.py); one process only."""
+        if self.fsdp:
+            raise NotImplementedError("the mismatch probe runs on an in-process trainer")
+        return candidate_logprobs(self.model, token_ids, candidates, self.device, self._autocast())
+
     def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list[torch.Tensor]:
         """fp32 CPU tensors ``[T_i]``: logprob of each response token under the actor or reference model."""
         if which == "actor":
@@ -322,6 +331,7 @@ class Trainer:
         dev = self.device
         sums: dict[str, float] = {}
         total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
+        diff_max, diff_over = 0.0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite_losses = 0
         plan = self._plan(samples)
@@ -347,9 +357,10 @@ class Trainer:
                                                  for i in idx):
                     roll = pad_stack([torch.tensor(samples[i].rollout_logprobs, device=dev) for i in idx], T,
                                      dtype=torch.float32)
-                    d = ((logprobs.detach() - roll).abs() * mask)
-                    diff_sum += float(d.sum())
-                    diff_n += int(mask.sum())
+                    gap = gap_stats(logprobs, roll, mask, GAP_THRESHOLD)
+                    diff_sum += gap["abs_sum"]
+                    diff_n += int(gap["n"])
+                    diff_max, diff_over = max(diff_max, gap["abs_max"]), diff_over + gap["over"]
                 loss, metrics = loss_fn(LossInputs(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
                                                    rollout_logprobs=roll, num_samples=num_samples,
                                                    num_tokens=num_tokens))
@@ -369,17 +380,20 @@ class Trainer:
         elapsed = time.perf_counter() - t0
         if self.fsdp:   # additive metrics summed over ranks, times maxed: the same dict on every rank
             keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "train_step metric names")))
-            vals = D.all_reduce_values([total_loss, tokens, nonfinite, diff_sum, diff_n]
+            diff_max = D.all_reduce_values([diff_max], "max", "train_step logprob gap")[0]
+            vals = D.all_reduce_values([total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over]
                                        + [sums.get(k, 0.0) for k in keys], "sum", "train_step metrics")
-            total_loss, tokens, nonfinite, diff_sum, diff_n = vals[:5]
-            sums = dict(zip(keys, vals[5:]))
+            total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over = vals[:6]
+            sums = dict(zip(keys, vals[6:]))
             elapsed = D.all_reduce_values([elapsed], "max", "train_step timing")[0]
         out = dict(sums)
         out.update({"loss": total_loss, "tokens": float(tokens), "response_tokens": float(num_tokens),
                     "nonfinite_losses": float(nonfinite), "fwd_bwd_time": elapsed})
         self._nonfinite_losses = int(nonfinite)
-        if diff_n:
+        if diff_n:   # train/inference mismatch (slick/algo/correction.py, docs/vllm.md)
             out["train_rollout_logprob_abs_diff"] = diff_sum / diff_n
+            out["train_rollout_logprob_abs_diff_max"] = diff_max
+            out["train_rollout_logprob_gap_frac"] = diff_over / diff_n
         return out
 
     def _accumulate_master_grads(self) -> None:
