@@ -16,9 +16,9 @@ from slick.algo.batch import TrainBatch
 from slick.loop import debug
 from slick.loop.build import Components, build
 from slick.loop.omp import release_openmp_workers
+from slick.loop.mismatch import probe_mismatch
 from slick.loop.weights import EngineWeights
 from slick.loop.step import NonFiniteTrainingError, optimizer_batch_size, train_on_batch
-from slick.loop.mismatch import probe_mismatch
 from slick.observe.store import store_step
 from slick.reward import NonFiniteRewardError
 from slick.rollout.eval import evaluate
@@ -164,8 +164,6 @@ class Run:
         return await check_engine_weights(self.trainer, self.engines.engine, tol, lambda samples: loop.run_in_executor(
             self.train_pool, self.trainer.compute_logprobs, samples))
 
-    def _actor_unchanged(self) -> bool:
-        """Critic-only steps (--num-critic-only-steps): the actor has not stepped; the engines hold its weights."""
     async def probe_mismatch(self, groups) -> dict:
         """KL(engine || trainer) over the whole vocabulary on a few of ``groups``' samples (slick/loop/mismatch.py);
         call it while the engines hold the trainer's weights."""
@@ -177,6 +175,8 @@ class Run:
                                     self.cfg.mismatch_probe_samples, self.cfg.mismatch_probe_top_k,
                                     lambda fn, *a: loop.run_in_executor(self.train_pool, fn, *a))
 
+    def _actor_unchanged(self) -> bool:
+        """Critic-only steps (--num-critic-only-steps): the actor has not stepped; the engines hold its weights."""
         return self.critic is not None and bool(self.cfg.num_critic_only_steps) and self.trainer.version == 0
 
     async def offload_rollout(self) -> dict:
