@@ -21,7 +21,7 @@ ROOMS = {
                "weight_group", "weight_staging"},
     "serve": {"fanout", "http_body", "http_guard", "http_protocol", "openai_api", "openai_protocol", "serve_cli",
               "server", "sglang_args", "weight_dirs", "weight_group_routes"},
-    "engines": {"client", "fault", "health", "router", "vllm_client", "vllm_launch", "vllm_plugin"},
+    "engines": {"client", "detect", "fault", "health", "router", "vllm_client", "vllm_launch", "vllm_plugin"},
 }
 # what the inference core must not import: HTTP servers and clients, the rooms above it
 NOT_IN_CORE = ("aiohttp", "requests", "httpx", "urllib", "http", "slick.serve", "slick.engines", "slick.train",

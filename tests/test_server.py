@@ -288,3 +288,8 @@ def test_stream_true_sends_the_tokens_so_far_then_the_final_sse_chunk(server):
         assert meta["output_token_weight_versions"] == final["output_token_weight_versions"][n:n + k]
         n += k
     assert len(chunks) >= 3, "200 tokens were generated without one partial chunk (every 0.05 s)"
+
+
+def test_slick_serve_is_detected_as_speaking_sglangs_api(server):
+    from slick.engines.detect import server_kind
+    assert server_kind(server.url) == "sglang"   # /get_model_info answers 401 without the key: the route exists

@@ -162,3 +162,31 @@ def test_a_bad_vllm_option_ends_the_launch_quoting_vllm(vllm_model_dir, tmp_path
         launch_vllm(str(vllm_model_dir), 1, weight_dir=tmp_path, options={"no_such_option": "3"},
                     startup_timeout=120)
     assert time.monotonic() - t0 < 60
+
+
+def test_the_api_of_a_server_is_detected(server):
+    from slick.engines.detect import server_kind
+    from slick.engines.router import free_port
+    proc, _ = server
+    assert server_kind(proc.url) == "vllm"
+    assert server_kind(f"http://127.0.0.1:{free_port()}", timeout=2) == "unknown"
+
+
+def test_multi_turn_tool_rollouts_through_vllm_are_token_exact(server, vllm_model_dir):  # noqa: F811
+    """The built-in multi-turn tool rollout with a VllmEngine: every turn's tokens and logprobs kept as vLLM sampled
+    them, tool tokens masked, and the trainer's recomputed logprobs equal vLLM's (tests/test_multiturn.py's checks)."""
+    from slick.train.trainer import Trainer
+    from tests.chat_templates import tokenizer_with
+    from tests.test_multiturn import check_exact, make_cfg, rollout
+
+    proc, root = server
+    from safetensors.torch import load_file
+    base = write_weights_dir(root / "base", 8, iter(load_file(str(vllm_model_dir / "model.safetensors")).items()),
+                             bucket_bytes=1 << 30)
+    _run(lambda eng: eng.update_weights(path=str(base), version=8), proc)   # back to the weights the trainer loads
+    cfg = make_cfg(vllm_model_dir, max_turns=3, max_tokens_per_turn=6, tool_path="tests.agent_tools:GOOD",
+                   tool_parser="tests.test_multiturn:two_calls")
+    eng = VllmEngine([proc.url], api_key=proc.api_key)
+    samples, metrics, calls = rollout(cfg, tokenizer_with(None), eng)
+    assert len(samples) == 4 and len(calls) == 12 and metrics["rollout/tool_calls/mean"] == 4.0
+    check_exact(samples, calls, Trainer(make_cfg(vllm_model_dir)))

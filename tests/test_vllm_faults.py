@@ -25,7 +25,8 @@ async def _when_serving(engine, url, timeout=120):
         await asyncio.sleep(0.01)
 
 
-def test_sigkill_of_one_of_two_vllm_servers_mid_rollout_is_recovered(vllm_model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
+def test_a_killed_or_hung_vllm_server_mid_rollout_is_replaced(vllm_model_dir, tmp_path, sig):  # noqa: F811
     need_vllm()
     from slick.engines.vllm_client import VllmEngine
     from slick.loop.run import Run
@@ -41,7 +42,7 @@ def test_sigkill_of_one_of_two_vllm_servers_mid_rollout_is_recovered(vllm_model_
         victim = run.engines.recovery.workers[run.engines.worker_urls[0]]
         await _when_serving(run.engines.engine, victim.url)
         killed.update(url=victim.url, pid=victim.pid)
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.pid, sig)
 
     run = Run(cfg)
 
@@ -62,7 +63,9 @@ def test_sigkill_of_one_of_two_vllm_servers_mid_rollout_is_recovered(vllm_model_
         steps, new, version, gen = asyncio.run(go())
         rec = run.engines.recovery
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
-        assert rec.events[0][1:] == (killed["url"], "its process exited: killed by SIGKILL")
+        reason = ("its process exited: killed by SIGKILL" if sig == signal.SIGKILL else
+                  "no answer to /health within 10s (--rollout-health-check-timeout): hung")
+        assert rec.events[0][1:] == (killed["url"], reason)
         assert run.engines.engine.resubmitted >= 1
         assert new != killed["url"] and version == run.trainer.version == 3
         s = Sample(prompt_ids=[1, 2, 3, 4, 5, 6], response_ids=gen.token_ids, loss_mask=[1] * 8)
@@ -70,6 +73,8 @@ def test_sigkill_of_one_of_two_vllm_servers_mid_rollout_is_recovered(vllm_model_
         assert max(abs(x - y) for x, y in zip(ref, gen.logprobs)) < 2e-4   # the replacement has the trainer's weights
     finally:
         sys.path.remove(str(tmp_path))
+        if sig == signal.SIGSTOP and psutil.pid_exists(killed.get("pid", -1)):
+            os.kill(killed["pid"], signal.SIGCONT)
     _assert_each_prompt_once(steps, 6, 2)
     assert not [p for p in psutil.Process().children(recursive=True) if "vllm" in " ".join(p.cmdline())]
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 import psutil
 import pytest
@@ -107,3 +108,38 @@ def test_train_async_with_vllm_keeps_versions_per_token(vllm_model_dir, tmp_path
             assert v == sorted(v) and step - 1 <= v[0] and v[-1] <= step, (step, v)   # bounded staleness, per token
     assert sorted(seen) == list(range(8))      # every prompt trained once
     assert _servers() == []
+
+
+def test_train_on_ray_with_one_vllm_server_per_engine_bundle(vllm_model_dir, tmp_path):
+    """`--rollout-engine vllm --rollout-num-gpus 1` on a local Ray cluster: the engine bundle's actor hosts a vLLM
+    server; 2 steps train and sync; the server ends with the run."""
+    need_vllm()
+    from slick.loop.sync import train
+
+    prompts = _prompts(tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = make_cfg(vllm_model_dir, prompts, tmp_path / "run", num_rollout=2, rollout_engine="vllm",
+                       rollout_num_gpus=1, ray_start_timeout=300.0)
+        run = asyncio.run(train(cfg))
+    finally:
+        sys.path.remove(str(tmp_path))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and run.trainer.version == 2
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 2e-4 for r in rows)   # every sync landed
+    deadline = time.monotonic() + 60
+    while _vllm_processes(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _vllm_processes(tmp_path) == []
+
+
+def _vllm_processes(tmp_path) -> list:
+    """vLLM servers (and their engine processes) this test's run started: their weight root is under tmp_path."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("SLICK_VLLM_WEIGHT_DIRS", "").startswith(str(tmp_path)):
+                out.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out

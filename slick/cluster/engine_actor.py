@@ -1,5 +1,6 @@
 """Rollout engines on Ray: a `slick serve` server (SlickServer + LocalEngine) in an actor's process, on a free
-127.0.0.1 port; the driver talks to it over HTTP like any SGLang server.
+127.0.0.1 port; the driver talks to it over HTTP like any SGLang server. With ``--rollout-engine vllm`` the actor
+hosts a vLLM server process instead (:class:`VllmActor`).
 
 :class:`EngineHost` runs the server on an event loop of its own thread, so it can live in a dedicated engine
 actor (disaggregated) or inside a trainer rank's actor (``--colocate``: weights are then handed over in the
@@ -16,6 +17,7 @@ from typing import Optional
 
 from slick.cluster.actors import set_actor_threads, wait_all
 from slick.engine.local import LocalEngine
+from slick.engines.vllm_launch import launch_vllm
 from slick.serve.server import SlickServer
 from slick.serve.sglang_args import engine_options
 
@@ -111,6 +113,28 @@ class EngineActor:
         self.host.stop()
 
 
+class VllmActor:
+    """The body of a Ray actor hosting one vLLM server (``--rollout-engine vllm`` on Ray): the server is a process
+    of its own on the actor's node, with the actor's share of the cores, watched by the actor (it exits when the
+    actor does); weights reach it from the driver's disk transport directory (one machine or a shared file system)."""
+
+    def __init__(self, model_path: str, launch_kwargs: dict, slots_on_node: int):
+        set_actor_threads(slots_on_node)
+        self.model_path, self.kwargs = str(model_path), dict(launch_kwargs, threads=max(1, slots_on_node))
+        self.server = None
+
+    def start(self, timeout_s: float) -> str:
+        (self.server,) = launch_vllm(self.model_path, 1, startup_timeout=timeout_s, **self.kwargs)
+        return self.server.url
+
+    def pid(self) -> int:
+        return self.server.pid if self.server is not None else os.getpid()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
 class EngineActors:
     """The engine actors of a run: their URLs and pids; :meth:`stop` ends them (the EngineSet calls it);
     :meth:`restart` replaces one (--use-fault-tolerance)."""
@@ -172,13 +196,14 @@ class ActorWorker:
         self.kill()
 
 
-def start_engine_actors(cluster, cfg, timeout_s: float) -> EngineActors:
-    """One engine actor per disaggregated engine bundle of ``cluster.layout``; wait until each serves."""
+def start_engine_actors(cluster, cfg, timeout_s: float, vllm: Optional[dict] = None) -> EngineActors:
+    """One engine actor per disaggregated engine bundle of ``cluster.layout``; wait until each serves. With
+    ``vllm`` (launch_vllm keyword arguments) each actor hosts a vLLM server instead of slick's engine."""
     import ray
 
     layout = cluster.layout
-    remote = ray.remote(EngineActor)
-    kwargs = engine_kwargs(cfg)
+    remote = ray.remote(EngineActor if vllm is None else VllmActor)
+    kwargs = engine_kwargs(cfg) if vllm is None else vllm
     res = layout.actor_resources()
 
     def start(e: int):

@@ -21,9 +21,12 @@ def server_engine_problems(cfg, p: list[str]) -> None:
         p.append(f"--rollout-engine {engine} needs --rollout-urls or --hf-checkpoint (to launch servers)")
     if engine == "vllm" and cfg.router != "none":
         p.append(f"--router {cfg.router} speaks SGLang's API; vLLM servers are reached directly (drop --router)")
-    if cfg.rollout_num_gpus > 0:
-        p.append(f"--rollout-engine {engine} launches its servers from the driver; --rollout-num-gpus "
-                 f"{cfg.rollout_num_gpus} (engine actors on Ray) runs slick's own engine: drop one of them")
+    if engine == "sglang" and cfg.rollout_num_gpus > 0:
+        p.append(f"--rollout-engine sglang launches its servers from the driver; --rollout-num-gpus "
+                 f"{cfg.rollout_num_gpus} (engine actors on Ray) runs slick's own engine or vLLM: drop one of them")
+    if engine == "vllm" and cfg.colocate:
+        p.append("--colocate runs slick's own engine inside each trainer rank; vLLM servers are processes of their "
+                 "own: drop --colocate (engine bundles of their own: --rollout-num-gpus N)")
     if cfg.weight_transport not in ("auto", "disk"):
         p.append(f"--rollout-engine {engine} loads weights from the disk transport's directory: "
                  f"--weight-transport {cfg.weight_transport} cannot reach its servers (use disk)")

@@ -46,6 +46,8 @@ def vllm_sampling(s: SamplingParams) -> dict:
     """slick's sampling parameters as vLLM's ``SamplingParams`` fields (logprob of the sampled token only)."""
     d = {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
          "logprobs": 0, "ignore_eos": bool(s.ignore_eos), "skip_special_tokens": bool(s.skip_special_tokens)}
+    if s.top_k == 1:   # greedy: vLLM's processed logprobs after a top-1 cut would all be 0; at temperature 0 they
+        d.update(temperature=0.0, top_k=-1)   # are the untruncated softmax's, slick's convention for greedy requests
     if s.stop:
         d["stop"] = list(s.stop)
     if s.stop_token_ids:

@@ -11,6 +11,7 @@ import torch
 
 from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
 from slick.engines.client import HttpEngine
+from slick.engines.detect import server_kind
 from slick.engines.fault import EngineDied, Recovery
 from slick.engines.health import HealthMonitor
 from slick.engine.local import LocalEngine
@@ -147,7 +148,7 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     elif unknown:
         log.warning("%s", unknown_warning(unknown, "slick"))
     if cluster is not None and cluster.layout is not None and cluster.layout.num_engines:
-        return _ray_engines(cfg, cluster, trainer)
+        return _ray_engines(cfg, cluster, trainer, weight_dir)
     if cfg.rollout_engine == "local":
         kwargs = dict(dtype=cfg.dtype, device=cfg.device, max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
         kwargs.update(options)
@@ -161,12 +162,16 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
         procs = launch_workers(cfg.hf_checkpoint, n, **kw)
         urls = [p.url for p in procs]
         relaunch = lambda url: launch_workers(cfg.hf_checkpoint, 1, **kw)[0]   # noqa: E731 - a replacement worker
+    elif cfg.router == "none" and all(server_kind(u) == "vllm" for u in urls):   # vLLM's API, not SGLang's
+        log.info("--rollout-urls %s are vLLM servers: driving them with vLLM's API (--rollout-engine vllm)", urls)
+        return EngineSet(VllmEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout),
+                         "disk", [], urls)
     engines = _http_engines(cfg, urls, procs, "disk")
     engines.relaunch = relaunch
     return engines
 
 
-def _ray_engines(cfg, cluster, trainer) -> EngineSet:
+def _ray_engines(cfg, cluster, trainer, weight_dir=None) -> EngineSet:
     """Engine servers in Ray actors (their own, or the trainer ranks' with --colocate) behind an HttpEngine."""
     timeout = float(cfg.ray_start_timeout)
     if cluster.layout.colocate:
@@ -174,6 +179,8 @@ def _ray_engines(cfg, cluster, trainer) -> EngineSet:
             raise ValueError("--colocate on Ray runs each engine inside a trainer rank's actor: it needs the "
                              "trainer (not --debug-rollout-only)")
         return _http_engines(cfg, trainer.start_colocated_engines(engine_kwargs(cfg), timeout), [], "ray")
+    if cfg.rollout_engine == "vllm":
+        return _ray_vllm_engines(cfg, cluster, timeout, weight_dir)
     actors = start_engine_actors(cluster, cfg, timeout)
     try:
         engines = _http_engines(cfg, list(actors.urls), [actors], "ray")
@@ -198,6 +205,24 @@ def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
     return EngineSet(eng, sync_mode, procs, worker_urls)
 
 
+def _vllm_launch_kwargs(cfg, weight_dir, key: str) -> dict:
+    """launch_vllm keyword arguments of a run (the servers' dtype follows the trainer's)."""
+    dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
+    return dict(weight_dir=weight_dir, python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
+                api_key=key, options={"max_logprobs": max(20, cfg.mismatch_probe_top_k), **cfg.vllm})
+
+
+def _ray_vllm_engines(cfg, cluster, timeout: float, weight_dir) -> EngineSet:
+    """One vLLM server per engine bundle, each in a Ray actor; weights through the driver's disk transport."""
+    key = secrets.token_hex(16)
+    actors = start_engine_actors(cluster, cfg, max(timeout, cfg.rollout_startup_timeout),
+                                 vllm=_vllm_launch_kwargs(cfg, weight_dir, key))
+    eng = VllmEngine(list(actors.urls), api_key=key, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
+    engines = EngineSet(eng, "disk", [actors], list(actors.urls))
+    engines.relaunch = lambda url: actors.restart(url, max(timeout, cfg.rollout_startup_timeout))
+    return engines
+
+
 def _server_engines(cfg, weight_dir) -> EngineSet:
     """vLLM servers (VllmEngine) or SGLang servers (HttpEngine): at --rollout-urls, or launched here."""
     vllm = cfg.rollout_engine == "vllm"
@@ -206,16 +231,16 @@ def _server_engines(cfg, weight_dir) -> EngineSet:
         eng = client(list(cfg.rollout_urls), concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
         return EngineSet(eng, "disk", [], list(cfg.rollout_urls))
     n = cfg.rollout_num_workers
-    dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
     key = secrets.token_hex(16)     # every server launched for this run, replacements included, needs it
-    common = dict(python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
-                  startup_timeout=cfg.rollout_startup_timeout, api_key=key)
     if vllm:
-        options = {"max_logprobs": max(20, cfg.mismatch_probe_top_k), **cfg.vllm}   # the mismatch probe's top-k
-        launch = lambda k: launch_vllm(cfg.hf_checkpoint, k, weight_dir=weight_dir, options=options,  # noqa: E731
-                                       threads=max(1, (os.cpu_count() or 1) // n), **common)
+        kw = _vllm_launch_kwargs(cfg, weight_dir, key)   # max_logprobs: the mismatch probe's top-k
+        launch = lambda k: launch_vllm(cfg.hf_checkpoint, k, startup_timeout=cfg.rollout_startup_timeout,  # noqa: E731
+                                       threads=max(1, (os.cpu_count() or 1) // n), **kw)
     else:
-        launch = lambda k: launch_sglang(cfg.hf_checkpoint, k, options=cfg.sglang, **common)  # noqa: E731
+        dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
+        launch = lambda k: launch_sglang(cfg.hf_checkpoint, k, options=cfg.sglang, python=cfg.rollout_engine_python,  # noqa: E731
+                                         dtype=dtype, seed=cfg.rollout_seed,
+                                         startup_timeout=cfg.rollout_startup_timeout, api_key=key)
     log.info("starting %d %s server(s) for %s (up to %.0fs)", n, cfg.rollout_engine, cfg.hf_checkpoint,
              cfg.rollout_startup_timeout)
     procs = launch(n)
