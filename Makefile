@@ -9,7 +9,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo demo-agent test test-fast bench clean chromium tcmalloc vllm sandbox
+.PHONY: setup demo demo-agent demo-sft test test-fast bench clean chromium tcmalloc vllm sandbox promtool
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: $(STAMP) tcmalloc
 demo-agent: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo agent
 
+demo-sft: $(STAMP) tcmalloc
+	$(BIN)/python -m slick.demo sft
+	$(BIN)/python -m slick.demo distill
+
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
@@ -39,6 +43,13 @@ tcmalloc:
 	  { $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    libtcmalloc-minimal4 >/dev/null; } 2>/dev/null || \
 	  echo "tcmalloc not installed: 'sudo apt-get install libtcmalloc-minimal4' makes training faster (optional)"; }
+
+# promtool (Debian's prometheus package): tests/test_promtool.py lints /metrics with `promtool check metrics`.
+promtool:
+	@command -v promtool >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends prometheus >/dev/null; } 2>/dev/null || \
+	  echo "promtool not installed: 'sudo apt-get install prometheus' enables tests/test_promtool.py (optional)"; }
 
 # bubblewrap (Debian/Ubuntu), the sandbox of --rm-type code and @tool(sandbox=True) (docs/sandbox.md).
 # Installed with apt when run as root or with password-less sudo; otherwise says how and goes on.

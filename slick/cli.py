@@ -19,6 +19,7 @@ from slick.train.memory import AllocatorError, use_tcmalloc
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
     "train": ("slick.loop.sync", "Run RL training (synchronous: rollout, train, sync weights)."),
+    "sft": ("slick.loop.sft", "Supervised fine-tuning on chats (assistant tokens only; docs/sft.md)."),
     "train-async": ("slick.loop.train_async", "Run RL training with rollout and training overlapping (docs/async.md)."),
     "serve": ("slick.serve.serve_cli", "Serve a HF model over HTTP with SGLang's native API."),
     "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),

@@ -14,8 +14,11 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Optional
 
+from slick.compat.finder import install as install_compat_names   # `import slime...` in plug-ins (docs/slime.md)
+
 
 def _import(module_name: str, path: str, flag: str):
+    install_compat_names()
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:

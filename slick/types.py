@@ -31,6 +31,9 @@ class SamplingParams:
     ``seed`` makes one request's sampling reproducible. ``ignore_eos`` keeps generating past EOS and
     ``stop_token_ids`` (as in SGLang, stop strings still stop) up to ``max_new_tokens``.
     ``skip_special_tokens`` and ``no_stop_trim`` only shape the response text of ``slick serve``.
+    ``json_schema`` (a JSON string), ``regex`` and ``ebnf`` (llguidance's Lark syntax, or GBNF) constrain the
+    output by grammar (``slick/engine/grammar.py``; SGLang's names); ``top_logprobs_num`` asks for that many
+    most likely tokens with their logprobs at every step (``Generation.top_logprobs``).
     """
 
     temperature: float = 1.0
@@ -43,6 +46,10 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    top_logprobs_num: int = 0
 
     def to_sglang(self) -> dict:
         d = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
@@ -55,6 +62,9 @@ class SamplingParams:
             d["sampling_seed"] = self.seed
         for name, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
             if getattr(self, name) != default:
+                d[name] = getattr(self, name)
+        for name in ("json_schema", "regex", "ebnf"):
+            if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
         return d
 
@@ -79,6 +89,7 @@ class SamplingParams:
             ignore_eos=bool(d.get("ignore_eos", False)),
             skip_special_tokens=bool(d.get("skip_special_tokens", True)),
             no_stop_trim=bool(d.get("no_stop_trim", False)),
+            json_schema=d.get("json_schema"), regex=d.get("regex"), ebnf=d.get("ebnf"),
         )
 
 
@@ -101,6 +112,7 @@ class Generation:
     prompt_tokens: int = 0
     text: Optional[str] = None
     weight_versions: Optional[list[int]] = None
+    top_logprobs: Optional[list[list[tuple[int, float]]]] = None   # per token: (id, logprob), most likely first
 
 
 @dataclass

@@ -89,6 +89,11 @@ ALIASES = [
      "rollout_engine", "http"),
     ("--use-dynamic-batch-size", ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096"],
      "max_tokens_per_micro_batch", 4096),
+    ("--lr-warmup-fraction", ["--lr-warmup-fraction", "0.1", "--lr-decay-iters", "50"], "lr_warmup_steps", 5),
+    ("--optimizer", ["--optimizer", "adam"], "weight_decay", 0.0),            # AdamW, as slick always uses
+    ("--balance-data", ["--balance-data"], "max_tokens_per_micro_batch", None),   # slick always balances ranks
+    ("--num-data-workers", ["--num-data-workers", "4"], "prompt_data", None),  # no effect: a warning
+    ("--attention-backend", ["--attention-backend", "flash"], "prompt_data", None),
 ]
 
 # slime's defaults of the aliased flags, which are slick's defaults of the fields they set
@@ -113,6 +118,8 @@ REFUSED = [
      ["--update-weight-transport disk", "--weight-transport broadcast", "give one of them"]),
     (["--rollout-external-engine-addrs", "h:1", "--rollout-engine", "local"],
      ["--rollout-external-engine-addrs h:1", "--rollout-engine local"]),
+    (["--optimizer", "sgd"], ["--optimizer sgd", "AdamW"]),
+    (["--lr-warmup-fraction", "0.1"], ["--lr-warmup-fraction 0.1", "--lr-decay-iters", "--lr-warmup-iters"]),
 ]
 
 DIFFERS = [
@@ -135,6 +142,8 @@ DIFFERS = [
     ("--normalization", "LayerNorm", None, "model-shape check: unset = not checked (config.json gives the model)"),
     ("--position-embedding-type", "learned_absolute", None, "model-shape check: unset = not checked"),
     ("--num-query-groups", 1, None, "model-shape check: unset = not checked (config.json gives the model)"),
+    ("--attention-dropout", 0.1, None, "checked against config.json's attention_dropout when given (slime passes 0.0)"),
+    ("--hidden-dropout", 0.1, None, "checked against config.json's hidden dropout when given (slime passes 0.0)"),
 ]
 
 # fields behind DIFFERS rows whose slime flag is spelt differently in slick

@@ -17,10 +17,11 @@ SLICK = ROOT / "slick"
 
 # which module lives in which room: the decision of the split, as data
 ROOMS = {
-    "engine": {"base", "kvcache", "linear", "local", "model", "native", "request", "sampling", "weight_check",
-               "weight_group", "weight_staging"},
-    "serve": {"fanout", "http_body", "http_guard", "http_protocol", "openai_api", "openai_protocol", "serve_cli",
-              "server", "sglang_args", "weight_dirs", "weight_group_routes"},
+    "engine": {"base", "grammar", "kvcache", "linear", "local", "model", "native", "request", "sampling",
+               "weight_check", "weight_group", "weight_staging"},
+    "serve": {"fanout", "http_body", "http_guard", "http_protocol", "messages_api", "openai_api", "openai_constraints",
+              "openai_protocol", "openai_stream", "responses_api", "serve_cli", "server", "sglang_args", "sse",
+              "weight_dirs", "weight_group_routes"},
     "engines": {"client", "detect", "fault", "health", "router", "vllm_client", "vllm_launch", "vllm_plugin"},
 }
 # what the inference core must not import: HTTP servers and clients, the rooms above it

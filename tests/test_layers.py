@@ -29,6 +29,7 @@ IMPORT_COST = {
     ("slick.demo.__main__", "slick.loop.sync"),       # torch, after the tcmalloc re-exec
     ("slick.demo.__main__", "slick.observe.plot"),    # matplotlib, likewise
     ("slick.demo.__main__", "slick.demo.agent"),
+    ("slick.demo.__main__", "slick.demo.sft"),
     ("slick.observe", "slick.observe.metrics"),       # the package's lazy names
     ("slick.observe", "slick.observe.progress"),
     ("slick.observe", "slick.rollout.passk"),

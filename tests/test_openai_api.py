@@ -139,11 +139,14 @@ def test_models(client, tiny_model_dir):
 
 @pytest.mark.parametrize("body,status,needle,param", [
     (None, 400, "malformed JSON", None),
-    ({"messages": MSGS, "stream": True}, 400, "streaming is not supported yet", "stream"),
+    ({"messages": MSGS, "stream": "yes"}, 400, "'stream' must be a boolean", "stream"),
     ({"messages": MSGS, "max_tokens": -1}, 400, "'max_tokens' must be >= 1", "max_tokens"),
-    ({"messages": MSGS, "top_logprobs": 2, "logprobs": True}, 400, "top_logprobs", "top_logprobs"),
+    ({"messages": MSGS, "top_logprobs": 2}, 400, "'top_logprobs' needs", "top_logprobs"),
+    ({"messages": MSGS, "top_logprobs": 21, "logprobs": True}, 400, "between 0 and 20", "top_logprobs"),
     ({"messages": MSGS, "presence_penalty": 0.5}, 400, "presence_penalty", "presence_penalty"),
-    ({"messages": MSGS, "tool_choice": "required", "tools": TOOLS}, 400, "tool_choice", "tool_choice"),
+    ({"messages": MSGS, "tool_choice": "required"}, 400, "needs 'tools'", "tool_choice"),
+    ({"messages": MSGS, "response_format": {"type": "xml"}}, 400, "response_format", "response_format"),
+    ({"messages": MSGS, "stream_options": {"include_usage": True}}, 400, "only allowed with", "stream_options"),
     ({"messages": MSGS, "frobnicate": 1}, 400, "unrecognized request argument supplied: 'frobnicate'", "frobnicate"),
     ({"messages": []}, 400, "'messages' must be a non-empty list", "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "messages[0].role"),
@@ -158,10 +161,11 @@ def test_chat_errors_in_openai_shape(server, body, status, needle, param):
 
 
 def test_errors_reach_the_openai_client(client):
-    with pytest.raises(openai.BadRequestError, match="streaming is not supported yet"):
-        client.chat.completions.create(model="m", messages=MSGS, stream=True)
-    with pytest.raises(openai.BadRequestError, match="'logprobs' = 2 is not supported"):
-        client.completions.create(model="m", prompt="x", max_tokens=2, logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="'logprobs' must be between 0 and 5"):
+        client.completions.create(model="m", prompt="x", max_tokens=2, logprobs=6)
+    with pytest.raises(openai.BadRequestError, match="only null"):
+        client.completions.create(model="m", prompt="x", max_tokens=2, extra_body={"response_format": {
+            "type": "json_object"}})
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         client.completions.create(model="m", prompt=[10 ** 7], max_tokens=2)
 

@@ -80,7 +80,7 @@ class RolloutConfig:
                              "update or checkpoint for the rollouts in flight, before the run fails naming it.")
     rollout_num_threads: Optional[int] = F(None, "CPU threads for the in-process engine (default: all cores; "
                                            "with slick train-async on CPU, the cores --train-num-threads leaves).")
-    custom_generate_function_path: Optional[str] = F(None, "Dotted path to `async def generate(args, sample, sampling_params, engine) -> Sample`.")
+    custom_generate_function_path: Optional[str] = F(None, "Dotted path to `async def generate(args, sample, sampling_params, engine) -> Sample`, or slime's `async def generate(args, sample, sampling_params)` (docs/slime.md).")
     rollout_function_path: Optional[str] = F(None, "Dotted path to a function replacing the whole rollout step.")
     dynamic_sampling_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, group) -> bool` (keep group); `slick.rollout.filters.check_reward_nonzero_std` is built in.")
     buffer_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, groups) -> groups` applied when taking from the buffer.")
@@ -356,6 +356,10 @@ class MegatronCompatConfig:
                                          "q/k/v biases unless --add-qkv-bias is given.")
     add_qkv_bias: bool = F(False, "Megatron model shape: the checkpoint must have q/k/v biases (Qwen2, or "
                                   "`attention_bias: true`).")
+    attention_dropout: Optional[float] = F(None, "Megatron: must equal config.json's `attention_dropout` (0 when "
+                                                 "absent), the dropout slick trains with (checked when set).")
+    hidden_dropout: Optional[float] = F(None, "Megatron: must equal config.json's `hidden_dropout` or `resid_pdrop` "
+                                              "(0 when absent: Llama/Qwen-style models have none; checked when set).")
     qk_layernorm: bool = F(False, "Megatron model shape: the checkpoint must normalise queries and keys (Qwen3).")
 
 
@@ -460,10 +464,41 @@ class LoraConfig:
                                                 "fp32, 0.1 in bf16); off otherwise unless set (docs/lora.md).")
 
 
+@dataclass
+class SftDistillConfig:
+    loss_type: str = F("policy_loss", "Training loss: the RL policy objective (policy_loss), supervised fine-tuning on "
+                                      "the assistant tokens of chats (sft_loss: no engine starts; docs/sft.md), or "
+                                      "--custom-loss-function-path (custom_loss).",
+                       choices=["policy_loss", "sft_loss", "custom_loss"])
+    disable_compute_advantages_and_returns: bool = F(False, "Train without advantages or returns (slime's SFT flag): "
+                                                            "implied by --loss-type sft_loss, refused with "
+                                                            "policy_loss (whose gradient is the advantage).")
+    completion_key: str = F("completion", "SFT: key of the completion in a prompt/completion row (the prompt is "
+                                          "--input-key; docs/sft.md).")
+    lr_decay_style: str = F("constant", "Learning-rate schedule after the warm-up: constant, or linear / cosine "
+                                        "decay to --min-lr over --lr-decay-iters optimizer steps.",
+                            choices=["constant", "linear", "cosine"])
+    lr_decay_iters: Optional[int] = F(None, "Optimizer steps of the --lr-decay-style decay, warm-up included "
+                                            "(needed by linear and cosine).")
+    min_lr: float = F(0.0, "Learning rate at the end of a linear or cosine decay.")
+    use_opd: bool = F(False, "On-policy distillation: the teacher (--opd-teacher-load) scores the tokens the student "
+                             "sampled and --opd-kl-coef x (teacher - student logprob) joins every token's advantage "
+                             "(docs/distillation.md).")
+    opd_type: str = F("trainer", "OPD: where the teacher runs: a frozen forward in the trainer process (trainer; "
+                                 "slime's megatron). engine (slime's sglang) is refused: slick's engines return no "
+                                 "prompt logprobs yet.", choices=["trainer", "engine", "megatron", "sglang"])
+    opd_kl_coef: float = F(1.0, "OPD: weight of the per-token teacher - student logprob in the advantage.")
+    opd_teacher_load: Optional[str] = F(None, "OPD: the teacher's Hugging Face model directory (same tokenizer as "
+                                              "--hf-checkpoint).")
+    opd_only: bool = F(False, "OPD: pure distillation: the advantage is the OPD term alone (the reward is still "
+                              "scored and logged, but not trained on).")
+
+
 GROUPS = {
     "data": DataConfig, "rollout": RolloutConfig, "algorithm": AlgorithmConfig,
     "reward": RewardConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
     "eval": EvalConfig, "cluster": ClusterConfig, "megatron": MegatronCompatConfig, "logging": LoggingConfig, "debug": DebugConfig,
     "agent": AgentConfig, "critic": CriticConfig,
     "rollout_store": RolloutStoreConfig, "lora": LoraConfig, "sandbox": SandboxConfig,
+    "sft_distill": SftDistillConfig,
 }

@@ -97,6 +97,9 @@ NUMBERS: dict[str, tuple[str, Callable[[dict], Any], str]] = {
     "max_position_embeddings": ("max_position_embeddings", lambda h: _get(h, "max_position_embeddings"), "at_most"),
     "rotary_base": ("rope_theta", _rope_theta, "equal"),
     "norm_epsilon": ("rms_norm_eps", _norm_eps, "equal"),
+    "attention_dropout": ("attention_dropout", lambda h: _get(h, "attention_dropout") or 0.0, "equal"),
+    "hidden_dropout": ("hidden_dropout", lambda h: _get(h, "hidden_dropout") or _get(h, "resid_pdrop") or 0.0,
+                       "equal"),
 }
 
 

@@ -120,9 +120,10 @@ def _coerce_yaml(flat: dict, path: str) -> dict:
 
 
 def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse.ArgumentParser] = None,
-                 validate: bool = True, driver: str = "sync") -> Config:
+                 validate: bool = True, driver: str = "sync", defaults: Optional[dict] = None) -> Config:
     """Parse flags (and --config YAML) into a validated ``Config`` for ``driver`` ("sync" for slick train,
-    "async" for slick train-async). Raises ConfigError."""
+    "async" for slick train-async). ``defaults``: a command's own defaults (slick sft's), below the YAML and the
+    flags. Raises ConfigError."""
     argv = sys.argv[1:] if argv is None else list(argv)
     rest, sglang = split_sglang_args(argv)
     rest, vllm = split_sglang_args(rest, "--vllm-")
@@ -131,7 +132,8 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
     slime_problems = resolve_slime_flags(ns)       # slime's spellings onto slick's fields, or refused by name
     if slime_problems:
         raise ConfigError(slime_problems)
-    values = load_yaml(ns.pop("config")) if ns.get("config") else {}
+    values = dict(defaults or {})
+    values.update(load_yaml(ns.pop("config")) if ns.get("config") else {})
     ns.pop("config", None)
     values.update(ns)
     if sglang:

@@ -9,11 +9,14 @@ data. Standard library only.
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 PREFIX = "slime__"          # argparse dests of the slime spellings; removed before the Config is built
+log = logging.getLogger("slick.config")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,28 @@ FLAGS: list[SlimeFlag] = [
               "(without it slime does not use it, so it is refused).", dict(type=int)),
 ]
 
+# slime/Megatron flags that ask for what slick always does: flag -> (argparse kw, what slick does); logged
+ALWAYS: dict[str, tuple[dict, str]] = {
+    "--balance-data": (dict(action="store_true"), "slick always splits each step's samples into token-balanced "
+                                                  "shares across trainer ranks"),
+    "--accumulate-allreduce-grads-in-fp32": (dict(action="store_true"), "slick keeps weight gradients in fp32 and "
+                                                                        "FSDP reduces them in fp32"),
+    "--attention-softmax-in-fp32": (dict(action="store_true"), "slick's training attention computes scores and "
+                                                               "softmax in fp32"),
+    "--optimizer": (dict(choices=["adam", "sgd"]), "slick's optimizer is AdamW, Megatron's adam (decoupled weight "
+                                                   "decay: --weight-decay, --adam-beta1/2); sgd is refused"),
+}
+
+# slime/Megatron flags with no effect in slick: flag -> (argparse kw, why); accepted with a warning
+NO_EFFECT: dict[str, tuple[dict, str]] = {
+    "--num-data-workers": (dict(type=int), "slick reads the prompt file in the driver process (no data-loader "
+                                           "workers)"),
+    "--streaming-data": (dict(action="store_true"), "slick reads the whole prompt file at start (the same prompts; "
+                                                    "--rollout-shuffle orders them)"),
+    "--attention-backend": (dict(type=str), "slick picks its attention kernels itself (packed-segment attention in "
+                                            "training, its own kernels in the engine)"),
+}
+
 # slime flags slick cannot honour: flag -> what to use instead (refused by name when given)
 REFUSED: dict[str, str] = {
     "--offload": "slick keeps the trainer in memory; --offload-rollout frees the in-process engine's KV cache and "
@@ -120,11 +145,16 @@ KEPT_DEFAULTS: dict[str, tuple[str, str]] = {
     "--normalization": ("LayerNorm", "model-shape check: unset is not checked"),
     "--position-embedding-type": ("learned_absolute", "model-shape check: unset is not checked"),
     "--num-query-groups": ("1", "model-shape check: unset is not checked"),
+    "--attention-dropout": ("0.1", "slick trains with config.json's attention_dropout; given, it is checked "
+                                   "against it (slime's scripts pass 0.0)"),
+    "--hidden-dropout": ("0.1", "slick's models have config.json's hidden dropout (none for Llama/Qwen); given, "
+                                "it is checked against it (slime's scripts pass 0.0)"),
 }
 
 # slime's spellings with the slick field they set when it takes slick's own flag too (for conflicts)
 _EXTRA_SETS = {"--rollout-external-engine-addrs": {"rollout_engine": "http"},
                "--use-dynamic-batch-size": {}, "--max-tokens-per-gpu": {}}
+WARMUP_FRACTION = "--lr-warmup-fraction"
 
 
 def add_slime_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +166,65 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, instead in REFUSED.items():
         grp.add_argument(flag, dest=PREFIX + flag[2:].replace("-", "_"), action="store_true",
                          default=argparse.SUPPRESS, help=f"Refused: {instead}.".replace("%", "%%"))
+    for table, word in ((ALWAYS, "Accepted"), (NO_EFFECT, "No effect (a warning)")):
+        for flag, (kw, why) in table.items():
+            grp.add_argument(flag, dest=_dest(flag), default=argparse.SUPPRESS,
+                             help=f"{word}: {why}.".replace("%", "%%"), **kw)
+    grp.add_argument(WARMUP_FRACTION, dest=_dest(WARMUP_FRACTION), type=float, default=argparse.SUPPRESS,
+                     help="Megatron's warm-up as a fraction of the decay steps: --lr-warmup-steps = FRACTION x "
+                          "--lr-decay-iters (or x the run's optimizer steps, --num-rollout x steps per rollout, when "
+                          "those flags give them).")
+
+
+def _dest(flag: str) -> str:
+    return PREFIX + flag[2:].replace("-", "_")
+
+
+def _noted_flags(ns: dict, problems: list[str]) -> None:
+    """The ALWAYS and NO_EFFECT flags: logged, or (``--optimizer sgd``) refused."""
+    for flag, (_, why) in ALWAYS.items():
+        if _dest(flag) in ns:
+            value = ns.pop(_dest(flag))
+            if flag == "--optimizer" and value != "adam":
+                problems.append(f"--optimizer {value}: not supported (slick's trainer uses AdamW: --optimizer adam, "
+                                f"with --weight-decay, --adam-beta1, --adam-beta2)")
+            else:
+                log.info("%s: accepted (%s)", flag, why)
+    for flag, (_, why) in NO_EFFECT.items():
+        if _dest(flag) in ns:
+            ns.pop(_dest(flag))
+            log.warning("%s has no effect in slick: %s", flag, why)
+
+
+def _optimizer_steps(ns: dict) -> Optional[int]:
+    """The run's optimizer steps as far as the flags alone give them (Megatron's --lr-decay-iters default)."""
+    if ns.get("lr_decay_iters"):
+        return ns["lr_decay_iters"]
+    n = ns.get("num_rollout")
+    if n and ns.get("num_steps_per_rollout"):
+        return n * ns["num_steps_per_rollout"]
+    rb, k, gb = ns.get("rollout_batch_size"), ns.get("n_samples_per_prompt"), ns.get("global_batch_size")
+    if n and rb and k and gb and (rb * k) % gb == 0:
+        return n * (rb * k // gb)
+    return None
+
+
+def _warmup_fraction(ns: dict, problems: list[str]) -> None:
+    if _dest(WARMUP_FRACTION) not in ns:
+        return
+    frac = ns.pop(_dest(WARMUP_FRACTION))
+    total = _optimizer_steps(ns)
+    if not 0.0 <= frac <= 1.0:
+        problems.append(f"{WARMUP_FRACTION} {frac}: must be in [0, 1]")
+    elif total is None:
+        problems.append(f"{WARMUP_FRACTION} {frac} is a fraction of the decay steps: give --lr-decay-iters N (or "
+                        f"--num-rollout with --num-steps-per-rollout, or with --rollout-batch-size, "
+                        f"--n-samples-per-prompt and --global-batch-size), or --lr-warmup-iters N")
+    elif "lr_warmup_steps" in ns and ns["lr_warmup_steps"] != round(frac * total):
+        problems.append(f"{WARMUP_FRACTION} {frac} (= --lr-warmup-steps {round(frac * total)}) disagrees with "
+                        f"--lr-warmup-steps {ns['lr_warmup_steps']}: give one of them")
+    else:
+        ns["lr_warmup_steps"] = round(frac * total)
 
 
 def _flag(field: str) -> str:
@@ -146,6 +235,7 @@ def resolve_slime_flags(ns: dict) -> list[str]:
     """Move the slime spellings in ``ns`` (parsed flags, typed ones only) onto slick's fields, in place.
     Returns the problems: refused flags, bad values, and a slime spelling that disagrees with slick's own flag."""
     problems: list[str] = []
+    _noted_flags(ns, problems)
     given = {f.flag: ns.pop(f.dest) for f in FLAGS if f.dest in ns}
     for flag, instead in REFUSED.items():
         if ns.pop(PREFIX + flag[2:].replace("-", "_"), False):
@@ -174,6 +264,7 @@ def resolve_slime_flags(ns: dict) -> list[str]:
                                 f"{_flag(name)} {_show(ns[name])}: give one of them")
             else:
                 ns[name] = want
+    _warmup_fraction(ns, problems)      # after --lr-warmup-iters landed on lr_warmup_steps
     return problems
 
 
@@ -184,9 +275,65 @@ def _show(v: Any) -> str:
 def alias_rows() -> list[tuple[str, str]]:
     """(slime spelling, what it means in slick) for the docs."""
     rows = [(f.flag, f.help) for f in FLAGS]
+    rows += [(flag, f"Accepted: {why}.") for flag, (_, why) in ALWAYS.items()]
+    rows += [(flag, f"No effect (a warning): {why}.") for flag, (_, why) in NO_EFFECT.items()]
+    rows.append((WARMUP_FRACTION, "Megatron's warm-up fraction: --lr-warmup-steps = FRACTION x --lr-decay-iters "
+                                  "(or x --num-rollout x steps per rollout)."))
     return rows + [(flag, f"Refused: {instead}.") for flag, instead in REFUSED.items()]
 
 
 def kept_rows() -> list[tuple[str, str, str]]:
     """(slime flag, slime's default, why slick's differs) for the docs."""
     return [(flag, d, why) for flag, (d, why) in KEPT_DEFAULTS.items()]
+
+
+# ----------------------------------------------------------------------------- run checks (slick.config.validate)
+def megatron_checkpoint(path) -> bool:
+    """Whether ``path`` is a Megatron checkpoint directory (slime's --load/--save, or a torch_dist conversion)."""
+    d = Path(str(path))
+    if not d.is_dir():
+        return False
+    return (d / "latest_checkpointed_iteration.txt").is_file() or any(d.glob("iter_*")) or \
+        ((d / ".metadata").is_file() and any(d.glob("*.distcp")))
+
+
+def has_checkpoint(path) -> bool:
+    """Whether ``path`` holds a slick checkpoint or one being written (``slick.train.checkpoint``'s names: a step
+    directory itself, ``step_*`` directories, ``latest``), or a Megatron one."""
+    d = Path(str(path))
+    return d.is_dir() and ((d / "trainer_state.json").is_file() or (d / "latest").exists()
+                           or any(d.glob("step_*")) or megatron_checkpoint(d))
+
+
+def load_problems(cfg, p: list[str]) -> None:
+    """--load and --ref-load as slime scripts give them (checked with the files)."""
+    if cfg.load and not has_checkpoint(cfg.load):
+        same = cfg.save and Path(cfg.save).resolve() == Path(cfg.load).resolve()
+        if same:
+            log.info("--load %s holds no checkpoint yet: the run starts fresh and --save writes there (as slime "
+                     "does)", cfg.load)
+        else:
+            what = "a directory without one" if Path(cfg.load).is_dir() else "no such directory"
+            p.append(f"--load {cfg.load}: no checkpoint there ({what}); to start fresh and checkpoint there give "
+                     f"--save {cfg.load} too (as slime's scripts do), or drop --load")
+    elif cfg.load and megatron_checkpoint(cfg.load):
+        p.append(f"--load {cfg.load} is a Megatron checkpoint (slime's format); slick resumes only from its own "
+                 f"checkpoints (--save): convert the weights to a Hugging Face directory and start from it with "
+                 f"--hf-checkpoint")
+
+
+def ref_load_problem(path) -> Optional[str]:
+    if megatron_checkpoint(path):
+        return (f"--ref-load {path} is a Megatron torch_dist checkpoint (what slime's scripts convert for Megatron); "
+                f"slick reads Hugging Face directories: drop --ref-load (the reference is then --hf-checkpoint, the "
+                f"model that checkpoint was converted from) or pass the Hugging Face directory of the reference")
+    return None
+
+
+def idle_flag_warnings(cfg) -> None:
+    """A flag that does nothing in this run says so (slime accepts these silently)."""
+    if cfg.save_interval is not None and not cfg.save:
+        log.warning("--save-interval %s has no effect without --save DIR (nothing is checkpointed)", cfg.save_interval)
+    if cfg.eval_interval is not None and not cfg.eval_prompt_data:
+        log.warning("--eval-interval %s has no effect without --eval-prompt-data NAME PATH (nothing to evaluate)",
+                    cfg.eval_interval)

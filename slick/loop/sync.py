@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 import time
+from typing import Optional
 
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
@@ -47,8 +48,8 @@ async def train(cfg) -> Run:
                     log.warning("step %d: training on %d of %d groups (stale ones dropped, or kept back by "
                                 "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
             if not cfg.debug_rollout_only:
-                syncs = (step + 1) % cfg.update_weights_interval == 0
                 metrics.update(await run.probe_mismatch(batch))   # engines and trainer hold the same weights here
+                syncs = (step + 1) % cfg.update_weights_interval == 0
                 if syncs and cfg.offload_rollout:
                     metrics.update(await run.offload_rollout())
                 metrics.update(await run.train_off_loop(step, batch))
@@ -72,25 +73,26 @@ async def train(cfg) -> Run:
     return run
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "slick train", defaults: Optional[dict] = None) -> int:
+    """``prog`` names the command in messages; ``defaults``: values below --config and flags (slick sft's)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        cfg = parse_config(argv, build_parser("slick train"))
+        cfg = parse_config(argv, build_parser(prog), defaults=defaults)
     except ConfigError as e:
-        print(f"slick train: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
-        run = asyncio.run(until_sigterm(train(cfg), "slick train"))
+        run = asyncio.run(until_sigterm(train(cfg), prog))
     except (NonFiniteTrainingError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
-        print(f"slick train: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     except (DataError, UnsafeCheckpointError) as e:   # bad prompt data or checkpoint file: named in the message
-        print(f"slick train: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     except (asyncio.CancelledError, KeyboardInterrupt) as e:
         sigterm = isinstance(e, asyncio.CancelledError)
-        print(f"slick train: stopped ({'SIGTERM' if sigterm else 'interrupted'}); resume with --load", file=sys.stderr)
+        print(f"{prog}: stopped ({'SIGTERM' if sigterm else 'interrupted'}); resume with --load", file=sys.stderr)
         return 143 if sigterm else 130
     print(f"run directory: {run.run_dir}")
     return 0

@@ -56,14 +56,30 @@ FAMILIES = ("slick_steps", "slick_trained_samples", "slick_trained_tokens", "sli
             "slick_engine_weight_version")
 
 
+# promtool check metrics: no abbreviated units, no suffix of another metric type on a gauge
+UNIT_WORDS = {"s": "seconds", "sec": "seconds", "secs": "seconds",      # the value is kept: MiB stays MiB
+              "kb": "kibibytes", "mb": "mebibytes", "gb": "gibibytes"}
+GAUGE_SUFFIXES = {"count": "number", "total": "all", "sum": "summed", "bucket": "bucket_value"}
+
+
 def metric_name(key: str) -> str:
     """The Prometheus name of a metrics.jsonl key: ``slick_`` + the key with every run of characters outside
-    ``[a-zA-Z0-9_]`` turned into ``_``, lower-cased; keys ending in ``_time`` (seconds) get ``_seconds``.
-    ``perf/step_time`` -> ``slick_perf_step_time_seconds``; ``eval/heldout-pass@4`` -> ``slick_eval_heldout_pass_4``."""
-    name = re.sub(r"[^a-zA-Z0-9_]+", "_", key).strip("_").lower()
-    if name.endswith("_time"):
-        name += "_seconds"
-    return PREFIX + name
+    ``[a-zA-Z0-9_]`` turned into ``_``, lower-cased; keys ending in ``_time`` (seconds) get ``_seconds``. Names
+    pass ``promtool check metrics``: an abbreviated unit word is spelled out (``_s``/``_sec`` -> ``_seconds``,
+    ``per_sec`` -> ``per_second``, ``_mb`` -> ``_mebibytes``: slick's ``_mb`` values are MiB) and a gauge does not end in ``_count``/``_total``/``_sum``/``_bucket``
+    (``_count`` -> ``_number``). ``perf/step_time`` -> ``slick_perf_step_time_seconds``;
+    ``perf/tokens_per_sec`` -> ``slick_perf_tokens_per_second``; ``rollout/zero_std/count`` ->
+    ``slick_rollout_zero_std_number``; ``eval/heldout-pass@4`` -> ``slick_eval_heldout_pass_4``."""
+    parts = re.sub(r"[^a-zA-Z0-9_]+", "_", key).strip("_").lower().split("_")
+    parts = [p for p in parts if p]
+    for i, p in enumerate(parts):
+        if p in UNIT_WORDS:
+            parts[i] = "second" if i > 0 and parts[i - 1] == "per" else UNIT_WORDS[p]
+    if parts and parts[-1] in GAUGE_SUFFIXES:
+        parts[-1] = GAUGE_SUFFIXES[parts[-1]]
+    if parts and parts[-1] == "time":
+        parts.append("seconds")
+    return PREFIX + "_".join(parts)
 
 
 def engine_weight_version(url: str, timeout: float = ENGINE_TIMEOUT_S) -> Optional[int]:

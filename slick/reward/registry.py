@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from slick.reward import code, countdown, gsm8k, math as math_rm, text
+from slick.reward import code, countdown, gsm8k, math as math_rm, slime_rm, text
 from slick.reward.evidence import Judgement
 from slick.reward.extract import last_boxed
 
@@ -24,6 +24,9 @@ JUDGES: dict[str, JudgeFn] = {
     "f1": text.judge_f1,
     "countdown": countdown.judge,
     "code": code.judge,
+    "deepscaler": slime_rm.judge_deepscaler,   # slime's rm-hub types (slick/reward/slime_rm.py)
+    "dapo": slime_rm.judge_dapo,
+    "gpqa": slime_rm.judge_gpqa,
 }
 
 BUILTIN: dict[str, ScoreFn] = {
@@ -33,6 +36,9 @@ BUILTIN: dict[str, ScoreFn] = {
     "f1": text.score_f1,
     "countdown": countdown.score,
     "code": code.score,
+    "deepscaler": slime_rm.score_deepscaler,
+    "dapo": slime_rm.score_dapo,
+    "gpqa": slime_rm.score_gpqa,
 }
 # types whose verifier a run's config shapes (``make(cfg) -> JudgeFn``; the hub builds one per run)
 CONFIGURED: dict[str, Callable[[Any], JudgeFn]] = {"code": code.judge_from_config}
@@ -61,6 +67,8 @@ def get_score_fn(rm_type: str) -> ScoreFn:
 
         boxed_score.__name__ = f"score_{rm_type}"
         return boxed_score
+    if rm_type in slime_rm.REFUSED:
+        raise ValueError(f"--rm-type {rm_type}: not offered ({slime_rm.REFUSED[rm_type]})")
     raise ValueError(f"unknown reward type {rm_type!r} (choose from {', '.join(known_types())}, "
                      f"or boxed_<type> for the rule types)")
 

@@ -16,6 +16,8 @@ from typing import Optional
 
 from slick.plugins import load_function
 from slick.rollout.agent import AgentRollout
+from slick.rollout.filters import verdict
+from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.types import SamplingParams, Sample, Status
 
@@ -74,6 +76,11 @@ class RolloutManager:
         self.cfg, self.data, self.engine, self.rewards, self.tok = cfg, data_source, engine, reward_hub, tokenizer
         self.generate_fn = load_function(cfg.custom_generate_function_path, "--custom-generate-function-path")
         self.filter_fn = load_function(cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+        # slime's 3-argument generate functions and slime-importing filters get slime's Sample (slime_generate.py)
+        self.slime = SlimeGenerate(self.generate_fn, cfg, lambda: self.engine, tokenizer) \
+            if self.generate_fn is not None and not takes_engine(self.generate_fn) else None
+        self.filter_slime = self.filter_fn is not None and is_slime_plugin(self.filter_fn)
+        self.drop_reasons: dict[str, int] = {}
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.sampling = sampling_from_config(cfg, stop_token_ids=eos)
         # --agent-function-path: black-box agents over an OpenAI-compatible endpoint (slick/rollout/agent.py)
@@ -83,9 +90,11 @@ class RolloutManager:
         self.on_generated = on_generated   # called with each group's newly generated samples
         self.pending: set[int] = set()       # indices of the samples being generated now
 
-    async def _generate_sample(self, sample: Sample, sampling: SamplingParams) -> Sample:
+    async def _generate_sample(self, sample: Sample, sampling: SamplingParams, evaluation: bool = False) -> Sample:
         self.pending.add(sample.index)       # named when an engine dies (slick/engines/fault.py)
         try:
+            if self.slime is not None:
+                return await self.slime(sample, sampling, evaluation)
             if self.generate_fn is not None:
                 return await self.generate_fn(self.cfg, sample, sampling, self.engine)
             if self.multiturn is not None:
@@ -107,8 +116,8 @@ class RolloutManager:
             return await self.agent.run_group(group, sampling, lambda s: seeded(sampling, self.cfg.rollout_seed, salt, s),
                                               final_only=salt == "eval")
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
-        await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s))
-                               for s in todo))
+        await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s),
+                                                     salt == "eval") for s in todo))
         if self.on_generated is not None:
             self.on_generated(todo)
         if all(s.status != Status.ABORTED for s in group) and (todo or any(s.reward is None for s in group)):
@@ -121,9 +130,18 @@ class RolloutManager:
                 s.timings["reward"] = time.perf_counter() - t0
         return group
 
-    def keep(self, group: list[Sample]) -> bool:
-        """The dynamic-sampling filter's verdict on a scored group (always True without a filter)."""
-        return self.filter_fn is None or bool(self.filter_fn(self.cfg, group))
+    def keep(self, group: list[Sample], remaining: int = 1, want: int = 0) -> bool:
+        """The dynamic-sampling filter's verdict on a scored group (always True without a filter): a bool or
+        slime's DynamicFilterOutput (``slick.rollout.filters.verdict``; ``remaining`` groups kept or in flight,
+        this one included, of the ``want`` a step needs). Drop reasons are counted for the step's metrics."""
+        if self.filter_fn is None:
+            return True
+        view = [to_slime(s, self.tok.decode(s.prompt_ids, skip_special_tokens=False)) for s in group] \
+            if self.filter_slime else group
+        keep, reason = verdict(self.filter_fn(self.cfg, view), remaining=remaining, want=want)
+        if not keep and reason:
+            self.drop_reasons[str(reason)] = self.drop_reasons.get(str(reason), 0) + 1
+        return keep
 
     async def generate_rollout(self, step: int) -> tuple[list[list[Sample]], dict]:
         """Return ``rollout_batch_size`` finished, scored (and filtered) groups plus rollout metrics."""
@@ -148,7 +166,7 @@ class RolloutManager:
                 raise
             for task in done:
                 group = task.result()
-                if self.keep(group):
+                if self.keep(group, len(kept) + len(pending) + 1, want):
                     kept.append(group)
                 else:
                     dropped += 1
@@ -188,6 +206,10 @@ class RolloutManager:
             "perf/reward_time": sum(g[0].timings.get("reward", 0.0) for g in groups if g),
             "perf/rollout_tokens_per_sec": tokens / max(seconds, 1e-9),
         }
+        m.update({f"rollout/dynamic_filter/drop_{r}": float(n) for r, n in self.drop_reasons.items()})
+        self.drop_reasons = {}
+        if self.slime is not None:
+            m.update(self.slime.metrics())
         m.update(multiturn_metrics(samples))
         m.update(self.rewards.stats())
         if self.agent is not None:
@@ -195,6 +217,8 @@ class RolloutManager:
         return m
 
     async def close(self) -> None:
-        """Stop what the manager started (the agent endpoint)."""
+        """Stop what the manager started (the agent endpoint, the SGLang front of slime plug-ins)."""
         if self.agent is not None:
             await self.agent.close()
+        if self.slime is not None:
+            await self.slime.front.close()

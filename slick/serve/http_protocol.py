@@ -72,14 +72,15 @@ _NUMBER_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "max_new_t
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
 # SGLang sampling params slick honours (``seed`` is slick's alias of ``sampling_seed``)
 HONOURED_SAMPLING = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed",
-                     "seed", "ignore_eos", "skip_special_tokens", "no_stop_trim")
+                     "seed", "ignore_eos", "skip_special_tokens", "no_stop_trim",
+                     "json_schema", "regex", "ebnf")     # grammars: slick/engine/grammar.py
 # accepted with any value, no effect on the tokens: spacing is the fast tokenizer's (as in SGLang with a fast
 # tokenizer), the stream carries one final chunk, custom_params only feed a custom logit processor
 NO_EFFECT_SAMPLING = ("spaces_between_special_tokens", "stream_interval", "custom_params")
 # accepted only at SGLang's default (or null): any other value is refused, never silently dropped
 DEFAULT_ONLY_SAMPLING = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                         "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1, "json_schema": None,
-                         "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
+                         "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1,
+                         "structural_tag": None, "stop_regex": None,
                          "logit_bias": None}
 
 

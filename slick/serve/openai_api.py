@@ -5,10 +5,12 @@
 Requests and answers follow OpenAI's shapes (what the ``openai`` client library sends and reads):
 
 - chat: ``messages`` (string content or a list of text parts), ``tools`` (function tools) with ``tool_choice``
-  ``"auto"`` (default) or ``"none"``, ``n``, ``stop``, ``max_tokens`` / ``max_completion_tokens``, ``temperature``,
-  ``top_p``, ``seed``, ``logprobs`` (``top_logprobs`` only 0: the engine does not compute alternatives);
+  ``"auto"`` (default), ``"none"``, ``"required"`` or a named function (forced by grammar), ``response_format``
+  (``json_object`` / ``json_schema``, by grammar: ``openai_constraints``), ``n``, ``stop``, ``max_tokens`` /
+  ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``logprobs`` with ``top_logprobs`` (0..20);
 - completions: ``prompt`` (a string, a list of token ids, or a list of either), ``n``, ``stop``, ``max_tokens``,
-  ``temperature``, ``top_p``, ``seed``, ``logprobs`` (0 only, for the same reason), ``echo`` false, no ``suffix``.
+  ``temperature``, ``top_p``, ``seed``, ``logprobs`` (0..5 alternatives), ``echo`` false, no ``suffix``;
+- both: ``stream`` with ``stream_options.include_usage`` (server-sent events: ``openai_stream``).
 
 Extensions (vLLM's names): ``top_k``, ``ignore_eos``, and ``return_token_ids: true``, which adds the top-level
 ``prompt_token_ids`` and per choice ``token_ids`` (every sampled token, the stop token included) and
@@ -22,10 +24,10 @@ the Hermes parser: calls become ``message.tool_calls`` (``arguments`` a JSON str
 text outside them ``message.content`` (null when empty), and ``finish_reason`` is ``"tool_calls"``.
 
 With ``seed`` and ``n > 1``, choice ``i`` is sampled with seed ``seed + i`` (reproducible, yet different).
-Without ``max_tokens`` a completion may fill the context. ``stream: true`` is refused with a 400 saying that
-streaming is not supported yet. Every field is honoured or refused: fields OpenAI defines that change sampling in
-ways slick cannot follow (``presence_penalty`` other than 0, ``logit_bias``, ``response_format`` other than text,
-``tool_choice`` "required" or a named function, ...) and unknown fields answer 400 naming the field. Errors use
+Without ``max_tokens`` a completion may fill the context. Every field is honoured or refused: fields OpenAI defines
+that change sampling in ways slick cannot follow (``presence_penalty`` other than 0, ``logit_bias``, ...) and
+unknown fields answer 400 naming the field. ``/v1/responses`` and Anthropic's ``/v1/messages`` translate to the
+chat path (``responses_api``, ``messages_api``). Errors use
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. Any ``model`` name is accepted.
 
 Bodies are read by ``slick/serve/http_body.py`` (strict JSON, lone surrogates refused naming the field, large
@@ -35,6 +37,7 @@ than ``max_text_chars`` characters or an id prompt that cannot fit the context);
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -46,9 +49,13 @@ from slick.chat.toolcall import get_parser
 from slick.serve.fanout import generate_all     # all checked before any starts; one fails: all stop
 from slick.serve.http_body import THREAD_BYTES, BodyError, json_response, read_json
 from slick.serve.http_protocol import text_char_limit
-from slick.serve.openai_protocol import (Call, Choice, OpenAIError, Params, check_sizes, finish_reason,
-                                          parse_messages, parse_params, parse_prompts, parse_tools, render_chat,
-                                          response_text, split_tool_calls, token_logprobs, usage)
+from slick.serve.openai_constraints import constraint     # tool_choice / response_format -> engine grammar
+from slick.serve.openai_protocol import (Call, Choice, OpenAIError, Params, check_sizes, completion_logprobs,
+                                          finish_reason, parse_messages, parse_params, parse_prompts, parse_tools,
+                                          render_chat, response_text, split_tool_calls, token_logprobs, usage)
+from slick.serve.openai_stream import Streamer, head as stream_head, run_polled   # "stream": true
+from slick.serve.messages_api import MessagesAPI       # Anthropic's /v1/messages
+from slick.serve.responses_api import ResponsesAPI     # OpenAI's /v1/responses
 from slick.types import Generation, SamplingParams
 
 __all__ = ["OpenAIEndpoint", "OpenAIError", "error_response", "Call", "Choice"]
@@ -83,6 +90,7 @@ class OpenAIEndpoint:
         self.eos_ids = set(eos_ids)
         self.sessions = sessions
         self.parser = get_parser(tool_parser)
+        self.tool_parser = tool_parser
         self.created = int(time.time())
         if max_text_chars is None and max_context is not None and hasattr(tokenizer, "get_vocab"):
             max_text_chars = text_char_limit(tokenizer, max_context)
@@ -97,10 +105,15 @@ class OpenAIEndpoint:
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/v1/completions", self.completions)
         r.add_get("/v1/models", self.models)
+        extra = [ResponsesAPI(self), MessagesAPI(self)]      # /v1/responses, /v1/messages over the chat path
+        for x in extra:
+            x.add_routes(r, "")
         if self.sessions is not None:
             r.add_post("/sessions/{sid}/v1/chat/completions", self.chat)
             r.add_post("/sessions/{sid}/v1/completions", self.completions)
             r.add_get("/sessions/{sid}/v1/models", self.models)
+            for x in extra:
+                x.add_routes(r, "/sessions/{sid}")
 
     # ------------------------------------------------------------------ handlers
     async def models(self, request: web.Request) -> web.Response:
@@ -117,10 +130,11 @@ class OpenAIEndpoint:
         """POST /v1/completions."""
         return await self._answer(request, self._completions)
 
-    async def _answer(self, request: web.Request, handler) -> web.Response:
-        """``handler(request)``'s answer, or the error in OpenAI's shape (the server keeps serving)."""
+    async def _answer(self, request: web.Request, handler) -> web.StreamResponse:
+        """``handler(request)``'s answer (a dict, or a stream it wrote), or the error in OpenAI's shape."""
         try:
-            return json_response(await handler(request))
+            out = await handler(request)
+            return out if isinstance(out, web.StreamResponse) else json_response(out)
         except OpenAIError as e:
             return error_response(str(e), e.status, e.param, e.type)
         except BodyError as e:
@@ -141,7 +155,9 @@ class OpenAIEndpoint:
 
     def _chat_request(self, body: Any):
         check_sizes(body, True, self.max_context, self.max_text_chars)
-        return parse_params(body, chat=True), parse_messages(body), parse_tools(body)
+        params, messages, (tools, parse_calls) = parse_params(body, chat=True), parse_messages(body), parse_tools(body)
+        params.grammar = constraint(body, tools, self.tool_parser)
+        return params, messages, (tools, parse_calls)
 
     def _completion_request(self, body: Any):
         check_sizes(body, False, self.max_context, self.max_text_chars)
@@ -175,28 +191,54 @@ class OpenAIEndpoint:
             return room
         return want
 
-    async def _generate(self, ids: list[int], params: Params, max_new: int,
-                        session) -> list[tuple[Generation, SamplingParams]]:
-        eng = self.engine
-        sps = [session.sampling(params, max_new, i) if session is not None else params.sampling(max_new, i)
-               for i in range(params.n)]
-        gens = await generate_all(eng, [(ids, sp) for sp in sps])
-        return list(zip(gens, sps))
+    def _samplings(self, params: Params, max_new: int, session) -> list[SamplingParams]:
+        """One SamplingParams per choice (a session sets its own sampling; the grammar and top logprobs are the
+        request's either way)."""
+        if session is None:
+            return [params.sampling(max_new, i) for i in range(params.n)]
+        return [dataclasses.replace(session.sampling(params, max_new, i), **params.engine_fields())
+                for i in range(params.n)]
+
+    async def _generate(self, ids: list[int], sps: list[SamplingParams]) -> list[Generation]:
+        return await generate_all(self.engine, [(ids, sp) for sp in sps])
 
     def _id_fields(self, params: Params) -> dict:
         return {"created": int(time.time()), "model": params.model or self.model_name}
 
-    async def _chat(self, request: web.Request) -> dict:
-        params, messages, (tools, parse_calls) = await self._parse(request, self._chat_request)
+    async def chat_answer(self, request: web.Request, body: dict) -> dict:
+        """The unstreamed ``/v1/chat/completions`` answer to ``body`` (the Responses and Messages APIs translate
+        to and from it; ``request`` carries the agent session id, if any). Raises OpenAIError."""
+        return await self._chat(request, {**body, "stream": False})
+
+    async def _chat(self, request: web.Request, body: Optional[dict] = None):
+        if body is None:
+            params, messages, (tools, parse_calls) = await self._parse(request, self._chat_request)
+        else:
+            params, messages, (tools, parse_calls) = self._chat_request(body)
         session = self._session(request)
         if session is not None:
             ids, text, parent = await asyncio.to_thread(session.chat_prompt, messages, tools)
         else:
             (ids, text), parent = await asyncio.to_thread(render_chat, self.tok, messages, tools), None
-        max_new = self._max_new(params, len(ids), session)
-        results = await self._generate(ids, params, max_new, session)
-        choices, recorded = [], []
-        for i, (gen, sp) in enumerate(results):
+        sps = self._samplings(params, self._max_new(params, len(ids), session), session)
+
+        def result(gens: list[Generation]) -> tuple[dict, list[int]]:
+            return self._chat_result(params, ids, sps, gens, parse_calls, session,
+                                     Call("chat", list(ids), [], messages=messages, tools=tools, prompt_text=text,
+                                          parent=parent))
+
+        if params.stream:
+            st = Streamer(request, "chat", stream_head("chat", params.model or self.model_name), self.tok, params,
+                          params.stop, parse_calls, params.n)
+            return await self._stream(st, [(ids, sp) for sp in sps], result)
+        return result(await self._generate(ids, sps))[0]
+
+    def _chat_result(self, params: Params, ids: list[int], sps: list, gens: list, parse_calls: bool, session,
+                     call: Call) -> tuple[dict, list[int]]:
+        """The unstreamed answer of a chat call (a stream ends with the same), recorded in ``session``, and per
+        choice the number of leading tokens its text covers."""
+        choices, n_texts = [], []
+        for i, (gen, sp) in enumerate(zip(gens, sps)):
             content, n_text = response_text(self.tok, gen, sp, self.eos_ids)
             calls = []
             if parse_calls:
@@ -205,65 +247,109 @@ class OpenAIEndpoint:
             if calls:
                 msg["tool_calls"] = calls
             ch = {"index": i, "message": msg, "finish_reason": finish_reason(gen, bool(calls)), "logprobs": None}
+            n_texts.append(n_text)
             if params.logprobs:
-                ch["logprobs"] = {"content": token_logprobs(self.tok, gen.token_ids[:n_text], gen.logprobs[:n_text]),
-                                  "refusal": None}
+                ch["logprobs"] = {"content": token_logprobs(self.tok, gen.token_ids[:n_text], gen.logprobs[:n_text],
+                                                            _tops(gen, params, n_text)), "refusal": None}
             if params.return_token_ids:
                 ch["token_ids"] = list(gen.token_ids)
                 ch["weight_versions"] = _versions(gen)
             choices.append(ch)
-            recorded.append(Choice(list(gen.token_ids), list(gen.logprobs), _versions(gen), gen.finish_reason,
-                                   message=msg, text=content or ""))
+            call.choices.append(Choice(list(gen.token_ids), list(gen.logprobs), _versions(gen), gen.finish_reason,
+                                       message=msg, text=content or ""))
         if session is not None:
-            session.record(Call("chat", list(ids), recorded, messages=messages, tools=tools, prompt_text=text,
-                                parent=parent))
+            session.record(call)
         out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", **self._id_fields(params),
-               "choices": choices, "usage": usage(len(ids), [g for g, _ in results]), "system_fingerprint": None}
+               "choices": choices, "usage": usage(len(ids), gens), "system_fingerprint": None}
         if params.return_token_ids:
             out["prompt_token_ids"] = list(ids)
-        return out
+        return out, n_texts
 
-    async def _completions(self, request: web.Request) -> dict:
+    async def _stream(self, st: Streamer, jobs: list, result) -> web.StreamResponse:
+        """Stream one prompt's choices (module doc of ``openai_stream``); ``result(gens)`` is the final answer."""
+        await st.start()
+        try:
+            gens = await run_polled(self.engine, jobs, st.progress)
+            out, n_texts = result(gens)
+        except (OpenAIError, ValueError) as e:
+            return await st.error(str(e), "invalid_request_error")
+        except (ConnectionError, asyncio.CancelledError):
+            raise                              # the client went away: run_polled aborted its requests
+        except Exception as e:  # noqa: BLE001 - the stream is open: say so in it
+            log.exception("streamed %s failed", st.kind)
+            return await st.error(f"internal error: {type(e).__name__}: {e}")
+        for i, (gen, ch) in enumerate(zip(gens, out["choices"])):
+            await st.finish(i, gen, ch, n_texts[i])
+        return await st.end(out["usage"])
+
+    async def _completions(self, request: web.Request):
         params, prompts = await self._parse(request, self._completion_request)
         session = self._session(request)
         if session is not None and len(prompts) > 1:
             raise OpenAIError("an agent session takes one prompt per /v1/completions request", param="prompt")
+        st = None
+        if params.stream:
+            st = Streamer(request, "completion", stream_head("completion", params.model or self.model_name),
+                          self.tok, params, params.stop, False, params.n)
         choices, all_gens, n_prompt, prompt_ids = [], [], 0, []
         for p in prompts:
             ids = p if isinstance(p, list) else await asyncio.to_thread(
                 lambda s=p: list(self.tok(s, add_special_tokens=False)["input_ids"]))
             if not ids:
                 raise OpenAIError("the prompt tokenizes to no tokens", param="prompt")
-            max_new = self._max_new(params, len(ids), session)
-            results = await self._generate(ids, params, max_new, session)
+            try:
+                sps = self._samplings(params, self._max_new(params, len(ids), session), session)
+            except OpenAIError as e:
+                if st is None or not st.sse.resp.prepared:
+                    raise
+                return await st.error(str(e), "invalid_request_error")     # a later prompt of a streamed batch
+            if st is not None:
+                if not st.sse.resp.prepared:
+                    await st.sse.open()
+                st.next_prompt(params.n, len(choices))
+                try:
+                    gens = await run_polled(self.engine, [(ids, sp) for sp in sps], st.progress)
+                except (OpenAIError, ValueError) as e:
+                    return await st.error(str(e), "invalid_request_error")
+            else:
+                gens = await self._generate(ids, sps)
             recorded = []
-            for gen, sp in results:
+            for k, (gen, sp) in enumerate(zip(gens, sps)):
                 text, n_text = response_text(self.tok, gen, sp, self.eos_ids)
                 ch = {"index": len(choices), "text": text, "finish_reason": finish_reason(gen), "logprobs": None}
                 if params.logprobs:
-                    toks = [self.tok.decode([t], skip_special_tokens=False) for t in gen.token_ids[:n_text]]
-                    offs, pos = [], 0
-                    for s in toks:
-                        offs.append(pos)
-                        pos += len(s)
-                    ch["logprobs"] = {"tokens": toks, "token_logprobs": [float(x) for x in gen.logprobs[:n_text]],
-                                      "top_logprobs": None, "text_offset": offs}
+                    ch["logprobs"] = completion_logprobs(self.tok, gen.token_ids[:n_text], gen.logprobs[:n_text],
+                                                         _tops(gen, params, n_text))
                 if params.return_token_ids:
                     ch["token_ids"] = list(gen.token_ids)
                     ch["weight_versions"] = _versions(gen)
+                if st is not None:
+                    await st.finish(k, gen, ch, n_text)
                 choices.append(ch)
                 recorded.append(Choice(list(gen.token_ids), list(gen.logprobs), _versions(gen), gen.finish_reason,
                                        text=text))
             if session is not None:
                 session.record(Call("completion", list(ids), recorded))
-            all_gens += [g for g, _ in results]
+            all_gens += gens
             n_prompt += len(ids)
             prompt_ids.append(list(ids))
+        if st is not None:
+            return await st.end(usage(n_prompt, all_gens))
         out = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", **self._id_fields(params),
                "choices": choices, "usage": usage(n_prompt, all_gens), "system_fingerprint": None}
         if params.return_token_ids:
             out["prompt_token_ids"] = prompt_ids if len(prompt_ids) > 1 else prompt_ids[0]
         return out
+
+
+def _tops(gen: Generation, params: Params, n: int) -> Optional[list]:
+    """The top logprobs of the first ``n`` tokens when asked (an engine that returns none is refused)."""
+    if not params.top_logprobs:
+        return None
+    if gen.top_logprobs is None:
+        raise OpenAIError("this endpoint's engine does not return top logprobs; send top_logprobs 0",
+                          param="top_logprobs")
+    return gen.top_logprobs[:n]
 
 
 def _versions(gen: Generation) -> list[int]:

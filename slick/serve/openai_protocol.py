@@ -18,14 +18,15 @@ from slick.types import Generation, SamplingParams
 
 MAX_N = 128
 # accepted and ignored: they do not change what is sampled
-IGNORED = {"model", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
+IGNORED = {"model", "user", "metadata", "store", "service_tier", "parallel_tool_calls",
            "prediction", "modalities", "audio", "web_search_options", "safety_identifier", "prompt_cache_key"}
 DEFAULT_ONLY = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "response_format": None,
                 "reasoning_effort": None, "functions": None, "function_call": None, "suffix": None,
                 "echo": False, "best_of": None, "verbosity": None}
 HONOURED_COMMON = {"n", "stop", "max_tokens", "temperature", "top_p", "seed", "logprobs", "stream",
-                   "top_k", "ignore_eos", "return_token_ids"}
-HONOURED_CHAT = HONOURED_COMMON | {"messages", "tools", "tool_choice", "top_logprobs", "max_completion_tokens"}
+                   "stream_options", "top_k", "ignore_eos", "return_token_ids"}
+HONOURED_CHAT = HONOURED_COMMON | {"messages", "tools", "tool_choice", "top_logprobs", "max_completion_tokens",
+                                   "response_format"}
 HONOURED_COMPLETION = HONOURED_COMMON | {"prompt"}
 
 
@@ -52,14 +53,23 @@ class Params:
     stop: list = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0                   # alternatives per token (chat top_logprobs, completions logprobs)
     return_token_ids: bool = False
     model: Optional[str] = None
+    stream: bool = False
+    include_usage: bool = False             # stream_options.include_usage
+    grammar: Optional[dict] = None          # {"json_schema"|"ebnf": text}: set by openai_constraints
+
+    def engine_fields(self) -> dict:
+        """What the engine must honour beyond plain sampling: the grammar and the top logprobs."""
+        return {**(self.grammar or {}), "top_logprobs_num": self.top_logprobs}
 
     def sampling(self, max_new_tokens: int, index: int = 0) -> SamplingParams:
         """SamplingParams for choice ``index`` (seed + index when a seed is given)."""
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=max_new_tokens, stop=list(self.stop) or None,
-                              seed=None if self.seed is None else self.seed + index, ignore_eos=self.ignore_eos)
+                              seed=None if self.seed is None else self.seed + index, ignore_eos=self.ignore_eos,
+                              **self.engine_fields())
 
 
 def _int(body: dict, key: str, lo: Optional[int] = None, hi: Optional[int] = None) -> Optional[int]:
@@ -103,26 +113,39 @@ def _is_default(v: Any, default: Any) -> bool:
     return isinstance(v, (int, float)) and v == default
 
 
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``); options other than include_usage are refused."""
+    stream = bool(_bool(body, "stream"))
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not isinstance(opts, dict):
+        raise OpenAIError(f"'stream_options' must be an object, got {json.dumps(opts)[:80]}", param="stream_options")
+    if not stream:
+        raise OpenAIError("'stream_options' is only allowed with \"stream\": true", param="stream_options")
+    for k in opts:
+        if k != "include_usage":
+            raise OpenAIError(f"stream_options.{k} is not supported (only include_usage)", param="stream_options")
+    return stream, bool(_bool(opts, "include_usage"))
+
+
 def parse_params(body: Any, chat: bool) -> Params:
     """Check the fields every request shares; raise :class:`OpenAIError` naming a field slick cannot honour."""
     if not isinstance(body, dict):
         raise OpenAIError(f"request body must be a JSON object, got {type(body).__name__}")
-    if body.get("stream"):
-        if body["stream"] is not True:
-            raise OpenAIError(f"'stream' must be a boolean, got {body['stream']!r}", param="stream")
-        raise OpenAIError("streaming is not supported yet by slick's OpenAI-compatible endpoint; "
-                          "send \"stream\": false (the default)", param="stream")
     known = HONOURED_CHAT if chat else HONOURED_COMPLETION
     for key, v in body.items():
         if key in known or key in IGNORED:
             continue
         if key in DEFAULT_ONLY:
             if not _is_default(v, DEFAULT_ONLY[key]):
-                raise OpenAIError(f"'{key}' = {json.dumps(v)[:80]} is not supported by slick "
-                                  f"(only {json.dumps(DEFAULT_ONLY[key])} or null)", param=key)
+                only = "null" if DEFAULT_ONLY[key] is None else f"{json.dumps(DEFAULT_ONLY[key])} or null"
+                raise OpenAIError(f"'{key}' = {json.dumps(v)[:80]} is not supported by slick (only {only})",
+                                  param=key)
             continue
         raise OpenAIError(f"unrecognized request argument supplied: '{key}'", param=key)
     p = Params()
+    p.stream, p.include_usage = _stream(body)
     p.n = _int(body, "n", 1, MAX_N) or 1
     mt = _int(body, "max_tokens", 1)
     if chat:
@@ -149,16 +172,12 @@ def parse_params(body: Any, chat: bool) -> Params:
     p.return_token_ids = bool(_bool(body, "return_token_ids"))
     if chat:
         p.logprobs = bool(_bool(body, "logprobs"))
-        tl = _int(body, "top_logprobs", 0, 20)
-        if tl:
-            raise OpenAIError(f"'top_logprobs' = {tl} is not supported: slick's engine returns the logprob of "
-                              "each sampled token only; use \"logprobs\": true with top_logprobs 0", param="top_logprobs")
+        p.top_logprobs = _int(body, "top_logprobs", 0, 20) or 0
+        if p.top_logprobs and not p.logprobs:
+            raise OpenAIError("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
     else:
         lp = _int(body, "logprobs", 0, 5)
-        if lp:
-            raise OpenAIError(f"'logprobs' = {lp} is not supported: slick's engine returns the logprob of each "
-                              "sampled token only; send \"logprobs\": 0 to get them", param="logprobs")
-        p.logprobs = lp is not None
+        p.logprobs, p.top_logprobs = lp is not None, lp or 0
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise OpenAIError(f"'model' must be a string, got {model!r}", param="model")
@@ -260,23 +279,41 @@ def _parse_call(c: Any, where: str) -> dict:
 
 
 def parse_tools(body: dict) -> tuple[Optional[list], bool]:
-    """(``tools`` as OpenAI function tools or None, whether answers are parsed for tool calls)."""
+    """(``tools`` as OpenAI function tools or None, whether answers are parsed for tool calls). ``tool_choice``
+    "required" or a named function is checked here and enforced by grammar (``openai_constraints``)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
-    if choice is not None and choice not in ("auto", "none"):
-        raise OpenAIError(f"tool_choice {json.dumps(choice)[:80]} is not supported: slick cannot force a tool "
-                          "call; use \"auto\" or \"none\"", param="tool_choice")
-    if tools is None or tools == []:
-        return None, False
-    if not isinstance(tools, list):
+    if tools is not None and tools != [] and not isinstance(tools, list):
         raise OpenAIError("'tools' must be a list", param="tools")
-    for i, t in enumerate(tools):
+    for i, t in enumerate(tools or []):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise OpenAIError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
                               "'parameters': {...}}}", param=f"tools[{i}]")
-    return tools, choice != "none"
+    forced = forced_tool(choice, tools or [])
+    if not tools:
+        return None, False
+    return tools, choice != "none" or forced is not None
+
+
+def forced_tool(choice: Any, tools: list) -> Optional[str]:
+    """None (``auto``/``none``/absent), ``"required"``, or the name of the function ``tool_choice`` names."""
+    if choice is None or choice in ("auto", "none"):
+        return None
+    if choice == "required":
+        name = "required"
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
+            (choice.get("function") or {}).get("name", choice.get("name")), str):
+        name = (choice.get("function") or {}).get("name", choice.get("name"))
+        if name not in [t["function"]["name"] for t in tools]:
+            raise OpenAIError(f"tool_choice names function {name!r}, which is not in 'tools'", param="tool_choice")
+    else:
+        raise OpenAIError(f"tool_choice {json.dumps(choice)[:80]} must be \"auto\", \"none\", \"required\" or "
+                          "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
+    if not tools:
+        raise OpenAIError(f"tool_choice {json.dumps(choice)[:80]} needs 'tools'", param="tool_choice")
+    return name
 
 
 def parse_prompts(body: dict, vocab_size: Optional[int]) -> tuple[list, bool]:
@@ -372,13 +409,33 @@ def finish_reason(gen: Generation, tool_calls: bool = False) -> str:
     return gen.finish_reason          # "length", or "abort" (the rollout was stopped)
 
 
-def token_logprobs(tokenizer, ids: list[int], logprobs: list[float]) -> list[dict]:
-    """Chat ``logprobs.content`` entries: the token's text, its logprob and UTF-8 bytes, no alternatives."""
+def token_logprobs(tokenizer, ids: list[int], logprobs: list[float], tops: Optional[list] = None) -> list[dict]:
+    """Chat ``logprobs.content`` entries: the token's text, its logprob and UTF-8 bytes, and ``top_logprobs``
+    (the engine's ``(id, logprob)`` alternatives of each step, when asked)."""
     out = []
-    for t, lp in zip(ids, logprobs):
+    for i, (t, lp) in enumerate(zip(ids, logprobs)):
         s = tokenizer.decode([t], skip_special_tokens=False)
-        out.append({"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8")), "top_logprobs": []})
+        alts = []
+        for a, alp in (tops[i] if tops is not None and i < len(tops) else ()):
+            at = tokenizer.decode([a], skip_special_tokens=False)
+            alts.append({"token": at, "logprob": float(alp), "bytes": list(at.encode("utf-8"))})
+        out.append({"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8")), "top_logprobs": alts})
     return out
+
+
+def completion_logprobs(tokenizer, ids: list[int], logprobs: list[float], tops: Optional[list],
+                        offset: int = 0) -> dict:
+    """``/v1/completions`` ``logprobs``: tokens, their logprobs, text offsets from ``offset``, and per token a
+    ``{text: logprob}`` of the alternatives (None unless asked)."""
+    toks = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    offs, pos = [], offset
+    for s in toks:
+        offs.append(pos)
+        pos += len(s)
+    top = None
+    if tops is not None:
+        top = [{tokenizer.decode([a], skip_special_tokens=False): float(lp) for a, lp in alts} for alts in tops]
+    return {"tokens": toks, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": top, "text_offset": offs}
 
 
 def usage(prompt_tokens: int, gens: list[Generation]) -> dict:

@@ -42,10 +42,12 @@ from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
+from slick.train.lr import lr_factor_from_config
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.rng import read_rng_file, rng_state, set_rng_state
+from slick.train.teacher import load_teacher
 from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 from slick.types import Sample
 
@@ -132,9 +134,7 @@ class Trainer:
         else:
             self.master = self.params
         self.optimizer = make_adamw(self.master, cfg, cfg.lr)
-        warm = int(cfg.lr_warmup_steps or 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor_from_config(cfg))   # train/lr.py
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
         # () -> CPU threads for the next micro-batch, or None to leave them (a driver whose rollout overlaps
@@ -158,6 +158,8 @@ class Trainer:
                     self._ref_fwd = shard(self.ref_model, self.mesh)
             else:
                 self._ref_fwd = LogprobForward(self.ref_model)
+        self.teacher_model = None
+        self._teacher_fwd = load_teacher(self)   # --use-opd: the frozen teacher (slick/train/teacher.py), or None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -259,8 +261,10 @@ class Trainer:
                 raise ValueError("compute_logprobs(which='ref') but no reference model is loaded "
                                  "(needs --use-kl-loss with --kl-loss-coef > 0, or --kl-coef > 0)")
             fwd = self._ref_fwd
+        elif which == "teacher" and self._teacher_fwd is not None:
+            fwd = self._teacher_fwd
         else:
-            raise ValueError(f"which must be 'actor' or 'ref' (got {which!r})")
+            raise ValueError(f"which must be 'actor', 'ref' or, with --use-opd, 'teacher' (got {which!r})")
         result: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
         plan = self._plan(samples)
         lora_mode = self.lora.mode(which == "ref") if self.lora is not None else contextlib.nullcontext()

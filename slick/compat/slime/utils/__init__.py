@@ -1,0 +1,1 @@
+"""slime.utils: ``types`` (Sample) and ``http_utils`` (post, get)."""

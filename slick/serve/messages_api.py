@@ -1,0 +1,189 @@
+"""Anthropic's Messages API, ``POST /v1/messages``, translated to and from the chat path of ``openai_api``.
+
+So agents written for Claude (the ``anthropic`` client, or slime's adapters) can be served and trained. Honoured:
+``messages`` (string content or blocks: ``text``, ``tool_use``, ``tool_result``), ``system`` (a string or text
+blocks), ``max_tokens`` (required, as in Anthropic's API), ``tools`` (``name``, ``description``,
+``input_schema``), ``tool_choice`` (``auto``, ``any`` = OpenAI's "required", ``tool`` = a named function, ``none``;
+forced by grammar), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``stream``. Accepted and ignored:
+``metadata``, ``service_tier``, ``model``. Refused by name: ``thinking`` when enabled, image/document blocks.
+Answers: ``content`` blocks (``text``, then one ``tool_use`` per call with ``input`` an object), ``stop_reason``
+(``end_turn``, also when a stop sequence matched; ``max_tokens``, ``tool_use``) and ``usage``. Errors use Anthropic's shape
+``{"type": "error", "error": {"type", "message"}}``.
+
+With ``"stream": true`` the events (``message_start``, ``content_block_start``/``_delta``/``_stop``,
+``message_delta``, ``message_stop``) are sent once the answer is complete (not yet token by token).
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from slick.serve.http_body import BodyError, json_response, read_json
+from slick.serve.openai_protocol import OpenAIError
+from slick.serve.sse import send_events
+
+IGNORED = {"model", "metadata", "service_tier", "container", "mcp_servers"}
+KNOWN = {"messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences", "temperature", "top_p",
+         "top_k", "stream", "thinking"}
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    kind = {404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if status < 500 else "api_error")
+    return json_response({"type": "error", "error": {"type": kind, "message": message}}, status=status)
+
+
+def _blocks_text(blocks: Any, where: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise OpenAIError(f"{where} must be a string or a list of content blocks", param=where)
+    out = []
+    for i, b in enumerate(blocks):
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
+            out.append(b["text"])
+        else:
+            raise OpenAIError(f"{where}[{i}]: only text blocks are supported here", param=where)
+    return "".join(out)
+
+
+def _message(m: Any, i: int) -> list[dict]:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise OpenAIError(f"{where} must have role \"user\" or \"assistant\"", param=where)
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"role": m["role"], "content": content}]
+    if not isinstance(content, list):
+        raise OpenAIError(f"{where}.content must be a string or a list of blocks", param=where)
+    out, text, calls = [], [], []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text":
+            text.append(str(b.get("text", "")))
+        elif kind == "tool_use" and m["role"] == "assistant":
+            calls.append({"id": str(b.get("id") or ""), "type": "function",
+                          "function": {"name": b.get("name"), "arguments": b.get("input") or {}}})
+        elif kind == "tool_result" and m["role"] == "user":
+            c = b.get("content", "")
+            out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or ""),
+                        "content": _blocks_text(c, f"{where}.content[{j}].content")})
+        else:
+            raise OpenAIError(f"{where}.content[{j}]: block type {kind!r} is not supported (text, tool_use, "
+                              "tool_result)", param=where)
+    if m["role"] == "assistant":
+        msg = {"role": "assistant", "content": "".join(text) if text or not calls else None}
+        if calls:
+            msg["tool_calls"] = calls
+        return [msg]
+    return out + ([{"role": "user", "content": "".join(text)}] if text else [])
+
+
+def chat_body(body: Any) -> dict:
+    """The ``/v1/chat/completions`` body equivalent to a Messages request (refusals name the field)."""
+    if not isinstance(body, dict):
+        raise OpenAIError("request body must be a JSON object")
+    for k in body:
+        if k not in KNOWN and k not in IGNORED:
+            raise OpenAIError(f"{k}: Extra inputs are not permitted", param=k)
+    if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled":
+        raise OpenAIError("thinking: extended thinking is not supported by slick", param="thinking")
+    if body.get("max_tokens") is None:
+        raise OpenAIError("max_tokens: Field required", param="max_tokens")
+    msgs = []
+    if body.get("system"):
+        msgs.append({"role": "system", "content": _blocks_text(body["system"], "system")})
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise OpenAIError("messages: must be a non-empty list", param="messages")
+    for i, m in enumerate(body["messages"]):
+        msgs += _message(m, i)
+    out = {"messages": msgs, "max_tokens": body["max_tokens"]}
+    tools = []
+    for i, t in enumerate(body.get("tools") or []):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or "type" in t and t["type"] != "custom":
+            raise OpenAIError(f"tools[{i}]: only client tools {{'name', 'input_schema'}} are supported",
+                              param=f"tools[{i}]")
+        tools.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                       "parameters": t.get("input_schema") or {"type": "object"}}})
+    if tools:
+        out["tools"] = tools
+    tc = body.get("tool_choice")
+    if tc is not None:
+        kind = tc.get("type") if isinstance(tc, dict) else None
+        mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+        if kind == "tool":
+            mapped = {"type": "function", "function": {"name": tc.get("name")}}
+        if mapped is None:
+            raise OpenAIError(f"tool_choice {json.dumps(tc)[:80]}: type must be auto, any, tool or none",
+                              param="tool_choice")
+        out["tool_choice"] = mapped
+        if isinstance(tc, dict) and tc.get("disable_parallel_tool_use"):
+            out["parallel_tool_calls"] = False
+    for src, dst in (("stop_sequences", "stop"), ("temperature", "temperature"), ("top_p", "top_p"),
+                     ("top_k", "top_k")):
+        if body.get(src) is not None:
+            out[dst] = body[src]
+    return out
+
+
+def message_object(body: dict, chat: dict) -> dict:
+    """An Anthropic ``message`` from a chat answer."""
+    ch = chat["choices"][0]
+    msg = ch["message"]
+    content = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
+    for c in msg.get("tool_calls") or []:
+        content.append({"type": "tool_use", "id": "toolu_" + c["id"].removeprefix("call_"),
+                        "name": c["function"]["name"], "input": json.loads(c["function"]["arguments"])})
+    # a stop string ends the turn as "end_turn": the chat answer does not say which one matched
+    reason = {"tool_calls": "tool_use", "length": "max_tokens"}.get(ch["finish_reason"], "end_turn")
+    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": chat["model"],
+            "content": content, "stop_reason": reason, "stop_sequence": None,
+            "usage": {"input_tokens": chat["usage"]["prompt_tokens"],
+                      "output_tokens": chat["usage"]["completion_tokens"]}}
+
+
+def stream_events(msg: dict) -> list[tuple[str, dict]]:
+    """Anthropic's streaming events for a finished message."""
+    start = {**msg, "content": [], "stop_reason": None, "usage": {**msg["usage"], "output_tokens": 0}}
+    ev = [("message_start", {"type": "message_start", "message": start})]
+    for i, b in enumerate(msg["content"]):
+        if b["type"] == "text":
+            ev.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                               "content_block": {"type": "text", "text": ""}}))
+            delta = {"type": "text_delta", "text": b["text"]}
+        else:
+            ev.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                               "content_block": {**b, "input": {}}}))
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(b["input"], ensure_ascii=False)}
+        ev.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
+        ev.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    ev.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": msg["stop_reason"],
+                                                                    "stop_sequence": msg["stop_sequence"]},
+                                 "usage": {"output_tokens": msg["usage"]["output_tokens"]}}))
+    ev.append(("message_stop", {"type": "message_stop"}))
+    return ev
+
+
+class MessagesAPI:
+    """``POST /v1/messages`` over an ``OpenAIEndpoint`` (its ``chat_answer``)."""
+
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+
+    def add_routes(self, router, prefix: str) -> None:
+        router.add_post(prefix + "/v1/messages", self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await read_json(request)
+            msg = message_object(body, await self.endpoint.chat_answer(request, chat_body(body)))
+        except (OpenAIError, BodyError) as e:
+            return _error(str(e), e.status)
+        except ValueError as e:             # the engine refused the input
+            return _error(f"{type(e).__name__}: {e}")
+        if body.get("stream"):
+            return await send_events(request, stream_events(msg))
+        return json_response(msg)

@@ -1,0 +1,93 @@
+"""Forced tool calls and structured output as grammars for the engine (``slick/engine/grammar.py``).
+
+- ``tool_choice: "required"`` -> the answer is one or more Hermes calls ``<tool_call>\\n{"name": N, "arguments":
+  {...}}\\n</tool_call>`` (exactly one when ``parallel_tool_calls`` is false), each ``name`` one of ``tools`` and
+  its ``arguments`` valid against that tool's ``parameters`` schema;
+- ``tool_choice: {"type": "function", "function": {"name": N}}`` -> exactly one call of ``N``;
+- ``response_format: {"type": "json_object"}`` -> a JSON object; ``{"type": "json_schema", "json_schema":
+  {"name", "schema", "strict"}}`` -> JSON valid against ``schema`` (``strict`` or not: the grammar always holds);
+- ``response_format`` with ``tools`` and ``tool_choice`` "auto": either calls or the structured answer.
+
+The grammars are llguidance's Lark syntax (sent as the engine's ``ebnf`` field) or a JSON schema (``json_schema``),
+SGLang's names, so the same request fields reach an SGLang server behind ``--rollout-urls`` unchanged. JSON is
+compact (``{"a": 1, "b": [1, 2]}``, no free whitespace). The Hermes format is the one ``slick.chat.toolcall``
+renders into prompts and parses; another ``--tool-parser`` cannot be forced (refused by name).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from slick.engine.grammar import json_lark
+from slick.serve.openai_protocol import OpenAIError, forced_tool
+
+OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+
+
+def response_schema(fmt: Any) -> Optional[dict]:
+    """The JSON schema ``response_format`` asks for, or None for text / absent."""
+    if fmt is None or fmt == {"type": "text"}:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise OpenAIError("response_format.json_schema must be an object {\"name\", \"schema\", \"strict\"}",
+                              param="response_format")
+        schema = spec.get("schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise OpenAIError("response_format.json_schema.schema must be a JSON schema object",
+                              param="response_format")
+        return schema
+    raise OpenAIError(f"response_format {json.dumps(fmt)[:80]} must have type \"text\", \"json_object\" or "
+                      "\"json_schema\"", param="response_format")
+
+
+def _lit(s: str) -> str:
+    return json.dumps(s)         # a Lark string literal (JSON escapes)
+
+
+def _call_schema(tools: list, name: Optional[str]) -> dict:
+    alts = []
+    for t in tools:
+        fn = t["function"]
+        if name is not None and fn["name"] != name:
+            continue
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                     "required": ["name", "arguments"], "additionalProperties": False})
+    return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+
+def tool_calls_lark(tools: list, name: Optional[str] = None, parallel: bool = True) -> list[str]:
+    """Lark rules (without ``start``) for rule ``calls``: Hermes calls of ``tools`` (only ``name`` if given)."""
+    many = parallel and name is None
+    return [f"calls: call{' (' + _lit(chr(10)) + ' call)*' if many else ''}",
+            f"call: {_lit(OPEN)} call_body {_lit(CLOSE)}",
+            f"call_body: {json_lark(_call_schema(tools, name))}"]
+
+
+def constraint(body: dict, tools: Optional[list], tool_parser: str = "hermes") -> Optional[dict]:
+    """The engine grammar (``{"ebnf": lark}`` or ``{"json_schema": text}``) a chat request asks for, or None."""
+    choice = body.get("tool_choice")
+    forced = forced_tool(choice, tools or [])
+    schema = response_schema(body.get("response_format"))
+    if forced is None and schema is None:
+        return None
+    if forced is not None and schema is not None:
+        raise OpenAIError("a forced tool_choice and a JSON response_format cannot both hold for one answer; "
+                          "send one", param="response_format")
+    calls_possible = forced is not None or (tools and choice != "none")
+    if calls_possible and tool_parser != "hermes":
+        raise OpenAIError(f"tool_choice / response_format with tools need the hermes tool format; this endpoint "
+                          f"parses calls with {tool_parser!r}", param="tool_choice")
+    parallel = body.get("parallel_tool_calls") is not False
+    if forced is not None:
+        rules = tool_calls_lark(tools, None if forced == "required" else forced, parallel)
+        return {"ebnf": "\n".join(["start: calls"] + rules)}
+    if calls_possible:          # auto: calls, or the structured answer
+        rules = tool_calls_lark(tools, None, parallel)
+        return {"ebnf": "\n".join(["start: calls | answer", f"answer: {json_lark(schema)}"] + rules)}
+    return {"json_schema": json.dumps(schema, ensure_ascii=False)}
