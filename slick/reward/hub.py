@@ -42,6 +42,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union
 
+from slick.compat.view import is_slime_plugin, prompt_text, to_slime
 from slick.plugins import load_function
 from slick.proc import DaemonThreadPool
 from slick.reward.errors import LabelError, NonFiniteRewardError
@@ -96,8 +97,11 @@ class RewardHub:
         self.failure_reward = float(cfg.rm_failure_reward)
         self.concurrency = max(1, int(cfg.rm_concurrency))
         self.custom_fn: Optional[Callable] = None
+        self._view: Callable = lambda s: s      # what the custom function receives for a sample
         if cfg.custom_rm_path:
             self.custom_fn = load_function(cfg.custom_rm_path, "--custom-rm-path")
+            if is_slime_plugin(self.custom_fn):   # written against slime: it gets slime's Sample (slick/compat)
+                self._view = lambda s: to_slime(s, prompt_text(s))
         elif not self.rm_type:
             raise ValueError("no reward configured: set --rm-type or --custom-rm-path")
         elif self.rm_type == REMOTE:
@@ -215,7 +219,7 @@ class RewardHub:
     async def _reward_of(self, sample: Any) -> tuple[Any, Optional[float]]:
         """(awaitable producing the raw reward, timeout to apply) for one sample."""
         if self.custom_fn is not None:
-            return self._call(self.custom_fn, self.cfg, sample), self.timeout
+            return self._call(self.custom_fn, self.cfg, self._view(sample)), self.timeout
         rm_type = self._rm_type_of(sample)
         if rm_type == REMOTE:
             if self._remote is None:
@@ -264,7 +268,8 @@ class RewardHub:
         try:
             async with self._semaphore():
                 t0 = time.perf_counter()
-                rewards = await asyncio.wait_for(self._call(self.custom_fn, self.cfg, group), self.timeout)
+                rewards = await asyncio.wait_for(self._call(self.custom_fn, self.cfg, [self._view(s) for s in group]),
+                                                 self.timeout)
         except asyncio.TimeoutError:
             for s in group:
                 self._fail(s, f"group reward timed out after {self.timeout}s", timed_out=True, t0=t0)

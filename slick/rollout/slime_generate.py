@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from slick.compat.slime.rollout.sglang_rollout import register_tokenizer
 from slick.compat.slime.utils.types import Sample as SlimeSample
+from slick.compat.view import is_slime_plugin, to_slime  # noqa: F401  (re-exported)
 from slick.serve.http_body import BodyError, json_response, read_json
 from slick.serve.http_guard import HostPolicy, guard_middleware
 from slick.serve.http_protocol import GenerateItem, RequestError, generation_json, parse_generate, text_prompts
@@ -58,27 +59,6 @@ def takes_engine(fn: Callable) -> bool:
         return True
     return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                 and p.name != "evaluation"]) >= 4     # slime passes `evaluation=` by name when it is taken
-
-
-def is_slime_plugin(fn: Callable) -> bool:
-    """Whether ``fn``'s module imports from slime (the real package or slick's stand-in)."""
-    mod = inspect.getmodule(fn)
-    names = [getattr(v, "__name__", "") if inspect.ismodule(v) else getattr(v, "__module__", "") or ""
-             for v in vars(mod).values()] if mod is not None else []
-    names.append(getattr(fn, "__module__", "") or "")
-    return any(n == "slime" or n.startswith(("slime.", "slick.compat.slime")) for n in names)
-
-
-def to_slime(sample: Sample, prompt_text: str) -> SlimeSample:
-    """A slime-shaped copy of ``sample`` (its metadata dict is shared)."""
-    n = len(sample.response_ids)
-    return SlimeSample(group_index=sample.group_index, index=sample.index, prompt=prompt_text,
-                       tokens=list(sample.prompt_ids) + list(sample.response_ids), response=sample.response,
-                       response_length=n, label=sample.label, reward=sample.reward,
-                       loss_mask=list(sample.loss_mask) if n else None,
-                       rollout_log_probs=list(sample.rollout_logprobs) if n else None,
-                       weight_versions=[str(v) for v in sample.weight_versions],
-                       status=SlimeSample.Status(sample.status.value), metadata=sample.metadata)
 
 
 class Ledger:
