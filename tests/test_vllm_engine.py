@@ -190,3 +190,12 @@ def test_multi_turn_tool_rollouts_through_vllm_are_token_exact(server, vllm_mode
     samples, metrics, calls = rollout(cfg, tokenizer_with(None), eng)
     assert len(samples) == 4 and len(calls) == 12 and metrics["rollout/tool_calls/mean"] == 4.0
     check_exact(samples, calls, Trainer(make_cfg(vllm_model_dir)))
+
+
+def test_a_server_without_the_memory_it_needs_ends_the_launch_quoting_vllm(vllm_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    need_vllm()
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4000")      # GiB of KV cache: more than this machine has
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"failed to start: ValueError: Available memory .* less than requested"):
+        launch_vllm(str(vllm_model_dir), 1, weight_dir=tmp_path, dtype="float32", startup_timeout=120)
+    assert time.monotonic() - t0 < 120

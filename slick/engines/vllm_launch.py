@@ -115,11 +115,12 @@ def _kill_group(pgid: int) -> None:
 def error_line(log: str) -> str:
     """The line of a server log that says why it stopped (an argparse error, the last exception), else its last."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for pattern in (r"error: (unrecognized arguments|argument) .*", r"\b\w*(Error|Exception): .*"):
-        hits = [m.group(0) for ln in lines for m in [re.search(pattern, ln)] if m]
-        if hits:
-            return hits[-1]
-    return lines[-1] if lines else "(empty log)"
+    hits = [m.group(0) for ln in lines for m in [re.search(r"error: (unrecognized arguments|argument) .*", ln)] if m]
+    if hits:
+        return hits[-1]
+    # the root cause is the first exception a process logged (the ones after it say that another one failed)
+    hits = [m.group(0) for ln in lines for m in [re.search(r"\b\w*(Error|Exception): .*", ln)] if m]
+    return hits[0] if hits else (lines[-1] if lines else "(empty log)")
 
 
 def launch_vllm(model: str, n: int, *, weight_dir, python: Optional[str] = None, dtype: str = "auto",
