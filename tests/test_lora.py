@@ -93,12 +93,18 @@ def test_one_step_equals_peft_own_step(tiny_model_dir, samples):
     ours = adapter_tensors(tr)
     names = [n for n in theirs]
     assert len(names) == len(ours) == 28
-    # Adam's first step is about lr x sign(grad) per element; the two forwards (packed vs one sequence each) differ
-    # by roundings, which Adam's normalisation amplifies where a gradient is tiny: bound 2e-5 = 0.2% of the step
+    # Adam's first step is lr x g / (|g| + eps) per element: lr x sign(g) wherever |g| is well above eps. The two
+    # forwards (packed vs one sequence each) differ by roundings, which that normalisation amplifies only where a
+    # gradient is tiny. So: within 2e-5 (0.2% of the step) wherever PEFT's step is a full lr (>= 99% of it), within
+    # 2 lr everywhere, and such clear elements are most of the adapter (not a vacuous check)
+    lr = 1e-2
     for n in names:   # PEFT's names carry the PeftModel prefix "base_model.model."
-        mine = ours[n.removeprefix("base_model.model.")]
-        assert float((mine - theirs[n]).abs().max()) <= 2e-5, n
-        assert float((mine - state[n.replace(".default", "")]).abs().max()) > 5e-3   # and the step moved it
+        mine, before = ours[n.removeprefix("base_model.model.")], state[n.replace(".default", "")]
+        clear = (theirs[n] - before).abs() >= 0.99 * lr
+        assert float(clear.float().mean()) > 0.9, n
+        assert float((mine - theirs[n])[clear].abs().max()) <= 2e-5, n
+        assert float((mine - theirs[n]).abs().max()) <= 2 * lr, n
+        assert float((mine - before).abs().max()) > 5e-3   # and the step moved it
 
 
 def test_merged_weights_equal_peft_merge_and_unload(tiny_model_dir, samples):
