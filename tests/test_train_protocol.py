@@ -39,8 +39,8 @@ def protocol_members(proto) -> set:
 
 def test_the_protocol_names_what_the_loop_calls():
     assert protocol_members(TrainerProtocol) == {
-        "version", "skipped_steps", "has_ref", "device", "train_step", "compute_logprobs", "named_weights",
-        "send_weights", "save", "load", "save_hf_files", "close"}
+        "version", "skipped_steps", "has_ref", "device", "dtype", "train_step", "compute_logprobs",
+        "candidate_logprobs", "named_weights", "send_weights", "save", "load", "save_hf_files", "close"}
     assert inspect.iscoroutinefunction(TrainerProtocol.send_weights)
 
 
@@ -59,7 +59,7 @@ def test_ray_trainer_group_is_a_trainer_and_its_critic_group_is_not():
         assert hasattr(RayTrainerGroup, name), name
     assert inspect.iscoroutinefunction(RayTrainerGroup.send_weights)
     group = RayTrainerGroup.__new__(RayTrainerGroup)   # no ranks started: the interface only
-    group._state = {"version": 4, "skipped_steps": 0, "has_ref": False, "device": "cpu"}
+    group._state = {"version": 4, "skipped_steps": 0, "has_ref": False, "device": "cpu", "dtype": "torch.float32"}
     assert isinstance(group, TrainerProtocol) and group.version == 4
     critics = RayCriticGroup.__new__(RayCriticGroup)   # a value model: no weights for the engines
     assert not isinstance(critics, TrainerProtocol)

@@ -65,7 +65,7 @@ class TrainerRank:
     def state(self) -> dict:
         t = self.trainer
         return {"pid": os.getpid(), "version": t.version, "skipped_steps": t.skipped_steps, "has_ref": t.has_ref,
-                "device": str(t.device), "threads": self.threads, "rss_bytes": rss_bytes(),
+                "device": str(t.device), "dtype": str(t.dtype), "threads": self.threads, "rss_bytes": rss_bytes(),
                 "seconds": dict(getattr(self, "call_seconds", {}))}   # the driver's /metrics exports these per rank
 
     def call(self, method: str, *args, **kwargs):
@@ -198,6 +198,16 @@ class RayTrainerGroup:
         import torch
 
         return torch.device(self._state["device"])
+
+    @property
+    def dtype(self):
+        import torch
+
+        return getattr(torch, str(self._state["dtype"]).removeprefix("torch."))
+
+    def candidate_logprobs(self, token_ids, candidates):
+        """The mismatch probe is not offered by ranks on Ray (None)."""
+        return None
 
     def _fanout(self, method: str, *args, what: Optional[str] = None, **kwargs):
         import ray

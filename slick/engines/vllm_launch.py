@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -56,8 +57,7 @@ def engine_python(explicit: Optional[str], module: str = "vllm") -> str:
 
 
 def _has_module(python: str, module: str) -> bool:
-    """Whether ``python`` has ``module`` installed (its distribution metadata; nothing is imported)."""
-    import subprocess
+    """Whether ``python`` has ``module`` installed (found on its path; nothing is imported)."""
     code = f"import importlib.util,sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
     try:
         return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
@@ -92,10 +92,6 @@ class EngineServer(WorkerProcess):
         code = super().stop(timeout)
         _kill_group(self.pid)
         return code
-
-    def kill(self) -> None:
-        """SIGKILL of the server process alone (a crash: its engine processes are left to notice)."""
-        super().kill()
 
     def wait_ready(self, timeout: float) -> None:
         try:

@@ -17,8 +17,10 @@ async def probe_mismatch(engine, trainer, samples: Sequence, n: int, k: int,
                          in_trainer: Callable[..., Awaitable]) -> dict:
     """``train/mismatch_kl_mean`` / ``_max`` over the response positions of the first ``n`` samples with a
     response; ``in_trainer(fn, *args)`` runs ``fn`` on the trainer's thread."""
-    if n <= 0 or not hasattr(engine, "prompt_top_logprobs") or not hasattr(trainer, "candidate_logprobs"):
+    if n <= 0 or not hasattr(engine, "prompt_top_logprobs"):
         return {}
+    if await in_trainer(trainer.candidate_logprobs, [0], []) is None:   # a one-token sequence: nothing to score
+        return {}                                                          # unless the trainer does not offer it
     kls: list[float] = []
     for s in [s for s in samples if s.response_ids][:n]:
         ids = list(s.prompt_ids) + list(s.response_ids)

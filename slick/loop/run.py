@@ -159,7 +159,7 @@ class Run:
     async def check_weights(self) -> dict:
         """After a sync, once the engines generate again: their version and a probe's logprobs against the
         trainer's (slick/train/sync_check.py; LoRA or --weight-check-tol). Raises WeightSyncError."""
-        tol = check_tolerance(self.cfg, getattr(self.trainer, "dtype", None))
+        tol = check_tolerance(self.cfg, self.trainer.dtype)
         if tol is None or not self.engines or self.cfg.debug_train_only or self._actor_unchanged():
             return {}
         loop = asyncio.get_running_loop()

@@ -39,6 +39,7 @@ class Trainer(Protocol):
     skipped_steps: int           # optimizer steps skipped for a non-finite loss or gradient norm
     has_ref: bool                # a frozen reference model is loaded (KL terms)
     device: Any                  # torch.device the trainer computes on
+    dtype: Any                   # torch dtype the trainer computes in
 
     def train_step(self, samples: Sequence, advantages: Sequence, loss_fn: Any,
                    old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
@@ -47,6 +48,11 @@ class Trainer(Protocol):
 
     def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list:
         """Per sample, the logprob of each response token under the actor or the reference model."""
+        ...
+
+    def candidate_logprobs(self, token_ids: Sequence[int], candidates: Sequence) -> Optional[list]:
+        """The actor's T=1 logprobs ``[{token: logprob}]`` of ``candidates[i]`` at position i+1 of ``token_ids`` (the
+        mismatch probe, slick/loop/mismatch.py); None when this trainer does not offer it (ranks on Ray)."""
         ...
 
     def named_weights(self) -> Iterator:

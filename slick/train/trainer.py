@@ -243,11 +243,11 @@ class Trainer:
         return D.named_errors(what) if self.fsdp else contextlib.nullcontext()
 
     @torch.no_grad()
-    def candidate_logprobs(self, token_ids: Sequence[int], candidates: Sequence) -> list[dict]:
+    def candidate_logprobs(self, token_ids: Sequence[int], candidates: Sequence) -> Optional[list]:
         """The actor's T=1 logprobs of ``candidates[i]`` at each position i+1 of ``token_ids`` (the mismatch probe,
-        slick/train/probe.py); one process only."""
+        slick/train/probe.py); one process only (None in a sharded rank)."""
         if self.fsdp:
-            raise NotImplementedError("the mismatch probe runs on an in-process trainer")
+            return None
         return candidate_logprobs(self.model, token_ids, candidates, self.device, self._autocast())
 
     def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list[torch.Tensor]:
