@@ -65,7 +65,7 @@ def test_a_killed_or_hung_vllm_server_mid_rollout_is_replaced(vllm_model_dir, tm
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
         # a killed server is seen by whichever check comes first: its process watch or a /health probe whose
         # connection is reset; a stopped one only by the probe's timeout
-        reasons = (("its process exited: killed by SIGKILL", "/health failed: ClientOSError") if sig == signal.SIGKILL
+        reasons = (("its process exited: killed by SIGKILL", "/health failed: ") if sig == signal.SIGKILL
                    else ("no answer to /health within 10s (--rollout-health-check-timeout): hung",))
         assert rec.events[0][1] == killed["url"] and rec.events[0][2].startswith(reasons), rec.events
         assert run.engines.engine.resubmitted >= 1
