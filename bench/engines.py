@@ -145,12 +145,22 @@ def train_with(engine: str, model_dir: str, steps: int, work: Path) -> dict:
     wall = time.perf_counter() - t0
     if out.returncode:
         return {"error": out.stderr[-2000:]}
+    return summarize(run_dir, steps, wall)
+
+
+def summarize(run_dir: Path, steps: int, wall: float) -> dict:
+    """Speed, held-out accuracy and the mismatch metrics of one run directory."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train/train_rollout_logprob_abs_diff" in r]
     evals = [r["eval/heldout"] for r in rows if "eval/heldout" in r]
+    kls = [r["train/mismatch_kl_mean"] for r in rows if "train/mismatch_kl_mean" in r]
     return {"wall_seconds": wall, "completions_per_sec": steps * 64 / wall,
             "heldout_accuracy_end": evals[-1] if evals else None,
-            "logprob_abs_diff_mean": statistics.mean(r["train/train_rollout_logprob_abs_diff"] for r in train_rows)}
+            "logprob_abs_diff_mean": statistics.mean(r["train/train_rollout_logprob_abs_diff"] for r in train_rows),
+            "logprob_abs_diff_max": max(r["train/train_rollout_logprob_abs_diff_max"] for r in train_rows),
+            "mismatch_kl_mean": statistics.mean(kls) if kls else None,
+            "mismatch_kl_max": max(r["train/mismatch_kl_max"] for r in rows if "train/mismatch_kl_max" in r)
+            if kls else None}
 
 
 def main(argv=None) -> int:
@@ -159,13 +169,24 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=10, help="0 skips the training comparison")
+    ap.add_argument("--train-only", action="store_true",
+                    help="run only the training comparison; keep the throughput rows of the last results file")
     a = ap.parse_args(argv)
+    if a.train_only and not a.train_steps:
+        ap.error("--train-only needs --train-steps > 0")
     from slick.models.smollm2 import prepare_smollm2
     model_dir = str(prepare_smollm2())
     load0 = os.getloadavg()[0]
     res = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                        "loadavg_at_start": load0}, "new_tokens": a.new_tokens}
-    res.update(throughput(model_dir, a.batches, a.new_tokens, a.rounds))
+    out = ROOT / "bench" / "results" / "engines.json"
+    if a.train_only:
+        if not out.exists():
+            ap.error(f"--train-only keeps the throughput rows of {out}, which does not exist: run without it first")
+        res = json.loads(out.read_text())
+        res["train_machine"] = {"loadavg_at_start": load0}
+    else:
+        res.update(throughput(model_dir, a.batches, a.new_tokens, a.rounds))
     print(f"\nstart-up seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["startup_seconds"].items()))
     names = list(next(iter(res["tokens_per_sec"].values())))
     print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + " |")
@@ -176,18 +197,19 @@ def main(argv=None) -> int:
         work = Path(tempfile.mkdtemp(prefix="bench-engines-train-"))
         res["train"] = {e: train_with(e, model_dir, a.train_steps, work) for e in ("local", "vllm")}
         print(f"\n{a.train_steps}-step `slick train` of the demo task (whole process):")
-        print("| engine | seconds | completions/s | held-out accuracy | mean logprob gap |\n|---|---|---|---|---|")
+        print("| engine | seconds | completions/s | held-out accuracy | mean logprob gap | max gap | vocab KL |\n"
+              "|---|---|---|---|---|---|---|")
         for e, r in res["train"].items():
             if "error" in r:
                 print(f"| {e} | failed: {r['error'][-200:]} |")
                 continue
             print(f"| {e} | {r['wall_seconds']:.0f} | {r['completions_per_sec']:.2f} | "
-                  f"{r['heldout_accuracy_end']} | {r['logprob_abs_diff_mean']:.4f} |")
-    res["machine"]["loadavg_at_end"] = os.getloadavg()[0]
-    out = ROOT / "bench" / "results" / "engines.json"
+                  f"{r['heldout_accuracy_end']} | {r['logprob_abs_diff_mean']:.4f} | {r['logprob_abs_diff_max']:.3f} | "
+                  f"{r['mismatch_kl_mean']} |")
+    res["train_machine" if a.train_only else "machine"]["loadavg_at_end"] = os.getloadavg()[0]
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))
-    print(f"\nwrote {out} (load average {load0:.2f} at start, {res['machine']['loadavg_at_end']:.2f} at end)")
+    print(f"\nwrote {out} (load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end)")
     return 0
 
 
