@@ -150,7 +150,7 @@ class Transformer:
 
     def __init__(self, cfg: ArchConfig, dtype: torch.dtype, device: torch.device, bias_keys: set[str]):
         self.cfg, self.dtype, self.device = cfg, dtype, device
-        H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+        H, hd = cfg.hidden_size, cfg.head_dim
         e = lambda *s: torch.empty(*s, dtype=dtype, device=device)  # noqa: E731
         self.packed = can_pack(device, dtype)   # oneDNN pre-packed linears (see slick.engine.linear)
         self.native = None                      # C kernels for norm and decode attention (slick.engine.native)
@@ -171,57 +171,9 @@ class Transformer:
         self.targets: dict[str, torch.Tensor] = {
             "model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm,
             "lm_head.weight": self.lm_head_t.t()}
-        qd, kd = nh * hd, nkv * hd
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            L = Layer()
-            L.in_norm, L.post_norm = e(H), e(H)
-            L.qkv_w, L.o_w = e(H, qd + 2 * kd), e(qd, H)
-            L.gu_w, L.down_w = e(H, 2 * inter), e(inter, H)
-            has = lambda n: (p + n) in bias_keys  # noqa: E731
-            L.qkv_b = e(qd + 2 * kd) if has("self_attn.q_proj.bias") else None
-            L.o_b = e(H) if has("self_attn.o_proj.bias") else None
-            L.gu_b = e(2 * inter) if has("mlp.gate_proj.bias") else None
-            L.down_b = e(H) if has("mlp.down_proj.bias") else None
-            L.q_norm = e(hd) if cfg.qk_norm else None
-            L.k_norm = e(hd) if cfg.qk_norm else None
-            t = self.targets
-            t[p + "input_layernorm.weight"] = L.in_norm
-            t[p + "post_attention_layernorm.weight"] = L.post_norm
-            for name, a, b in (("q_proj", 0, qd), ("k_proj", qd, qd + kd), ("v_proj", qd + kd, qd + 2 * kd)):
-                t[p + f"self_attn.{name}.weight"] = L.qkv_w[:, a:b].t()
-                if L.qkv_b is not None:
-                    t[p + f"self_attn.{name}.bias"] = L.qkv_b[a:b]
-            for name, a, b in (("gate_proj", 0, inter), ("up_proj", inter, 2 * inter)):
-                t[p + f"mlp.{name}.weight"] = L.gu_w[:, a:b].t()
-                if L.gu_b is not None:
-                    t[p + f"mlp.{name}.bias"] = L.gu_b[a:b]
-            t[p + "self_attn.o_proj.weight"] = L.o_w.t()
-            t[p + "mlp.down_proj.weight"] = L.down_w.t()
-            if L.o_b is not None:
-                t[p + "self_attn.o_proj.bias"] = L.o_b
-            if L.down_b is not None:
-                t[p + "mlp.down_proj.bias"] = L.down_b
-            if cfg.qk_norm:
-                t[p + "self_attn.q_norm.weight"] = L.q_norm
-                t[p + "self_attn.k_norm.weight"] = L.k_norm
-            pk = self.packed
-            L.qkv, L.o, L.down = Dense(L.qkv_w, L.qkv_b, pk), Dense(L.o_w, L.o_b, pk), Dense(L.down_w, L.down_b, pk)
-            L.gu = Dense(L.gu_w, L.gu_b, False)          # one matmul on the plain path; split when packed
-            gb, ub = (None, None) if L.gu_b is None else (L.gu_b[:inter], L.gu_b[inter:])
-            L.gate, L.up = Dense(L.gu_w[:, :inter], gb, pk), Dense(L.gu_w[:, inter:], ub, pk)
-            self.layers.append(L)
-            if pk:
-                w = p + "self_attn.{}_proj.weight"
-                self._raws += [
-                    _Raw(L, "qkv_w", (H, qd + 2 * kd), [(w.format("q"), 0, qd), (w.format("k"), qd, qd + kd),
-                                                        (w.format("v"), qd + kd, qd + 2 * kd)],
-                         [(L.qkv, 0, qd + 2 * kd)]),
-                    _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)]),
-                    _Raw(L, "gu_w", (H, 2 * inter), [(p + "mlp.gate_proj.weight", 0, inter),
-                                                     (p + "mlp.up_proj.weight", inter, 2 * inter)],
-                         [(L.gu, 0, 2 * inter), (L.gate, 0, inter), (L.up, inter, 2 * inter)]),
-                    _Raw(L, "down_w", (inter, H), [(p + "mlp.down_proj.weight", 0, H)], [(L.down, 0, H)])]
+            self.layers.append(self._make_layer(i, bias_keys, e))
+        pk = self.packed
         self.head = Dense(self.lm_head_t, None, pk)
         if pk and not cfg.tie_word_embeddings:   # a tied head reads the embedding, which stays
             self._raws.append(_Raw(self, "lm_head_t", (H, cfg.vocab_size), [("lm_head.weight", 0, cfg.vocab_size)],
@@ -233,6 +185,62 @@ class Transformer:
         self._inv_freq = inv
         self._rope_len = 0
         self.cos = self.sin = None
+
+    def _make_layer(self, i: int, bias_keys: set[str], e) -> Layer:
+        """Layer ``i``'s weights (``e`` allocates), their HF-name views in ``self.targets`` and, when packed, the
+        plain copies to drop once packed (``self._raws``)."""
+        cfg = self.cfg
+        H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+        qd, kd = nh * hd, nkv * hd
+        p = f"model.layers.{i}."
+        L = Layer()
+        L.in_norm, L.post_norm = e(H), e(H)
+        L.qkv_w, L.o_w = e(H, qd + 2 * kd), e(qd, H)
+        L.gu_w, L.down_w = e(H, 2 * inter), e(inter, H)
+        has = lambda n: (p + n) in bias_keys  # noqa: E731
+        L.qkv_b = e(qd + 2 * kd) if has("self_attn.q_proj.bias") else None
+        L.o_b = e(H) if has("self_attn.o_proj.bias") else None
+        L.gu_b = e(2 * inter) if has("mlp.gate_proj.bias") else None
+        L.down_b = e(H) if has("mlp.down_proj.bias") else None
+        L.q_norm = e(hd) if cfg.qk_norm else None
+        L.k_norm = e(hd) if cfg.qk_norm else None
+        t = self.targets
+        t[p + "input_layernorm.weight"] = L.in_norm
+        t[p + "post_attention_layernorm.weight"] = L.post_norm
+        for name, a, b in (("q_proj", 0, qd), ("k_proj", qd, qd + kd), ("v_proj", qd + kd, qd + 2 * kd)):
+            t[p + f"self_attn.{name}.weight"] = L.qkv_w[:, a:b].t()
+            if L.qkv_b is not None:
+                t[p + f"self_attn.{name}.bias"] = L.qkv_b[a:b]
+        for name, a, b in (("gate_proj", 0, inter), ("up_proj", inter, 2 * inter)):
+            t[p + f"mlp.{name}.weight"] = L.gu_w[:, a:b].t()
+            if L.gu_b is not None:
+                t[p + f"mlp.{name}.bias"] = L.gu_b[a:b]
+        t[p + "self_attn.o_proj.weight"] = L.o_w.t()
+        t[p + "mlp.down_proj.weight"] = L.down_w.t()
+        if L.o_b is not None:
+            t[p + "self_attn.o_proj.bias"] = L.o_b
+        if L.down_b is not None:
+            t[p + "mlp.down_proj.bias"] = L.down_b
+        if cfg.qk_norm:
+            t[p + "self_attn.q_norm.weight"] = L.q_norm
+            t[p + "self_attn.k_norm.weight"] = L.k_norm
+        pk = self.packed
+        L.qkv, L.o, L.down = Dense(L.qkv_w, L.qkv_b, pk), Dense(L.o_w, L.o_b, pk), Dense(L.down_w, L.down_b, pk)
+        L.gu = Dense(L.gu_w, L.gu_b, False)          # one matmul on the plain path; split when packed
+        gb, ub = (None, None) if L.gu_b is None else (L.gu_b[:inter], L.gu_b[inter:])
+        L.gate, L.up = Dense(L.gu_w[:, :inter], gb, pk), Dense(L.gu_w[:, inter:], ub, pk)
+        if pk:
+            w = p + "self_attn.{}_proj.weight"
+            self._raws += [
+                _Raw(L, "qkv_w", (H, qd + 2 * kd), [(w.format("q"), 0, qd), (w.format("k"), qd, qd + kd),
+                                                    (w.format("v"), qd + kd, qd + 2 * kd)],
+                     [(L.qkv, 0, qd + 2 * kd)]),
+                _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)]),
+                _Raw(L, "gu_w", (H, 2 * inter), [(p + "mlp.gate_proj.weight", 0, inter),
+                                                 (p + "mlp.up_proj.weight", inter, 2 * inter)],
+                     [(L.gu, 0, 2 * inter), (L.gate, 0, inter), (L.up, inter, 2 * inter)]),
+                _Raw(L, "down_w", (inter, H), [(p + "mlp.down_proj.weight", 0, H)], [(L.down, 0, H)])]
+        return L
 
     # ---------------------------------------------------------------- loading / weight updates
     @classmethod
