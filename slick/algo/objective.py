@@ -39,12 +39,7 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
     gradient ``-A``). ``entropy`` may be None when ``cfg.entropy_coef`` is 0
     ("entropy_loss" is then 0.0); "kl_loss" is 0.0 when no KL loss is computed.
     """
-    if not isinstance(inputs, LossInputs):
-        raise TypeError(f"compute_policy_objective(cfg, inputs): inputs must be a slick.algo.LossInputs, "
-                        f"got {type(inputs).__name__}; see docs/algorithms.md")
-    if not isinstance(cfg, AlgoParams):
-        raise TypeError(f"compute_policy_objective(cfg, inputs): cfg must be a slick.algo.AlgoParams "
-                        f"(AlgoParams.from_config(config)), got {type(cfg).__name__}; see docs/algorithms.md")
+    _check_types(cfg, inputs)
     entropy, advantages = inputs.entropy, inputs.advantages
     old_logprobs, ref_logprobs, rollout_logprobs = inputs.old_logprobs, inputs.ref_logprobs, inputs.rollout_logprobs
     num_samples, num_tokens = inputs.num_samples, inputs.num_tokens
@@ -57,34 +52,11 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
         return reduce(x, mask, per_token, num_samples=num_samples, num_tokens=num_tokens)
 
     old = logprobs.detach() if old_logprobs is None else old_logprobs
-    pg, clipped, neg_log_ratio = policy_terms(
-        logprobs,
-        old,
-        advantages,
-        mask,
-        float(cfg.eps_clip),
-        cfg.eps_clip_high,
-        cfg.eps_clip_c,
-        sequence_level=cfg.advantage_estimator == "gspo",
-    )
+    pg, clipped, neg_log_ratio = policy_terms(logprobs, old, advantages, mask, float(cfg.eps_clip), cfg.eps_clip_high,
+                                              cfg.eps_clip_c, sequence_level=cfg.advantage_estimator == "gspo")
     metrics: dict[str, float] = {}
     if cfg.use_tis or cfg.use_mis:   # rollout correction (slick/algo/correction.py)
-        if rollout_logprobs is None:
-            raise ValueError("use_tis/use_mis need rollout_logprobs [B, T] (the engine's logprobs); got None")
-        if rollout_logprobs.shape != mask.shape:
-            raise ValueError(f"rollout_logprobs {tuple(rollout_logprobs.shape)} must match mask {tuple(mask.shape)}")
-        if cfg.use_tis:
-            w, raw, changed = truncated_weights(log_ratios(old, rollout_logprobs, mask, cfg.tis_level),
-                                                float(cfg.tis_clip_low), float(cfg.tis_clip))
-            pg = pg * w.to(pg.dtype)
-            metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
-            metrics["tis_clipfrac"] = float(red(changed.to(mask.dtype)))
-        if cfg.use_mis:
-            keep, raw, dropped = masked_weights(log_ratios(old, rollout_logprobs, mask, cfg.mis_level),
-                                                float(cfg.mis_low), float(cfg.mis_high))
-            pg = pg * keep.to(pg.dtype)
-            metrics["mis_mean"] = float(red(raw.to(mask.dtype)))
-            metrics["mis_maskfrac"] = float(red(dropped.to(mask.dtype)))
+        pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red, metrics)
 
     pg_loss = red(pg)
     loss = pg_loss
@@ -113,3 +85,36 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
         entropy_loss=float(entropy_loss.detach()),
     )
     return loss, metrics
+
+
+def _check_types(cfg, inputs) -> None:
+    """A clear TypeError for a caller that passes a Config or loose tensors."""
+    if not isinstance(inputs, LossInputs):
+        raise TypeError(f"compute_policy_objective(cfg, inputs): inputs must be a slick.algo.LossInputs, "
+                        f"got {type(inputs).__name__}; see docs/algorithms.md")
+    if not isinstance(cfg, AlgoParams):
+        raise TypeError(f"compute_policy_objective(cfg, inputs): cfg must be a slick.algo.AlgoParams "
+                        f"(AlgoParams.from_config(config)), got {type(cfg).__name__}; see docs/algorithms.md")
+
+
+def _rollout_correction(cfg: AlgoParams, pg: Tensor, old: Tensor, rollout_logprobs, mask: Tensor, red,
+                        metrics: dict[str, float]) -> Tensor:
+    """``pg`` times the truncated (TIS) and/or masked (MIS) importance weights of trainer vs engine logprobs;
+    their means and clip/mask fractions go into ``metrics``."""
+    if rollout_logprobs is None:
+        raise ValueError("use_tis/use_mis need rollout_logprobs [B, T] (the engine's logprobs); got None")
+    if rollout_logprobs.shape != mask.shape:
+        raise ValueError(f"rollout_logprobs {tuple(rollout_logprobs.shape)} must match mask {tuple(mask.shape)}")
+    if cfg.use_tis:
+        w, raw, changed = truncated_weights(log_ratios(old, rollout_logprobs, mask, cfg.tis_level),
+                                            float(cfg.tis_clip_low), float(cfg.tis_clip))
+        pg = pg * w.to(pg.dtype)
+        metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
+        metrics["tis_clipfrac"] = float(red(changed.to(mask.dtype)))
+    if cfg.use_mis:
+        keep, raw, dropped = masked_weights(log_ratios(old, rollout_logprobs, mask, cfg.mis_level),
+                                            float(cfg.mis_low), float(cfg.mis_high))
+        pg = pg * keep.to(pg.dtype)
+        metrics["mis_mean"] = float(red(raw.to(mask.dtype)))
+        metrics["mis_maskfrac"] = float(red(dropped.to(mask.dtype)))
+    return pg
