@@ -27,7 +27,7 @@ from typing import Any, Optional
 log = logging.getLogger("slick")
 
 GiB = 2**30
-#: tokens per micro-batch past which a CPU step gets no faster (bench/step_profile.py --budgets, docs/training.md)
+#: tokens per micro-batch past which a CPU step gets no faster (bench/step_profile.py --configs, docs/training.md)
 SPEED_PLATEAU_TOKENS = 4096
 #: a GPU's matmuls keep gaining from longer rows well past a CPU's
 SPEED_PLATEAU_TOKENS_CUDA = 16384

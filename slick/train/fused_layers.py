@@ -14,8 +14,8 @@ two :class:`torch.autograd.Function` nodes with their own backward:
 
 That is ~14 KB per token per layer (the residual stream twice in fp32, qkv, attention output and gate/up in
 the matmul dtype). The residual additions stay ordinary autograd. The q/k/v and gate/up weights are
-concatenated once per optimizer step (``slick.train.casts``), so each block runs one large matmul instead of
-three or two small ones.
+concatenated (and cast) at every use, freed with the layer (``slick.train.casts``, ``cache=False``), so each block
+runs one large matmul instead of three or two small ones.
 
 The maths and dtypes follow the HF modules (RMSNorm in fp32 and ``weight * normed.to(input dtype)``,
 rotate-half RoPE, ``softmax`` of fp32 scores, ``silu(gate) * up`` in the matmul dtype); the only differences
