@@ -9,7 +9,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo demo-agent demo-sft test test-fast bench clean chromium tcmalloc vllm sandbox promtool
+.PHONY: setup demo demo-agent demo-sft demo-distill test test-fast bench clean chromium tcmalloc vllm sandbox promtool
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -28,6 +28,8 @@ demo-agent: $(STAMP) tcmalloc
 
 demo-sft: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo sft
+
+demo-distill: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo distill
 
 test: $(STAMP) $(VLLM_STAMP)

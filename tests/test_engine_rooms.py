@@ -17,8 +17,8 @@ SLICK = ROOT / "slick"
 
 # which module lives in which room: the decision of the split, as data
 ROOMS = {
-    "engine": {"base", "grammar", "kvcache", "linear", "local", "model", "native", "request", "sampling",
-               "weight_check", "weight_group", "weight_staging"},
+    "engine": {"base", "batching", "grammar", "kvcache", "linear", "local", "model", "native", "request", "sampling",
+               "lora_merge", "scoring", "weight_check", "weight_group", "weight_staging"},
     "serve": {"fanout", "http_body", "http_guard", "http_protocol", "messages_api", "openai_api", "openai_constraints",
               "openai_protocol", "openai_stream", "responses_api", "serve_cli", "server", "sglang_args", "sse",
               "weight_dirs", "weight_group_routes"},

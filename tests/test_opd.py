@@ -125,7 +125,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_both(setup, tiny_mod
 
 
 @pytest.mark.parametrize("over, words", [
-    (dict(use_opd=True, opd_type="sglang", opd_teacher_load="T"), "--opd-type sglang: a teacher engine needs"),
+    (dict(use_opd=True, opd_type="sglang", opd_teacher_load="T"), "--opd-teacher-load T: not a model directory"),
     (dict(use_opd=True), "--use-opd needs --opd-teacher-load"),
     (dict(opd_only=True), "--opd-only needs --use-opd"),
 ])

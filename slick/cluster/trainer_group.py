@@ -205,6 +205,11 @@ class RayTrainerGroup:
 
         return getattr(torch, str(self._state["dtype"]).removeprefix("torch."))
 
+    @property
+    def temperature(self) -> float:
+        """The ranks' logprob temperature (--rollout-temperature), as ``Trainer.temperature``."""
+        return float(self.cfg.rollout_temperature)
+
     def candidate_logprobs(self, token_ids, candidates):
         """The mismatch probe is not offered by ranks on Ray (None)."""
         return None

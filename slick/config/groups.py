@@ -376,7 +376,7 @@ class LoggingConfig:
     prometheus_host: str = F("127.0.0.1", "Address the --prometheus-port endpoint binds (default loopback only).")
     mismatch_probe_samples: int = F(2, "Samples per step whose every response position the engine and the trainer "
                                     "score over the whole vocabulary (top-k + the rest): train/mismatch_kl_*. Engines "
-                                    "that return top-k prompt logprobs (vLLM) only; 0: off.")
+                                    "that return top-k prompt logprobs (slick's, SGLang, vLLM); 0: off.")
     mismatch_probe_top_k: int = F(20, "Top-k logprobs the engine returns per position for the mismatch probe.")
 
 
@@ -485,11 +485,16 @@ class SftDistillConfig:
                              "sampled and --opd-kl-coef x (teacher - student logprob) joins every token's advantage "
                              "(docs/distillation.md).")
     opd_type: str = F("trainer", "OPD: where the teacher runs: a frozen forward in the trainer process (trainer; "
-                                 "slime's megatron). engine (slime's sglang) is refused: slick's engines return no "
-                                 "prompt logprobs yet.", choices=["trainer", "engine", "megatron", "sglang"])
+                                 "slime's megatron), or an inference engine that is never updated and scores "
+                                 "prompt + response by its prompt logprobs (engine; slime's sglang): the server at "
+                                 "--opd-teacher-url, else an in-process engine on --opd-teacher-load.",
+                      choices=["trainer", "engine", "megatron", "sglang"])
     opd_kl_coef: float = F(1.0, "OPD: weight of the per-token teacher - student logprob in the advantage.")
     opd_teacher_load: Optional[str] = F(None, "OPD: the teacher's Hugging Face model directory (same tokenizer as "
                                               "--hf-checkpoint).")
+    opd_teacher_url: Optional[str] = F(None, "OPD with --opd-type engine: the URL of a running teacher server "
+                                             "(slick serve, SGLang, sglang-router or vLLM; slime gives it as "
+                                             "--rm-url URL/generate) instead of an in-process engine.")
     opd_only: bool = F(False, "OPD: pure distillation: the advantage is the OPD term alone (the reward is still "
                               "scored and logged, but not trained on).")
 

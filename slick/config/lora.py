@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slick.cluster.layout import trainer_ranks
 from slick.train.lora_spec import parse_targets, read_adapter_config, spec_from_config
 
 
 def _combination_problems(cfg, p: list[str]) -> None:
     """Flags LoRA cannot run with, and why."""
-    if trainer_ranks(cfg) > 1:
-        p.append(f"--lora-rank/--lora-load with {trainer_ranks(cfg)} trainer ranks (--actor-num-nodes x "
-                 f"--actor-num-gpus-per-node): LoRA runs in a one-rank trainer only (FSDP2 sharding of PEFT "
-                 f"adapters is not built yet)")
     if cfg.recompute_mlp:
         p.append("--recompute-mlp recomputes inside slick's fused decoder layers, which LoRA does not use (PEFT's "
                  "adapted layers run the HF forward); use --gradient-checkpointing")

@@ -60,25 +60,36 @@ def lr_problems(cfg, p: list[str]) -> None:
         p.append(f"--min-lr {cfg.min_lr} must be between 0 and --lr {cfg.lr}")
 
 
+SLIME_OPD_RM = "slime.rollout.on_policy_distillation."   # slime's teacher-as-reward-function spelling
+
+
 def opd_problems(cfg, check_files: bool, p: list[str]) -> None:
+    if (cfg.custom_rm_path or "").startswith(SLIME_OPD_RM):
+        p.append(f"--custom-rm-path {cfg.custom_rm_path}: slime's teacher-as-reward function; in slick the teacher "
+                 "scores through --use-opd --opd-type sglang --opd-teacher-url URL (the server slime gives "
+                 "--rm-url, without /generate) and the reward stays a reward (docs/distillation.md)")
     if not cfg.use_opd:
-        for flag, on in (("--opd-teacher-load", cfg.opd_teacher_load), ("--opd-only", cfg.opd_only)):
+        for flag, on in (("--opd-teacher-load", cfg.opd_teacher_load), ("--opd-teacher-url", cfg.opd_teacher_url),
+                         ("--opd-only", cfg.opd_only)):
             if on:
                 p.append(f"{flag} needs --use-opd")
         return
-    if OPD_TYPES.get(cfg.opd_type) == "engine":
-        p.append(f"--opd-type {cfg.opd_type}: a teacher engine needs prompt logprobs, which slick's engines do not "
-                 "return yet; use --opd-type trainer (slime's megatron): a frozen teacher forward in the trainer")
-    if not cfg.opd_teacher_load:
-        p.append("--use-opd needs --opd-teacher-load TEACHER_DIR (a Hugging Face model directory)")
-    elif check_files and not Path(cfg.opd_teacher_load, "config.json").is_file():
+    engine = OPD_TYPES.get(cfg.opd_type) == "engine"
+    if cfg.opd_teacher_url and not engine:
+        p.append(f"--opd-teacher-url is a teacher server: it needs --opd-type engine (or sglang), not {cfg.opd_type}")
+    if cfg.opd_teacher_url and not str(cfg.opd_teacher_url).startswith(("http://", "https://")):
+        p.append(f"--opd-teacher-url {cfg.opd_teacher_url}: not an http:// or https:// URL")
+    if not cfg.opd_teacher_load and not (engine and cfg.opd_teacher_url):
+        p.append("--use-opd needs --opd-teacher-load TEACHER_DIR (a Hugging Face model directory)"
+                 + (" or --opd-teacher-url URL" if engine else ""))
+    elif cfg.opd_teacher_load and check_files and not Path(cfg.opd_teacher_load, "config.json").is_file():
         p.append(f"--opd-teacher-load {cfg.opd_teacher_load}: not a model directory (no config.json)")
     if cfg.opd_kl_coef < 0:
         p.append(f"--opd-kl-coef must be >= 0 (got {cfg.opd_kl_coef})")
     if cfg.opd_only and cfg.opd_kl_coef == 0:
         p.append("--opd-only with --opd-kl-coef 0: every advantage would be 0")
     if cfg.lora_rank or cfg.lora_load:
-        p.append("--use-opd with LoRA: the teacher forward runs beside full-weight trainers only")
+        p.append("--use-opd with LoRA: distillation is built and tested for full-weight trainers only")
 
 
 def sft_distill_problems(cfg, driver: str, check_files: bool, p: list[str]) -> None:

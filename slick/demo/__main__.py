@@ -53,10 +53,14 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra = list(sys.argv[1:] if argv is None else argv)
-    if extra[:1] in (["sft"], ["distill"]):   # SFT -> GRPO, and on-policy distillation (slick/demo/sft.py)
+    if extra[:1] == ["sft"]:   # SFT -> GRPO (slick/demo/sft.py)
         from slick.demo.sft import main as sft_main   # import cost: torch, as above
 
         return sft_main(extra)
+    if extra[:1] == ["distill"]:   # on-policy distillation into a fresh copy (slick/demo/distill.py)
+        from slick.demo.distill import main as distill_main   # import cost: torch, as above
+
+        return distill_main(extra[1:])
     if extra[:1] == ["agent"]:  # `python -m slick.demo agent`: the calculator-tool demo (slick/demo/agent.py)
         from slick.demo.agent import main as agent_main   # import cost: torch, as above
 

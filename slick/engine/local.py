@@ -32,23 +32,23 @@ from typing import Iterable, Optional
 
 import torch
 
+from slick.engine.batching import ContinuousBatching
 from slick.engine.kvcache import KVCache
+from slick.engine.lora_merge import LoraDelta, is_adapter_dir, merged_weights, read_adapter_dir
 from slick.engine.model import Transformer, iter_safetensors, pick_dtype
 from slick.engine.request import Request, deliver
-from slick.engine.grammar import Grammars, advance, apply_masks, constraint_of, finished
-from slick.engine.sampling import sample, top_logprobs, validate_sampling
+from slick.engine.grammar import Grammars, constraint_of
+from slick.engine.sampling import validate_sampling
+from slick.engine.scoring import as_dicts, prompt_logprobs
 from slick.engine.weight_check import check_dir, check_named
 from slick.models.tokenizer import load_tokenizer
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.engine")
 
-PREFILL_TOKEN_BUDGET = 8192     # padded prompt tokens per prefill forward
-MIN_SHARED_PREFIX = 8           # prompts admitted together that share at least this many leading tokens
-                                # (a system prompt, a chat template) compute that prefix once
 
 
-class LocalEngine:
+class LocalEngine(ContinuousBatching):
     """In-process engine implementing :class:`slick.engine.base.Engine` for Llama/Qwen2/Qwen3/Mistral.
 
     ``dtype``: "auto" (bf16 on CUDA or on CPUs with AVX512-BF16/AMX, else fp32), "bf16" or "fp32".
@@ -164,7 +164,8 @@ class LocalEngine:
         """Copy new weights in between two scheduler steps; return the new weight version.
 
         ``named_tensors``: iterable of ``(hf_name, tensor)`` (any floating dtype/device; cast on copy).
-        ``path``: a HF directory whose safetensors are read. ``version``: set instead of incrementing.
+        ``path``: a HF directory whose safetensors are read, or a PEFT adapter directory (merged into the base:
+        :meth:`update_adapter`). ``version``: set instead of incrementing.
         All or nothing: every file, name, shape and dtype is checked before any weight changes; a bad update
         raises :class:`slick.engine.weight_check.WeightUpdateError` (a ValueError naming the file and tensor)
         and leaves the weights and the version as they were.
@@ -177,6 +178,8 @@ class LocalEngine:
         """Blocking form of :meth:`update_weights` (for callers without an event loop)."""
         if (named_tensors is None) == (path is None):
             raise ValueError("update_weights: pass exactly one of named_tensors or path")
+        if path is not None and is_adapter_dir(path):   # a PEFT adapter: merged on arrival (slick.engine.lora_merge)
+            return self.update_adapter_sync(read_adapter_dir(path), version)
         t0 = time.perf_counter()
         need = self.model.required_names()   # all the released ones, after release_memory
         if path is not None:       # checked first (headers only, outside the step lock), then copied
@@ -189,6 +192,24 @@ class LocalEngine:
         log.info("weights updated (%d tensors) -> version %d in %.2fs", len(seen), self._version,
                  time.perf_counter() - t0)
         return self._version
+
+    async def update_adapter(self, delta: LoraDelta, version: Optional[int] = None) -> int:
+        """Merge a LoRA adapter into the base weights of this engine's model directory (``slick.engine.lora_merge``:
+        ``W = W_base + scaling * B @ A`` for every adapted weight) and take ``version``; all or nothing, as
+        :meth:`update_weights`. Returns the new weight version."""
+        if not self.threaded:
+            return self.update_adapter_sync(delta, version)
+        return await asyncio.to_thread(self.update_adapter_sync, delta, version)
+
+    def update_adapter_sync(self, delta: LoraDelta, version: Optional[int] = None) -> int:
+        """Blocking form of :meth:`update_adapter`."""
+        extra = self.model.required_names() - set(delta.pairs)   # after release_memory: the rest from the base too
+        named = merged_weights(self.model.shapes, delta, self.model_path, extra)
+        return self.update_weights_sync(named_tensors=named, version=version)
+
+    async def accepts_adapters(self) -> bool:
+        """LoRA adapters may be sent alone (:meth:`update_adapter`, or a PEFT directory to :meth:`update_weights`)."""
+        return True
 
     async def release_memory(self) -> int:
         """Free the KV cache and the packed weight copies while the engine is idle (a colocated trainer's
@@ -292,6 +313,33 @@ class LocalEngine:
     async def health(self) -> bool:
         """True while the engine is open (and its scheduler thread alive, when threaded)."""
         return (not self._closed) and (self._thread is None or self._thread.is_alive())
+
+    async def prompt_logprobs(self, token_ids: list[int], k: int = 0) -> tuple[list, list]:
+        """``(token_logprobs, top)`` for positions 0..n-2 of ``token_ids`` under the current weights, at T=1:
+        ``token_logprobs[i]`` is the logprob of ``token_ids[i + 1]``, ``top[i]`` the ``k`` most likely next tokens
+        as ``(id, logprob)`` (slick/engine/scoring.py). One forward between two scheduler steps; the KV cache and
+        the requests in flight are untouched."""
+        ids = list(token_ids)
+        head = self._check_prompt(ids[:-1] or ids)     # ids in the vocabulary, at most the context
+        ids = head + self._check_prompt(ids[-1:]) if len(ids) > 1 else head
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= self.vocab_size:
+            raise ValueError(f"k must be an integer in [0, {self.vocab_size}], got {k!r}")
+        if self._closed:
+            raise RuntimeError("LocalEngine is closed")
+        if not self.threaded:   # the scheduler runs in this thread: between two steps already
+            return prompt_logprobs(self.model, ids, k)
+        return await asyncio.to_thread(self._prompt_logprobs_sync, ids, k)
+
+    def _prompt_logprobs_sync(self, ids: list[int], k: int) -> tuple[list, list]:
+        with self._between_steps():
+            return prompt_logprobs(self.model, ids, k)
+
+    async def prompt_top_logprobs(self, token_ids: list[int], k: int) -> list[dict]:
+        """``[{token: logprob}]`` for positions 0..n-2 of ``token_ids``: the top-``k`` next-token logprobs at T=1
+        plus the token that follows (``top[i]`` predicts ``token_ids[i + 1]``); the contract of
+        ``VllmEngine.prompt_top_logprobs`` (the mismatch probe, an OPD teacher)."""
+        token_lps, top = await self.prompt_logprobs(token_ids, k)
+        return as_dicts(token_ids, token_lps, top)
 
     def weight_shapes(self) -> dict[str, tuple]:
         """HF weight name -> shape of every weight an update may write (what a broadcast bucket may announce)."""
@@ -403,158 +451,6 @@ class LocalEngine:
                     self._running.clear()
                 for r in reqs:
                     deliver(r, exc=RuntimeError(f"LocalEngine step failed: {e!r}"))
-
-    def _step(self) -> None:
-        self._drop_cancelled()
-        self._admit()
-        if self._running:
-            self._decode()
-
-    def _drop_cancelled(self) -> None:
-        done = [i for i, r in enumerate(self._running) if r.cancelled]
-        self._release(done)
-
-    def _release(self, idxs: list[int]) -> None:
-        """Remove running requests at ``idxs``; keep slots dense by moving the last into each hole."""
-        for i in sorted(idxs, reverse=True):
-            j = len(self._running) - 1
-            if i != j:
-                last = self._running[j]
-                self.cache.move(j, i, last.cached)
-                self._running[i] = last
-            self._running.pop()
-
-    def _admit(self) -> None:
-        new: list[Request] = []
-        with self._cv:
-            while self._queue and len(self._running) + len(new) < self.max_running:
-                r = self._queue.popleft()
-                if not r.cancelled:
-                    new.append(r)
-        if not new:
-            return
-        B0 = len(self._running)
-        need = max(len(r.prompt) + r.max_new for r in self._running + new)
-        self.cache.ensure(B0 + len(new), need)
-        self._running.extend(new)
-        groups: dict[tuple, list[int]] = {}
-        for k, r in enumerate(new):
-            groups.setdefault(tuple(r.prompt), []).append(B0 + k)
-        uniq = list(groups.items())
-        start = _shared_prefix([p for p, _ in uniq])
-        if start:   # compute the common prefix once, in the first group's slot, and copy it to the others
-            first = uniq[0][1][0]
-            self._prefill([(uniq[0][0][:start], [first])])
-            self.cache.broadcast(first, [slots[0] for _, slots in uniq[1:]], start)
-            self._counters["prefix_reused_tokens"] += start * (len(uniq) - 1)
-        logit_rows: dict[int, torch.Tensor] = {}
-        chunk: list = []
-        for item in uniq + [None]:
-            if item is not None:
-                plen = max([len(p) - start for p, _ in chunk + [item]])
-                if not chunk or plen * (len(chunk) + 1) <= PREFILL_TOKEN_BUDGET:
-                    chunk.append(item)
-                    continue
-            logits = self._prefill(chunk, start)
-            for row, (p, slots) in enumerate(chunk):
-                for s in slots[1:]:
-                    self.cache.copy(slots[0], s, len(p))
-                for s in slots:
-                    logit_rows[s] = logits[row]
-            chunk = [item] if item is not None else []
-        for r in new:
-            r.cached = len(r.prompt)
-        slots = list(range(B0, B0 + len(new)))
-        logits = torch.stack([logit_rows[s] for s in slots])
-        self._sample_and_finish(logits, slots)
-
-    def _prefill(self, chunk: list, start: int = 0) -> torch.Tensor:
-        """Prefill ``(prompt, slots)`` items into each item's first slot from position ``start`` (the positions
-        before it are already cached); return the logits at each prompt's last token."""
-        P = max(len(p) for p, _ in chunk) - start
-        toks = torch.zeros(len(chunk), P, dtype=torch.long)
-        for row, (p, _) in enumerate(chunk):
-            toks[row, :len(p) - start] = torch.tensor(p[start:], dtype=torch.long)
-        lens = torch.tensor([len(p) - start for p, _ in chunk], dtype=torch.long)
-        slots = torch.tensor([s[0] for _, s in chunk], dtype=torch.long)
-        dev = self.device
-        out = self.model.prefill(toks.to(dev), lens.to(dev), slots.to(dev), self.cache, start)
-        self._counters["prefills"] += len(chunk)
-        self._counters["prefill_tokens"] += int(lens.sum())
-        return out
-
-    def _decode(self) -> None:
-        run = self._running
-        toks = torch.tensor([r.out[-1] for r in run], dtype=torch.long, device=self.device)
-        pos_list = [r.cached for r in run]
-        pos = torch.tensor(pos_list, dtype=torch.long, device=self.device)
-        logits = self.model.decode(toks, pos, self.cache, max(pos_list) + 1)
-        for r in run:
-            r.cached += 1
-        self._counters["decode_steps"] += 1
-        self._sample_and_finish(logits, list(range(len(run))))
-
-    def _sample_and_finish(self, logits: torch.Tensor, slots: list[int]) -> None:
-        reqs = [self._running[s] for s in slots]
-        matchers = [r.matcher for r in reqs]
-        constrained = any(m is not None for m in matchers)
-        if constrained:          # the grammar's mask: logprobs are of the distribution sampled from
-            logits = apply_masks(logits, matchers, self.eos_ids)
-        ntop = [r.sp.top_logprobs_num for r in reqs]
-        tops = top_logprobs(logits, [r.sp.temperature for r in reqs], ntop) if any(ntop) else None
-        tokens, lps = sample(logits, [r.sp.temperature for r in reqs], [r.sp.top_p for r in reqs],
-                             [r.sp.top_k for r in reqs], [r.rng for r in reqs], native=self.model.native)
-        if constrained:
-            advance(matchers, tokens)
-        done = []
-        for k, (s, r, t, lp) in enumerate(zip(slots, reqs, tokens, lps)):
-            if tops is not None and ntop[k]:
-                r.tops.append(tops[k])
-            r.out.append(t)
-            r.lps.append(lp)
-            r.versions.append(self._version)
-            reason = self._finish_reason(r, t)
-            if reason:
-                done.append(s)
-                self._finish(r, reason)
-        self._counters["tokens"] += len(tokens)
-        self._recent.append((time.perf_counter(), len(tokens)))
-        with self._cv:
-            self._release(done)
-
-    def _finish_reason(self, r: Request, tok: int) -> Optional[str]:
-        if tok in r.stop_ids or finished(r.matcher):
-            return "stop"
-        if r.stop_strs:
-            tail = self.tokenizer.decode(r.out[-r.stop_tail:])
-            if any(s in tail for s in r.stop_strs):
-                return "stop"
-        if len(r.out) >= r.max_new:
-            return "length"
-        return None
-
-    def _finish(self, r: Request, reason: str) -> None:
-        self._counters["finished"] += 1
-        with self._cv:
-            if self._by_rid.get(r.rid) is r:
-                del self._by_rid[r.rid]
-        deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt),
-                               weight_versions=list(r.versions),
-                               top_logprobs=list(r.tops) if r.sp.top_logprobs_num else None))
-
-
-def _shared_prefix(prompts: list) -> int:
-    """Leading tokens common to all ``prompts`` (at least two), if ``MIN_SHARED_PREFIX`` or more; else 0.
-    Every prompt keeps one token of its own so that its prefill yields its next-token logits."""
-    if len(prompts) < 2:
-        return 0
-    lo, hi = min(prompts), max(prompts)          # the common prefix of all is that of the extremes
-    n = min(len(p) for p in prompts) - 1
-    i = 0
-    while i < n and lo[i] == hi[i]:
-        i += 1
-    return i if i >= MIN_SHARED_PREFIX else 0
-
 
 def _eos_ids(tokenizer, path: Path) -> list[int]:
     """EOS ids from the tokenizer and from generation_config.json (int or list)."""

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional
 import aiohttp
 
 from slick.engines.fault import PartialGeneration
-from slick.serve.http_protocol import generation_from_json, parse_weight_version
+from slick.serve.http_protocol import generation_from_json, parse_weight_version, prompt_logprobs_from_json
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.engine")
@@ -185,8 +185,11 @@ class HttpEngine:
 
     def _payload(self, prompt_ids: list[int], sampling: SamplingParams, rid: str, stream: bool) -> dict:
         """The body of one generate request (SGLang's native API)."""
-        return {"input_ids": prompt_ids, "sampling_params": sampling.to_sglang(), "return_logprob": True,
-                "stream": stream, "rid": rid}
+        out = {"input_ids": prompt_ids, "sampling_params": sampling.to_sglang(), "return_logprob": True,
+               "stream": stream, "rid": rid}
+        if sampling.top_logprobs_num:     # SGLang's field: meta_info.output_top_logprobs per token
+            out["top_logprobs_num"] = sampling.top_logprobs_num
+        return out
 
     def _parse(self, out: Any) -> Generation:
         """A non-streamed generate answer as a Generation."""
@@ -220,6 +223,19 @@ class HttpEngine:
             gen.prompt_tokens = len(prompt_ids)
         self._version = max(self._version, gen.weight_version)
         return gen
+
+    async def prompt_top_logprobs(self, token_ids: list[int], k: int) -> list[dict]:
+        """``[{token: logprob}]`` for positions 0..n-2 of ``token_ids``: the top-``k`` next-token logprobs plus the
+        token that follows (``VllmEngine.prompt_top_logprobs``' contract), from SGLang's prompt logprobs
+        (``logprob_start_len`` 0, ``max_new_tokens`` 0; slick serve computes them at temperature 1)."""
+        body = {"input_ids": list(token_ids), "return_logprob": True, "logprob_start_len": 0,
+                "top_logprobs_num": int(k), "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+                "rid": f"prompt-logprobs-{uuid.uuid4().hex}"}
+        out = await self._request("POST", "/generate", body)
+        try:
+            return prompt_logprobs_from_json((out[0] if isinstance(out, list) else out)["meta_info"], token_ids)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise EngineError(f"could not parse the prompt logprobs of a /generate answer: {e}") from None
 
     # ------------------------------------------------------- fault tolerance
     async def _generate_ft(self, prompt_ids: list[int], sampling: SamplingParams, rid: str) -> Generation:
@@ -376,6 +392,12 @@ class HttpEngine:
         new = int(version) if version is not None else (max(known) if known else self._version + 1)
         self._version = new
         return new
+
+    async def accepts_adapters(self) -> bool:
+        """Whether every worker merges a PEFT adapter directory given to ``/update_weights_from_disk`` (``slick serve``
+        says ``"engine": "slick"`` in ``/get_model_info``; SGLang does not, and gets merged weights)."""
+        infos = await asyncio.gather(*(self._get(u, "/get_model_info", 30.0) for u in self.control_urls))
+        return all(isinstance(i, dict) and i.get("engine") == "slick" for i in infos)
 
     async def load_weights_at(self, url: str, path: str, version: int, timeout: Optional[float] = None) -> None:
         """Load the weights directory ``path`` as ``version`` into the one worker ``url`` (a replacement worker

@@ -46,20 +46,26 @@ def exit_description(returncode: Optional[int]) -> str:
 
 
 class PartialGeneration:
-    """Tokens, logprobs and per-token versions of one generation, gathered over several requests."""
+    """Tokens, logprobs, per-token versions and top logprobs (while every part has them) of one generation,
+    gathered over several requests."""
 
     def __init__(self):
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
+        self.tops: Optional[list] = []     # None once tokens came without their top logprobs
 
     def add(self, gen: Generation) -> None:
+        if gen.token_ids:
+            self.tops = None if self.tops is None or gen.top_logprobs is None else self.tops + list(gen.top_logprobs)
         self.tokens += gen.token_ids
         self.logprobs += gen.logprobs
         self.versions += gen.weight_versions if gen.weight_versions is not None \
             else [gen.weight_version] * len(gen.token_ids)
 
     def add_tokens(self, tokens: list[int], logprobs: list[float], versions: list[int]) -> None:
+        if tokens:
+            self.tops = None
         self.tokens += tokens
         self.logprobs += logprobs
         self.versions += versions
@@ -79,9 +85,10 @@ class PartialGeneration:
 
     def result(self, last: Generation, prompt_len: int) -> Generation:
         """The whole generation, once ``last`` (already added) finished it."""
+        tops = self.tops if self.tops is not None and (self.tokens or last.top_logprobs is not None) else None
         return Generation(token_ids=list(self.tokens), logprobs=list(self.logprobs), finish_reason=last.finish_reason,
                           weight_version=last.weight_version, prompt_tokens=prompt_len,
-                          weight_versions=list(self.versions))
+                          weight_versions=list(self.versions), top_logprobs=None if tops is None else list(tops))
 
 
 class Recovery:

@@ -12,6 +12,9 @@ update_weights(path)   ``/start_weight_update`` -> ``/update_weights {"update_in
                        ``/finish_weight_update {"weight_version": V}`` (the ``slick_dir`` backend of
                        slick/engines/vllm_plugin.py) -> ``/reset_prefix_cache`` (prompt KV computed under the
                        old weights must not be reused), then ``GET /weight_info`` on every server must say V
+update_weights(path)   a PEFT adapter directory (a LoRA run, slick/train/lora_sync.py): ``/v1/load_lora_adapter``
+  of an adapter        (``slick-policy``, reloaded in place) -> ``/update_weight_version`` -> ``/reset_prefix_cache``,
+                       checked with ``/weight_info``; from then on every generation asks for ``slick-policy``
 pause / continue       ``POST /pause?mode=keep`` (requests in flight keep their state) / ``POST /resume``
 abort(rid), abort_all  ``POST /abort_requests {"request_ids": [rid]}`` / ``{}``
 weight version         ``GET /weight_info`` (vLLM's ``"default"`` before any update is version 0)
@@ -22,14 +25,19 @@ The routes other than ``/inference/v1/generate`` exist when the server runs with
 """
 from __future__ import annotations
 
+import dataclasses
+import asyncio
 from typing import Any, Iterable, Optional
 
+from slick.engine.lora_merge import is_adapter_dir
 from slick.engines.client import EngineError, HttpEngine, _Flight, _Retryable
 from slick.types import Generation, SamplingParams
 
 GENERATE = "/inference/v1/generate"
+LORA_NAME = "slick-policy"            # the LoRA adapter of a LoRA run, reloaded in place at every sync
 REQUEST_PREFIX = "generate-tokens-"   # vLLM's id for the request_id a client gave /inference/v1/generate
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", None: "abort"}
+MAX_LOGPROBS = 20                     # vLLM's default --max-logprobs
 
 
 def parse_version(v: Any) -> int:
@@ -43,9 +51,13 @@ def parse_version(v: Any) -> int:
 
 
 def vllm_sampling(s: SamplingParams) -> dict:
-    """slick's sampling parameters as vLLM's ``SamplingParams`` fields (logprob of the sampled token only)."""
+    """slick's sampling parameters as vLLM's ``SamplingParams`` fields (the sampled token's logprob, and with
+    ``top_logprobs_num`` k the top k + 1 candidates: vLLM lists the sampled token first and cuts the list at
+    ``logprobs`` entries, so one more keeps the whole top k when the sampled token is not among them)."""
+    k = s.top_logprobs_num
     d = {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-         "logprobs": 0, "ignore_eos": bool(s.ignore_eos), "skip_special_tokens": bool(s.skip_special_tokens)}
+         "logprobs": min(k + 1, MAX_LOGPROBS) if k else 0, "ignore_eos": bool(s.ignore_eos),
+         "skip_special_tokens": bool(s.skip_special_tokens)}
     if s.top_k == 1:   # greedy: vLLM's processed logprobs after a top-1 cut would all be 0; at temperature 0 they
         d.update(temperature=0.0, top_k=-1)   # are the untruncated softmax's, slick's convention for greedy requests
     if s.stop:
@@ -67,6 +79,15 @@ def token_versions(spans: Optional[list], n: int, default: int) -> list[int]:
     return out
 
 
+def takes_adapters(info: Any) -> bool:
+    """Whether a vLLM server's ``/server_info?config_format=json`` says it runs with LoRA (``lora_config``) and loads
+    adapters at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``)."""
+    if not isinstance(info, dict) or not isinstance(info.get("vllm_config"), dict):
+        return False
+    runtime = (info.get("vllm_env") or {}).get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+    return bool(info["vllm_config"].get("lora_config")) and runtime in (True, 1, "1", "True", "true")
+
+
 def _choice(out: Any) -> dict:
     if not isinstance(out, dict) or not out.get("choices"):
         raise ValueError(f"no choices in {str(out)[:200]}")
@@ -82,15 +103,31 @@ def _tokens(choice: dict) -> tuple[list[int], list[float]]:
     return ids, lps
 
 
+def top_logprobs(choice: dict) -> Optional[list[list[tuple[int, float]]]]:
+    """``(token_id, logprob)`` per token by rank, most likely first, from vLLM's per-token ``top_logprobs``
+    (``{"token_id", "logprob", "rank"}``, the sampled token first whatever its rank); None when none came."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if not any(e.get("top_logprobs") for e in content):
+        return None
+    return [[(int(c["token_id"]), float(c["logprob"])) for c in sorted(
+        (c for c in e.get("top_logprobs") or [] if c.get("rank") is not None), key=lambda c: c["rank"])]
+        for e in content]
+
+
 class VllmEngine(HttpEngine):
     """Engine protocol over vLLM servers (module doc). Same constructor as HttpEngine."""
 
     generate_path = GENERATE
     health_path = "/health"             # vLLM: 200 while its engine core is alive
 
+    adapter: Optional[str] = None        # the LoRA adapter requests ask for, once one was loaded (LORA_NAME)
+
     def _payload(self, prompt_ids: list[int], sampling: SamplingParams, rid: str, stream: bool) -> dict:
-        return {"token_ids": prompt_ids, "sampling_params": vllm_sampling(sampling), "request_id": rid,
+        body = {"token_ids": prompt_ids, "sampling_params": vllm_sampling(sampling), "request_id": rid,
                 "stream": stream}
+        if self.adapter:
+            body["model"] = self.adapter
+        return body
 
     def _parse(self, out: Any) -> Generation:
         choice = _choice(out)
@@ -99,7 +136,16 @@ class VllmEngine(HttpEngine):
         usage = out.get("usage") or {}
         return Generation(ids, lps, FINISH.get(choice.get("finish_reason"), "stop"),
                           max(versions) if versions else self._version, int(usage.get("prompt_tokens") or 0),
-                          weight_versions=versions)
+                          weight_versions=versions, top_logprobs=top_logprobs(choice))
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       rid: Optional[str] = None) -> Generation:
+        """HttpEngine's generate; with ``top_logprobs_num`` k the top k per token (vLLM sent one more, see
+        :func:`vllm_sampling`). A streamed (--use-fault-tolerance) generation carries no top logprobs."""
+        gen = await super().generate(prompt_ids, sampling, rid)
+        k = sampling.top_logprobs_num      # vLLM lists the sampled token even when none were asked: dropped
+        tops = None if not k or gen.top_logprobs is None else [row[:k] for row in gen.top_logprobs]
+        return dataclasses.replace(gen, top_logprobs=tops)
 
     def _chunk(self, out: Any, flight: _Flight) -> Optional[Generation]:
         """vLLM streams deltas: every chunk's tokens go into ``flight``; the final one (it carries the finish reason
@@ -122,6 +168,8 @@ class VllmEngine(HttpEngine):
         plus the token that follows (vLLM's prompt logprobs), for the mismatch probe."""
         body = {"token_ids": list(token_ids), "request_id": f"probe-{next(self._rr)}",
                 "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": int(k)}}
+        if self.adapter:
+            body["model"] = self.adapter
         out = await self._request("POST", GENERATE, body)
         rows = (out or {}).get("prompt_logprobs") or []
         if len(rows) != len(token_ids):
@@ -137,6 +185,10 @@ class VllmEngine(HttpEngine):
         if named_tensors is not None or path is None:
             raise EngineError("VllmEngine.update_weights needs path=<safetensors directory the servers can read>")
         new = self._version + 1 if version is None else int(version)
+        if is_adapter_dir(path):   # a LoRA run's adapter alone (slick.train.lora_sync)
+            await self._load_adapter(None, path, new, None)
+            self._version = new
+            return new
         await self._broadcast("POST", "/start_weight_update", {})
         await self._broadcast("POST", "/update_weights", {"update_info": {"path": str(path)}})
         await self._broadcast("POST", "/finish_weight_update", {"weight_version": str(new)})
@@ -149,8 +201,34 @@ class VllmEngine(HttpEngine):
         self._version = new
         return new
 
+    async def accepts_adapters(self) -> bool:
+        """Whether every server runs with LoRA and runtime adapter loading (:func:`takes_adapters`), so a LoRA run's
+        adapter is loaded with ``/v1/load_lora_adapter`` instead of merged weights."""
+        infos = await asyncio.gather(*(self._get(u, "/server_info?config_format=json", 30.0)
+                                       for u in self.control_urls))
+        return all(takes_adapters(i) for i in infos)
+
+    async def _load_adapter(self, url: Optional[str], path: str, version: int, timeout: Optional[float]) -> None:
+        """Load the PEFT adapter directory ``path`` as :data:`LORA_NAME` in place (on ``url``, else on every server),
+        set ``version``, drop the prefix cache, and check the version every server reports."""
+        steps = (("/v1/load_lora_adapter", {"lora_name": LORA_NAME, "lora_path": str(path), "load_inplace": True}),
+                 ("/update_weight_version", {"new_version": str(int(version))}), ("/reset_prefix_cache", {}))
+        for route, body in steps:
+            if url is None:
+                await self._broadcast("POST", route, body)
+            else:
+                await self._post_one(url, route, body, timeout)
+        for u in ([url] if url is not None else self._answered):
+            got = await self.weight_version_of(u)
+            if got != int(version):
+                raise EngineError(f"vLLM server {u} reports weight version {got} after loading adapter version "
+                                  f"{version}: the adapter did not land")
+        self.adapter = LORA_NAME
+
     async def load_weights_at(self, url: str, path: str, version: int, timeout: Optional[float] = None) -> None:
         """Load ``path`` as ``version`` into the one server ``url`` (a replacement catching up), checked."""
+        if is_adapter_dir(path):
+            return await self._load_adapter(url, path, version, timeout)
         for route, body in (("/start_weight_update", {}), ("/update_weights", {"update_info": {"path": str(path)}}),
                             ("/finish_weight_update", {"weight_version": str(int(version))}),
                             ("/reset_prefix_cache", {})):

@@ -12,7 +12,9 @@ included), in a session of its own, with:
 * ``--weight-transfer-config {"backend": "slick_dir"}`` and ``SLICK_VLLM_WEIGHT_DIRS`` = the run's weight directory
   (slick/engines/vllm_plugin.py), ``--middleware slick.engines.vllm_plugin.Guard`` with a fresh random API key,
 * ``--logprobs-mode processed_logprobs`` (the sampled token's logprob under softmax(logits / T), as slick's trainer
-  computes it), ``--seed``, ``--dtype``, and every ``--vllm-KEY VALUE`` the user gave, as ``--KEY VALUE``.
+  computes it), ``--seed``, ``--dtype``, and every ``--vllm-KEY VALUE`` the user gave, as ``--KEY VALUE``;
+* for a LoRA run, ``--enable-lora --max-lora-rank R --max-loras 1`` (:func:`lora_options`) and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the weight sync loads the adapter with ``/v1/load_lora_adapter``.
 
 A server that exits before it is healthy (a bad ``--vllm-*`` option, not enough memory) or is not healthy within
 ``startup_timeout`` seconds ends the launch with vLLM's own error line quoted, and every server started is stopped.
@@ -134,6 +136,8 @@ def launch_vllm(model: str, n: int, *, weight_dir, python: Optional[str] = None,
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")         # share the cores with the trainer
     opts = {"dtype": _vllm_dtype(dtype), "seed": seed, "logprobs_mode": "processed_logprobs",
             **{str(k).replace("-", "_"): v for k, v in (options or {}).items()}}
+    if opts.get("enable_lora"):     # adapters loaded at run time (/v1/load_lora_adapter: a LoRA run's weight sync)
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
 
     def one(i: int) -> EngineServer:
         port, key = free_port(), api_key or secrets.token_hex(16)
@@ -175,6 +179,18 @@ def _start_all(one, n: int, startup_timeout: float) -> list[EngineServer]:
             s.stop(timeout=10)
         raise
     return servers
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)     # the values vLLM 0.32 takes for --max-lora-rank
+
+
+def lora_options(rank: int) -> dict:
+    """Server options for a LoRA run of adapter rank ``rank``: LoRA on, one adapter, the smallest
+    ``--max-lora-rank`` vLLM takes that holds it (ValueError above 512)."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= int(rank)]
+    if not fits:
+        raise ValueError(f"--lora-rank {rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
 
 
 def _vllm_dtype(dtype: str) -> str:

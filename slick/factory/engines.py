@@ -17,7 +17,8 @@ from slick.engines.health import HealthMonitor
 from slick.engine.local import LocalEngine
 from slick.engines.router import RouterProcess, WorkerProcess, launch_router, launch_workers
 from slick.engines.vllm_client import VllmEngine
-from slick.engines.vllm_launch import launch_sglang, launch_vllm
+from slick.engines.vllm_launch import launch_sglang, launch_vllm, lora_options
+from slick.train.lora_spec import spec_from_config
 from slick.train.precision import resolve_dtype
 from slick.serve.sglang_args import engine_options, to_argv, unknown_warning
 
@@ -208,8 +209,10 @@ def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
 def _vllm_launch_kwargs(cfg, weight_dir, key: str) -> dict:
     """launch_vllm keyword arguments of a run (the servers' dtype follows the trainer's)."""
     dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
+    spec = spec_from_config(cfg)    # LoRA: the servers load the adapter itself (slick.train.lora_sync)
+    lora = lora_options(spec.rank) if spec is not None else {}
     return dict(weight_dir=weight_dir, python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
-                api_key=key, options={"max_logprobs": max(20, cfg.mismatch_probe_top_k), **cfg.vllm})
+                api_key=key, options={"max_logprobs": max(20, cfg.mismatch_probe_top_k), **lora, **cfg.vllm})
 
 
 def _ray_vllm_engines(cfg, cluster, timeout: float, weight_dir) -> EngineSet:

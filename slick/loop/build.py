@@ -30,6 +30,7 @@ from slick.data.checks import check_run_prompts, check_zero_advantages
 from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.factory.engines import make_engines
+from slick.factory.teacher import make_teacher
 from slick.factory.trainer import make_critic, make_trainer
 from slick.config.sft_distill import is_sft
 from slick.config.slime import has_checkpoint   # --load of a directory with no checkpoint yet: a fresh start
@@ -84,6 +85,7 @@ class Components:
     engines: Any = None                           # the EngineSet (None: --load-debug-rollout-data)
     engine: Any = None                            # the engine the rollout talks to (train-async: interruptible)
     manager: Optional[RolloutManager] = None
+    teacher: Any = None                           # --use-opd: the teacher's scorer (slick/train/opd_teacher.py)
     weights: Optional[EngineWeights] = None       # where trainer.send_weights goes
     exporter: Any = None                          # --prometheus-port: the run's /metrics
     engines_closed: bool = False
@@ -93,6 +95,8 @@ class Components:
         if self.exporter is not None:
             self.exporter.close()
         try:
+            if self.teacher is not None:
+                self.teacher.close_sync()
             if self.engines is not None and not self.engines_closed:
                 self.engines_closed = True
                 self.engines.close_sync()
@@ -109,6 +113,9 @@ class Components:
 
     async def close_engines(self) -> None:
         """Close the engines on the event loop (once; :meth:`stop_processes` then leaves them)."""
+        if self.teacher is not None:
+            teacher, self.teacher = self.teacher, None
+            await teacher.close()
         if self.engines is not None and not self.engines_closed:
             self.engines_closed = True
             await self.engines.close()
@@ -214,6 +221,7 @@ def _build_rollout(c: Components) -> None:
         c.manager = RolloutManager(cfg, c.data, c.engine, c.rewards, c.tok,
                                    on_generated=c.events.observe_generated if c.events else None)
         c.weights = EngineWeights(cfg, c.engines, c.cluster, c.run_dir)
+    c.teacher = make_teacher(cfg, c.trainer, c.train_pool)   # --use-opd (slick/factory/teacher.py)
     c.exporter = start_exporter(cfg, c.run_dir, events=c.events, buffer=c.buffer, trainer=c.trainer,
                                 engines=c.engines)
     if c.trainer is None or c.trainer.device.type == "cpu":

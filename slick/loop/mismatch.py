@@ -1,10 +1,11 @@
 """The per-step train/inference mismatch probe over the whole vocabulary (docs/vllm.md, "Train/inference mismatch").
 
 For ``--mismatch-probe-samples`` samples of the step, the engine returns its top-k next-token logprobs at every
-position (``prompt_top_logprobs``; vLLM), the trainer scores the same tokens (``candidate_logprobs``), and
+position (``prompt_top_logprobs``: slick's LocalEngine, HttpEngine over slick serve or SGLang, vLLM), the trainer
+scores the same tokens (``candidate_logprobs``), and
 ``slick.algo.correction.coarse_kl`` gives KL(engine || trainer) per response position over the top-k tokens plus the
 rest of the vocabulary. Runs while engine and trainer hold the same weights; engines or trainers without those
-methods (slick's own engine, Ray trainer groups) log nothing.
+methods (Ray trainer groups) log nothing.
 """
 from __future__ import annotations
 

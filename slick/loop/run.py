@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from typing import Optional
 
 from slick.algo.batch import TrainBatch
@@ -106,7 +107,9 @@ class Run:
             rewards.append(r)
         return rewards, bad
 
-    def train(self, step: int, groups) -> dict:
+    def train(self, step: int, groups, teacher_logprobs=None) -> dict:
+        """One training phase on ``groups``; ``teacher_logprobs`` (--use-opd): the teacher's logprobs of every
+        response token (:meth:`score_teacher`)."""
         samples = [s for g in groups for s in g]
         if not samples:
             return {}
@@ -121,6 +124,8 @@ class Run:
         # the trainer's version at each sample's optimizer step (samples are split into global batches in order)
         v0, gbs = self.trainer.version, optimizer_batch_size(self.cfg, len(samples))
         batch = TrainBatch.from_samples(samples, rewards, versions=[v0 + i // gbs for i in range(len(samples))])
+        if teacher_logprobs is not None:
+            batch = batch.with_columns(teacher_logprobs=teacher_logprobs)
         try:
             metrics, batch = train_on_batch(self.cfg, self.trainer, batch, self.loss_fn, step, critic=self.critic)
         except NonFiniteTrainingError as e:
@@ -135,17 +140,32 @@ class Run:
 
     async def train_off_loop(self, step: int, groups) -> dict:
         """:meth:`train` on the training thread; the event loop keeps serving the engine meanwhile. When the
-        phases take turns on a CPU, each thread ends its OpenMP workers when its phase is over."""
+        phases take turns on a CPU, each thread ends its OpenMP workers when its phase is over. With --use-opd the
+        teacher scores the samples first (:meth:`score_teacher`)."""
+        teacher, metrics = await self.score_teacher(groups)
         if not self.threads.take_turns:
-            return await asyncio.get_running_loop().run_in_executor(self.train_pool, self.train, step, groups)
+            metrics.update(await asyncio.get_running_loop().run_in_executor(self.train_pool, self.train, step,
+                                                                            groups, teacher))
+            return metrics
         release_openmp_workers()   # the engine's, on this thread
 
         def train_in_turn():
             try:
-                return self.train(step, groups)
+                return self.train(step, groups, teacher)
             finally:
                 release_openmp_workers()
-        return await asyncio.get_running_loop().run_in_executor(self.train_pool, train_in_turn)
+        metrics.update(await asyncio.get_running_loop().run_in_executor(self.train_pool, train_in_turn))
+        return metrics
+
+    async def score_teacher(self, groups) -> tuple:
+        """--use-opd: the teacher's logprobs of every response token of ``groups`` (slick/train/opd_teacher.py:
+        the trainer's frozen forward or a teacher engine) and ``perf/teacher_time``; (None, {}) without a teacher."""
+        samples = [s for g in groups for s in g]
+        if self.teacher is None or not samples or self.cfg.debug_rollout_only:
+            return None, {}
+        t0 = time.perf_counter()
+        teacher = await self.teacher.score(samples)
+        return teacher, {"perf/teacher_time": time.perf_counter() - t0}
 
     async def sync_weights(self) -> dict:
         """Push the trainer's weights to the engines (``trainer.send_weights`` into the run's weight sink,

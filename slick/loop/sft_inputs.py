@@ -7,6 +7,8 @@ such a run: loss, perplexity and token accuracy of the assistant tokens of each 
 """
 from __future__ import annotations
 
+import logging
+
 from slick.algo.sft import sft_eval_metrics
 from slick.config import ConfigError
 from slick.data.chats import ChatDataset
@@ -16,6 +18,8 @@ from slick.rollout.sft import SftRollout, fill_sample
 from slick.train.sft_eval import sft_token_stats
 from slick.train.teacher import TokenizerMismatch, check_same_tokenizer
 from slick.types import Sample
+
+log = logging.getLogger("slick")
 
 
 def build_sft_inputs(c) -> None:
@@ -33,8 +37,13 @@ def build_sft_inputs(c) -> None:
 
 
 def check_teacher(cfg) -> None:
-    """--use-opd: the teacher shares the student's tokenizer, else ConfigError naming both directories."""
-    if getattr(cfg, "use_opd", False):
+    """--use-opd: the teacher shares the student's tokenizer, else ConfigError naming both directories. A teacher
+    at --opd-teacher-url alone is not checked (its tokenizer files are not here): a warning says so."""
+    if getattr(cfg, "use_opd", False) and not cfg.opd_teacher_load:
+        log.warning("--opd-teacher-url %s without --opd-teacher-load: the teacher's tokenizer cannot be checked "
+                    "against the student's; give --opd-teacher-load a local copy of the teacher to check it",
+                    cfg.opd_teacher_url)
+    elif getattr(cfg, "use_opd", False):
         try:
             check_same_tokenizer(cfg.hf_checkpoint, cfg.opd_teacher_load)
         except TokenizerMismatch as e:

@@ -168,8 +168,9 @@ def with_logprobs(cfg, trainer, batch: TrainBatch, critic=None) -> TrainBatch:
     old = ref = None
     if is_sft(cfg):   # the SFT loss reads the training forward's logprobs only
         return batch
-    if cfg.use_opd:   # the teacher scores the student's tokens (slick/train/teacher.py)
-        batch = batch.with_columns(teacher_logprobs=trainer.compute_logprobs(samples, "teacher"))
+    if cfg.use_opd and batch.teacher_logprobs is None:   # filled by the run's teacher (slick/train/opd_teacher.py)
+        raise ValueError("--use-opd: the batch has no teacher_logprobs column (slick.loop.run.Run.score_teacher "
+                         "fills it before training)")
     if cfg.use_rollout_logprobs:
         old = [torch.tensor(s.rollout_logprobs, dtype=torch.float32) for s in samples]
     elif cfg.num_steps_per_rollout > 1 or cfg.kl_coef:  # --kl-coef shapes rewards with old - ref

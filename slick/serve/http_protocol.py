@@ -4,12 +4,15 @@ Pure functions shared by the server (``slick serve``) and the client (``HttpEngi
 does I/O. Field names and shapes follow SGLang's ``/generate``:
 
 request  ``{"input_ids": [...] | [[...], ...], "text": str | [str], "sampling_params": {...} | [{...}],
-           "return_logprob": bool, "rid": str | [str], "stream": bool}``  (unknown top-level keys are ignored;
-           every ``sampling_params`` key is honoured or refused, see ``parse_sampling``)
+           "return_logprob": bool, "logprob_start_len": int, "top_logprobs_num": int, "rid": str | [str],
+           "stream": bool}``  (unknown top-level keys are ignored; every ``sampling_params`` key is honoured or
+           refused, see ``parse_sampling``)
 response ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type", ...}, "prompt_tokens",
            "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version",
            "output_token_weight_versions": [int, ...]}}``  (the last one is a slick extension: the weight version
-           that sampled each output token; SGLang servers do not send it)
+           that sampled each output token; SGLang servers do not send it). With ``logprob_start_len`` >= 0 the
+           prompt's ``input_token_logprobs`` (and with ``top_logprobs_num`` ``input_top_logprobs`` and
+           ``output_top_logprobs``), as SGLang sends them
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from slick.engine.sampling import validate_sampling     # the engine's own checks (seed range, ...)
+from slick.engine.sampling import MAX_TOP_LOGPROBS, validate_sampling   # the engine's own checks
 from slick.types import Generation, SamplingParams
 
 
@@ -46,6 +49,8 @@ class GenerateRequest:
     batched: bool
     return_logprob: bool
     stream: bool
+    logprob_start_len: int = -1     # >= 0 with return_logprob: input_token_logprobs from this position on
+    top_logprobs_num: int = 0       # with logprob_start_len >= 0: input_top_logprobs of this many tokens
 
 
 def _is_int(x: Any) -> bool:
@@ -243,7 +248,58 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(f"stream must be a boolean, got {stream!r}")
-    return GenerateRequest(items=items, batched=batched, return_logprob=rl, stream=stream)
+    start, top = _input_logprob_fields(body, min(len(it.prompt_ids) for it in items))
+    if rl and top:   # output_top_logprobs of every generated token too
+        items = [dataclasses.replace(it, sampling=dataclasses.replace(it.sampling, top_logprobs_num=top))
+                 for it in items]
+    return GenerateRequest(items=items, batched=batched, return_logprob=rl, stream=stream,
+                           logprob_start_len=start if rl else -1, top_logprobs_num=top)
+
+
+def _input_logprob_fields(body: dict, shortest: int) -> tuple[int, int]:
+    """SGLang's top-level ``logprob_start_len`` (-1, the default: no prompt logprobs) and ``top_logprobs_num``
+    (the prompt's top tokens per position, 0..20), checked."""
+    start, top = body.get("logprob_start_len"), body.get("top_logprobs_num")
+    start = -1 if start is None else start
+    top = 0 if top is None else top
+    if not _is_int(start) or start < -1 or start >= shortest:
+        raise RequestError(f"logprob_start_len must be an integer in [-1, {shortest - 1}] (a position of the "
+                           f"prompt), got {start!r}")
+    if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}")
+    return start, top
+
+
+def input_logprobs_json(prompt_ids: list[int], token_lps: list[float], top: list, start: int) -> dict:
+    """SGLang's ``input_token_logprobs`` (``[logprob, token_id, null]`` per prompt position from ``start``, the
+    logprob null at position 0) and, when ``top`` has candidates, ``input_top_logprobs`` (``[[logprob, token_id,
+    null], ...]`` per position, null at position 0), from the engine's prompt logprobs (``token_lps[i]``, ``top[i]``
+    predict ``prompt_ids[i + 1]``)."""
+    out = {"input_token_logprobs": [[None if j == 0 else float(token_lps[j - 1]), int(prompt_ids[j]), None]
+                                    for j in range(start, len(prompt_ids))]}
+    if any(top):
+        out["input_top_logprobs"] = [None if j == 0 else [[float(v), int(t), None] for t, v in top[j - 1]]
+                                     for j in range(start, len(prompt_ids))]
+    return out
+
+
+def prompt_logprobs_from_json(meta: dict, ids: list[int]) -> list[dict]:
+    """``[{token: logprob}]`` per position 0..n-2 of ``ids`` (the top tokens plus the one that follows) from the
+    ``meta_info`` of a ``/generate`` answer asked with ``logprob_start_len`` 0 (slick serve or SGLang)."""
+    tokens = meta.get("input_token_logprobs")
+    if not isinstance(tokens, list) or len(tokens) != len(ids):
+        n = len(tokens) if isinstance(tokens, list) else None
+        raise ValueError(f"input_token_logprobs has {n} entries for a prompt of {len(ids)} tokens")
+    tops = meta.get("input_top_logprobs") or [None] * len(ids)
+    out = []
+    for j in range(1, len(ids)):
+        d = {int(t): float(lp) for lp, t, *_ in (tops[j] or [])}
+        lp, t = tokens[j][0], int(tokens[j][1])
+        if t != int(ids[j]) or lp is None:
+            raise ValueError(f"input_token_logprobs[{j}] = {tokens[j]!r} does not score token {ids[j]}")
+        d[t] = float(lp)
+        out.append(d)
+    return out
 
 
 def _is_default(v: Any, default: Any) -> bool:
@@ -285,6 +341,8 @@ def generation_json(gen: Generation, item: GenerateItem, *, text: str, return_lo
         meta["output_token_weight_versions"] = [int(v) for v in gen.weight_versions]
     if return_logprob:
         meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(gen.logprobs, gen.token_ids)]
+        if gen.top_logprobs is not None:   # top_logprobs_num
+            meta["output_top_logprobs"] = [[[float(v), int(t), None] for t, v in row] for row in gen.top_logprobs]
     return {"text": text, "output_ids": list(gen.token_ids), "meta_info": meta}
 
 
@@ -317,6 +375,11 @@ def generation_from_json(d: dict) -> Generation:
         versions = [version] * len(ids)
     elif len(versions) != len(ids):
         raise ValueError(f"output_token_weight_versions has {len(versions)} entries for {len(ids)} tokens")
+    tops = meta.get("output_top_logprobs")    # asked with top_logprobs_num: [[logprob, token_id, text], ...]
+    if tops is not None:
+        if len(tops) != len(ids):
+            raise ValueError(f"output_top_logprobs has {len(tops)} entries for {len(ids)} tokens")
+        tops = [[(int(t), float(lp)) for lp, t, *_ in row or []] for row in tops]
     return Generation(token_ids=[int(t) for t in ids], logprobs=logprobs, finish_reason=kind,
                       weight_version=version, prompt_tokens=int(meta.get("prompt_tokens", 0)),
-                      text=d.get("text"), weight_versions=[int(v) for v in versions])
+                      text=d.get("text"), weight_versions=[int(v) for v in versions], top_logprobs=tops)

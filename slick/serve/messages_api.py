@@ -10,8 +10,13 @@ Answers: ``content`` blocks (``text``, then one ``tool_use`` per call with ``inp
 (``end_turn``, also when a stop sequence matched; ``max_tokens``, ``tool_use``) and ``usage``. Errors use Anthropic's shape
 ``{"type": "error", "error": {"type", "message"}}``.
 
-With ``"stream": true`` the events (``message_start``, ``content_block_start``/``_delta``/``_stop``,
-``message_delta``, ``message_stop``) are sent once the answer is complete (not yet token by token).
+With ``"stream": true`` the answer streams token by token through the chat endpoint's streamer
+(``openai_stream``; :class:`MessageEvents` turns its chunks into events): ``message_start``, a text block
+(``content_block_start``, one ``content_block_delta`` ``text_delta`` per piece of text as the engine samples it,
+``content_block_stop``), one ``tool_use`` block per call once it parsed (text from a possible ``<tool_call>`` on
+is held back; its ``input_json_delta`` carries the whole input), ``message_delta`` (stop reason, output tokens)
+and ``message_stop``. A failure after the stream began is an ``error`` event. A client that disconnects aborts
+its generation.
 """
 from __future__ import annotations
 
@@ -22,8 +27,8 @@ from typing import Any
 from aiohttp import web
 
 from slick.serve.http_body import BodyError, json_response, read_json
-from slick.serve.openai_protocol import OpenAIError
-from slick.serve.sse import send_events
+from slick.serve.openai_protocol import OpenAIError, parse_tools
+from slick.serve.sse import ChunkEvents, LeadingSpace
 
 IGNORED = {"model", "metadata", "service_tier", "container", "mcp_servers"}
 KNOWN = {"messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences", "temperature", "top_p",
@@ -134,37 +139,89 @@ def message_object(body: dict, chat: dict) -> dict:
     ch = chat["choices"][0]
     msg = ch["message"]
     content = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
-    for c in msg.get("tool_calls") or []:
-        content.append({"type": "tool_use", "id": "toolu_" + c["id"].removeprefix("call_"),
-                        "name": c["function"]["name"], "input": json.loads(c["function"]["arguments"])})
+    content += [tool_use(c) for c in msg.get("tool_calls") or []]
+    return {**message_shell(chat["model"], f"msg_{uuid.uuid4().hex}", chat["usage"]["prompt_tokens"],
+                            chat["usage"]["completion_tokens"]),
+            "content": content, "stop_reason": stop_reason(ch["finish_reason"])}
+
+
+def tool_use(call: dict) -> dict:
+    """A ``tool_use`` block from a chat tool call."""
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+            "input": json.loads(call["function"]["arguments"])}
+
+
+def stop_reason(finish: str) -> str:
     # a stop string ends the turn as "end_turn": the chat answer does not say which one matched
-    reason = {"tool_calls": "tool_use", "length": "max_tokens"}.get(ch["finish_reason"], "end_turn")
-    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": chat["model"],
-            "content": content, "stop_reason": reason, "stop_sequence": None,
-            "usage": {"input_tokens": chat["usage"]["prompt_tokens"],
-                      "output_tokens": chat["usage"]["completion_tokens"]}}
+    return {"tool_calls": "tool_use", "length": "max_tokens"}.get(finish, "end_turn")
 
 
-def stream_events(msg: dict) -> list[tuple[str, dict]]:
-    """Anthropic's streaming events for a finished message."""
-    start = {**msg, "content": [], "stop_reason": None, "usage": {**msg["usage"], "output_tokens": 0}}
-    ev = [("message_start", {"type": "message_start", "message": start})]
-    for i, b in enumerate(msg["content"]):
-        if b["type"] == "text":
-            ev.append(("content_block_start", {"type": "content_block_start", "index": i,
+def message_shell(model: str, msg_id: str, input_tokens: int, output_tokens: int) -> dict:
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+
+
+class MessageEvents(ChunkEvents):
+    """Anthropic's streaming events from chat chunks (module doc)."""
+
+    def __init__(self, request: web.Request, model: str, input_tokens: int, calls: bool):
+        super().__init__(request)
+        self.model, self.input_tokens = model, input_tokens
+        self.index = 0                 # the next block's index
+        self.text_open = False
+        self.lead = LeadingSpace(calls)    # ``calls``: the answer is parsed for tool calls
+        self.calls = False
+
+    def on_open(self) -> list:
+        msg = message_shell(self.model, f"msg_{uuid.uuid4().hex}", self.input_tokens, 0)
+        return [("message_start", {"type": "message_start", "message": msg})]
+
+    def _text(self, text: str) -> list:
+        ev = []
+        if not self.text_open:
+            self.text_open = True
+            ev.append(("content_block_start", {"type": "content_block_start", "index": self.index,
                                                "content_block": {"type": "text", "text": ""}}))
-            delta = {"type": "text_delta", "text": b["text"]}
-        else:
-            ev.append(("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": {**b, "input": {}}}))
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(b["input"], ensure_ascii=False)}
-        ev.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
-        ev.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    ev.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": msg["stop_reason"],
-                                                                    "stop_sequence": msg["stop_sequence"]},
-                                 "usage": {"output_tokens": msg["usage"]["output_tokens"]}}))
-    ev.append(("message_stop", {"type": "message_stop"}))
-    return ev
+        return ev + [("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                              "delta": {"type": "text_delta", "text": text}})]
+
+    def on_text(self, text: str) -> list:
+        text = self.lead.feed(text)
+        return self._text(text) if text else []
+
+    def _end_text(self) -> list:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        self.index += 1
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})]
+
+    def on_calls(self, calls: list[dict]) -> list:
+        self.calls = True
+        self.lead.rest(calls=True)
+        ev = self._end_text()
+        for c in calls:
+            block = tool_use(c)
+            ev += [("content_block_start", {"type": "content_block_start", "index": self.index,
+                                            "content_block": {**block, "input": {}}}),
+                   ("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": {
+                       "type": "input_json_delta", "partial_json": c["function"]["arguments"]}}),
+                   ("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+            self.index += 1
+        return ev
+
+    def on_close(self) -> list:
+        rest = self.lead.rest(calls=self.calls)
+        ev = (self._text(rest) if rest else []) + self._end_text()
+        out = (self.usage or {}).get("completion_tokens", 0)
+        return ev + [("message_delta", {"type": "message_delta", "delta": {
+                         "stop_reason": stop_reason(self.finish_reason or "stop"), "stop_sequence": None},
+                         "usage": {"output_tokens": out}}),
+                     ("message_stop", {"type": "message_stop"})]
+
+    def on_error(self, error: dict) -> list:
+        return [("error", {"type": "error", "error": {"type": "api_error", "message": str(error.get("message"))}})]
 
 
 class MessagesAPI:
@@ -179,11 +236,13 @@ class MessagesAPI:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await read_json(request)
-            msg = message_object(body, await self.endpoint.chat_answer(request, chat_body(body)))
+            chat = chat_body(body)
+            if body.get("stream"):
+                model = self.endpoint.model_name
+                return await self.endpoint.chat_stream(request, chat, lambda n_prompt: MessageEvents(
+                    request, model, n_prompt, parse_tools(chat)[1]))
+            return json_response(message_object(body, await self.endpoint.chat_answer(request, chat)))
         except (OpenAIError, BodyError) as e:
             return _error(str(e), e.status)
         except ValueError as e:             # the engine refused the input
             return _error(f"{type(e).__name__}: {e}")
-        if body.get("stream"):
-            return await send_events(request, stream_events(msg))
-        return json_response(msg)

@@ -210,7 +210,13 @@ class OpenAIEndpoint:
         to and from it; ``request`` carries the agent session id, if any). Raises OpenAIError."""
         return await self._chat(request, {**body, "stream": False})
 
-    async def _chat(self, request: web.Request, body: Optional[dict] = None):
+    async def chat_stream(self, request: web.Request, body: dict, writer) -> web.StreamResponse:
+        """Stream the chat answer to ``body`` token by token into ``writer(prompt_tokens)``, a
+        ``slick.serve.sse.ChunkEvents`` (the Responses and Messages APIs' events); it gets the usage last.
+        Raises OpenAIError before the stream opens."""
+        return await self._chat(request, {**body, "stream": True, "stream_options": {"include_usage": True}}, writer)
+
+    async def _chat(self, request: web.Request, body: Optional[dict] = None, writer=None):
         if body is None:
             params, messages, (tools, parse_calls) = await self._parse(request, self._chat_request)
         else:
@@ -229,7 +235,7 @@ class OpenAIEndpoint:
 
         if params.stream:
             st = Streamer(request, "chat", stream_head("chat", params.model or self.model_name), self.tok, params,
-                          params.stop, parse_calls, params.n)
+                          params.stop, parse_calls, params.n, sse=None if writer is None else writer(len(ids)))
             return await self._stream(st, [(ids, sp) for sp in sps], result)
         return result(await self._generate(ids, sps))[0]
 
@@ -250,7 +256,7 @@ class OpenAIEndpoint:
             n_texts.append(n_text)
             if params.logprobs:
                 ch["logprobs"] = {"content": token_logprobs(self.tok, gen.token_ids[:n_text], gen.logprobs[:n_text],
-                                                            _tops(gen, params, n_text)), "refusal": None}
+                                                            _tops(gen, params, n_text, self.engine)), "refusal": None}
             if params.return_token_ids:
                 ch["token_ids"] = list(gen.token_ids)
                 ch["weight_versions"] = _versions(gen)
@@ -319,7 +325,7 @@ class OpenAIEndpoint:
                 ch = {"index": len(choices), "text": text, "finish_reason": finish_reason(gen), "logprobs": None}
                 if params.logprobs:
                     ch["logprobs"] = completion_logprobs(self.tok, gen.token_ids[:n_text], gen.logprobs[:n_text],
-                                                         _tops(gen, params, n_text))
+                                                         _tops(gen, params, n_text, self.engine))
                 if params.return_token_ids:
                     ch["token_ids"] = list(gen.token_ids)
                     ch["weight_versions"] = _versions(gen)
@@ -342,13 +348,16 @@ class OpenAIEndpoint:
         return out
 
 
-def _tops(gen: Generation, params: Params, n: int) -> Optional[list]:
-    """The top logprobs of the first ``n`` tokens when asked (an engine that returns none is refused)."""
+def _tops(gen: Generation, params: Params, n: int, engine: Any) -> Optional[list]:
+    """The top logprobs of the first ``n`` tokens when asked. slick's engine, HTTP engines (slick serve, SGLang)
+    and vLLM return them; a generation that came without them (another engine, or one resumed on another worker
+    after a failure) is refused naming the engine."""
     if not params.top_logprobs:
         return None
-    if gen.top_logprobs is None:
-        raise OpenAIError("this endpoint's engine does not return top logprobs; send top_logprobs 0",
-                          param="top_logprobs")
+    if gen.top_logprobs is None or len(gen.top_logprobs) < n:
+        name = type(getattr(engine, "engine", engine)).__name__
+        raise OpenAIError(f"this endpoint's engine ({name}) returned no top logprobs for this generation; send "
+                          "top_logprobs 0", param="top_logprobs")
     return gen.top_logprobs[:n]
 
 

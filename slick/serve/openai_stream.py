@@ -137,11 +137,13 @@ async def _abort(engine: Any, rids: list[str], tasks: list) -> None:
 
 class Streamer:
     """One streamed call: ``kind`` "chat" or "completion"; ``head`` the fields of every chunk (id, object,
-    created, model); ``tok`` the tokenizer; ``stops`` the stop strings; ``hold_tool`` whether calls may come."""
+    created, model); ``tok`` the tokenizer; ``stops`` the stop strings; ``hold_tool`` whether calls may come;
+    ``sse`` where the chunks go (an :class:`SSEWriter` by default; ``slick.serve.sse.ChunkEvents`` for the
+    Responses and Messages APIs, which turn the same chunks into their own events)."""
 
     def __init__(self, request: web.Request, kind: str, head: dict, tok, params, stops: list[str],
-                 hold_tool: bool, n: int):
-        self.sse = SSEWriter(request)
+                 hold_tool: bool, n: int, sse=None):
+        self.sse = SSEWriter(request) if sse is None else sse     # or the Responses/Messages events (``sse``)
         self.kind, self.head, self.tok, self.params = kind, head, tok, params
         self.stops, self.hold_tool = stops, hold_tool
         self.next_prompt(n, 0)

@@ -11,23 +11,29 @@ stored: ``previous_response_id``, ``conversation`` and built-in tools (web searc
 by name. Accepted and ignored: ``store``, ``include``, ``metadata``, ``user``, ``truncation``, ``reasoning``,
 ``prompt_cache_key``, ``safety_identifier``, ``service_tier``, ``top_logprobs`` 0.
 
-With ``"stream": true`` the events (``response.created`` ... ``response.output_text.delta`` ...
-``response.completed``, also for a response cut by ``max_output_tokens``, whose ``status`` is then
-"incomplete") are sent once the answer is complete: the whole text is one delta (the chat endpoint streams token
-by token; this one does not yet).
+With ``"stream": true`` the answer streams token by token through the chat endpoint's streamer
+(``openai_stream``; :class:`ResponseEvents` turns its chunks into events): ``response.created``,
+``response.in_progress``, then for the text ``response.output_item.added``, ``response.content_part.added``, one
+``response.output_text.delta`` per piece of text as the engine samples it, ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``; for each tool call (once it parsed: text from a
+possible ``<tool_call>`` on is held back) ``response.output_item.added``, ``response.function_call_arguments.delta``
+(the whole arguments), ``response.function_call_arguments.done``, ``response.output_item.done``; last
+``response.completed``, also for a response cut by ``max_output_tokens`` (its ``status`` is then "incomplete").
+A failure after the stream began is an ``error`` event and ``response.failed``. A client that disconnects aborts
+its generation.
 """
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 from aiohttp import web
 
 from slick.serve.http_body import BodyError, json_response, read_json
-from slick.serve.openai_protocol import OpenAIError
-from slick.serve.sse import send_events
+from slick.serve.openai_protocol import OpenAIError, parse_tools
+from slick.serve.sse import ChunkEvents, LeadingSpace
 
 IGNORED = {"model", "store", "include", "metadata", "user", "truncation", "reasoning", "prompt_cache_key",
            "safety_identifier", "service_tier", "background"}
@@ -138,61 +144,125 @@ def response_object(body: dict, chat: dict) -> dict:
     """A Responses ``response`` from a chat answer."""
     ch = chat["choices"][0]
     msg = ch["message"]
-    output = []
-    if msg.get("content"):
-        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
-                       "role": "assistant", "content": [{"type": "output_text", "text": msg["content"],
-                                                         "annotations": [], "logprobs": []}]})
-    for c in msg.get("tool_calls") or []:
-        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c["id"],
-                       "name": c["function"]["name"], "arguments": c["function"]["arguments"],
-                       "status": "completed"})
-    u = chat["usage"]
-    length = ch["finish_reason"] == "length"
-    return {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
-            "status": "incomplete" if length else "completed", "model": chat["model"], "output": output,
+    output = [message_item(f"msg_{uuid.uuid4().hex}", msg["content"])] if msg.get("content") else []
+    output += [call_item(f"fc_{uuid.uuid4().hex}", c) for c in msg.get("tool_calls") or []]
+    return response_shell(body, chat["model"], f"resp_{uuid.uuid4().hex}", output, ch["finish_reason"],
+                          chat["usage"])
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def call_item(item_id: str, call: dict, status: str = "completed") -> dict:
+    """A ``function_call`` output item from a chat tool call."""
+    return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"], "status": status}
+
+
+def response_shell(body: dict, model: str, resp_id: str, output: list, finish: Optional[str],
+                   u: Optional[dict]) -> dict:
+    """A ``response`` object: ``finish`` None is one in progress, "length" an incomplete one; ``u`` the chat
+    usage (None while in progress)."""
+    length = finish == "length"
+    status = "in_progress" if finish is None else "incomplete" if length else "completed"
+    usage = None if u is None else {
+        "input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
+        "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0}}
+    return {"id": resp_id, "object": "response", "created_at": int(time.time()),
+            "status": status, "model": model, "output": output,
             "error": None, "incomplete_details": {"reason": "max_output_tokens"} if length else None,
             "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
             "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-            "text": body.get("text") or {"format": {"type": "text"}}, "store": False,
-            "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                      "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
-                      "output_tokens_details": {"reasoning_tokens": 0}}}
+            "text": body.get("text") or {"format": {"type": "text"}}, "store": False, "usage": usage}
 
 
-def stream_events(resp: dict) -> list[tuple[str, dict]]:
-    """The Responses streaming events of a finished ``resp`` (created ... completed), numbered."""
-    start = {**resp, "status": "in_progress", "output": [], "usage": None}
-    ev = [("response.created", {"response": start}), ("response.in_progress", {"response": start})]
-    for i, item in enumerate(resp["output"]):
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            part0 = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            ev.append(("response.output_item.added", {"output_index": i, "item": {**item, "status": "in_progress",
-                                                                                   "content": []}}))
-            ev.append(("response.content_part.added", {"output_index": i, "item_id": item["id"], "content_index": 0,
-                                                        "part": part0}))
-            ev.append(("response.output_text.delta", {"output_index": i, "item_id": item["id"], "content_index": 0,
-                                                       "delta": text, "logprobs": []}))
-            ev.append(("response.output_text.done", {"output_index": i, "item_id": item["id"], "content_index": 0,
-                                                      "text": text, "logprobs": []}))
-            ev.append(("response.content_part.done", {"output_index": i, "item_id": item["id"], "content_index": 0,
-                                                       "part": item["content"][0]}))
-        else:
-            ev.append(("response.output_item.added", {"output_index": i, "item": {**item, "arguments": "",
-                                                                                   "status": "in_progress"}}))
-            ev.append(("response.function_call_arguments.delta", {"output_index": i, "item_id": item["id"],
-                                                                   "delta": item["arguments"]}))
-            ev.append(("response.function_call_arguments.done", {"output_index": i, "item_id": item["id"],
-                                                                  "name": item["name"],
-                                                                  "arguments": item["arguments"]}))
-        ev.append(("response.output_item.done", {"output_index": i, "item": item}))
-    # always "response.completed" (its response's status says "incomplete" after a length limit): the openai
-    # client's stream helper and the Agents SDK take the final response from that event only
-    ev.append(("response.completed", {"response": resp}))
-    return [(name, {"type": name, "sequence_number": n, **payload}) for n, (name, payload) in enumerate(ev)]
+class ResponseEvents(ChunkEvents):
+    """The Responses API's streaming events from chat chunks (module doc), numbered by ``sequence_number``."""
+
+    def __init__(self, request: web.Request, body: dict, model: str, calls: bool):
+        super().__init__(request)
+        self.body, self.model = body, model
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.output: list[dict] = []          # finished items
+        self.msg: Optional[dict] = None       # the message item while its text streams
+        self.lead = LeadingSpace(calls)       # ``calls``: the answer is parsed for tool calls
+        self.calls = False
+        self.seq = 0
+
+    def _ev(self, event: str, /, **payload) -> tuple[str, dict]:
+        self.seq += 1
+        return event, {"type": event, "sequence_number": self.seq - 1, **payload}
+
+    def _resp(self, finish: Optional[str], usage: Optional[dict]) -> dict:
+        return response_shell(self.body, self.model, self.id, list(self.output), finish, usage)
+
+    def on_open(self) -> list:
+        start = self._resp(None, None)
+        return [self._ev("response.created", response=start), self._ev("response.in_progress", response=start)]
+
+    def _text(self, text: str) -> list:
+        ev = []
+        if self.msg is None:
+            self.msg = message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
+            part = self.msg["content"][0]
+            ev += [self._ev("response.output_item.added", output_index=len(self.output),
+                            item={**self.msg, "content": []}),
+                   self._ev("response.content_part.added", output_index=len(self.output), item_id=self.msg["id"],
+                            content_index=0, part=dict(part))]
+        self.msg["content"][0]["text"] += text
+        return ev + [self._ev("response.output_text.delta", output_index=len(self.output), item_id=self.msg["id"],
+                              content_index=0, delta=text, logprobs=[])]
+
+    def on_text(self, text: str) -> list:
+        text = self.lead.feed(text)
+        return self._text(text) if text else []
+
+    def _end_message(self) -> list:
+        if self.msg is None:
+            return []
+        item, i = {**self.msg, "status": "completed"}, len(self.output)
+        part = item["content"][0]
+        self.output.append(item)
+        self.msg = None
+        return [self._ev("response.output_text.done", output_index=i, item_id=item["id"], content_index=0,
+                         text=part["text"], logprobs=[]),
+                self._ev("response.content_part.done", output_index=i, item_id=item["id"], content_index=0,
+                         part=part),
+                self._ev("response.output_item.done", output_index=i, item=item)]
+
+    def on_calls(self, calls: list[dict]) -> list:
+        self.calls = True
+        self.lead.rest(calls=True)
+        ev = self._end_message()
+        for c in calls:
+            item, i = call_item(f"fc_{uuid.uuid4().hex}", c), len(self.output)
+            ev += [self._ev("response.output_item.added", output_index=i,
+                            item={**item, "arguments": "", "status": "in_progress"}),
+                   self._ev("response.function_call_arguments.delta", output_index=i, item_id=item["id"],
+                            delta=item["arguments"]),
+                   self._ev("response.function_call_arguments.done", output_index=i, item_id=item["id"],
+                            name=item["name"], arguments=item["arguments"]),
+                   self._ev("response.output_item.done", output_index=i, item=item)]
+            self.output.append(item)
+        return ev
+
+    def on_close(self) -> list:
+        rest = self.lead.rest(calls=self.calls)
+        ev = (self._text(rest) if rest else []) + self._end_message()
+        # always "response.completed" (its response's status says "incomplete" after a length limit): the openai
+        # client's stream helper and the Agents SDK take the final response from that event only
+        return ev + [self._ev("response.completed", response=self._resp(self.finish_reason or "stop", self.usage))]
+
+    def on_error(self, error: dict) -> list:
+        failed = {**self._resp("stop", self.usage), "status": "failed",
+                  "error": {"code": "server_error", "message": str(error.get("message"))}}
+        return [self._ev("error", code=error.get("type"), message=error.get("message"), param=error.get("param")),
+                self._ev("response.failed", response=failed)]
 
 
 class ResponsesAPI:
@@ -207,14 +277,15 @@ class ResponsesAPI:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await read_json(request)
-            chat = await self.endpoint.chat_answer(request, chat_body(body))
-            resp = response_object(body, chat)
+            chat = chat_body(body)
+            if body.get("stream"):
+                model = self.endpoint.model_name
+                return await self.endpoint.chat_stream(request, chat, lambda n_prompt: ResponseEvents(
+                    request, body, model, parse_tools(chat)[1]))
+            return json_response(response_object(body, await self.endpoint.chat_answer(request, chat)))
         except OpenAIError as e:
             return _error(e, e.status, e.param, e.type)
         except BodyError as e:
             return _error(e, e.status, e.param)
         except ValueError as e:             # the engine refused the input
             return _error(f"{type(e).__name__}: {e}")
-        if body.get("stream"):
-            return await send_events(request, stream_events(resp))
-        return json_response(resp)

@@ -28,8 +28,8 @@ from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS
 from slick.serve.fanout import run_together     # one prompt fails: the others are aborted too
 from slick.serve.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
 from slick.serve.http_guard import HostPolicy, guard_middleware
-from slick.serve.http_protocol import (GenerateItem, RequestError, generation_json, parse_generate,
-                                        parse_weight_version, text_char_limit, text_prompts)
+from slick.serve.http_protocol import (GenerateItem, RequestError, generation_json, input_logprobs_json,
+                                        parse_generate, parse_weight_version, text_char_limit, text_prompts)
 from slick.serve.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
 from slick.serve.weight_dirs import WeightDirPolicy
 from slick.serve.weight_group_routes import WeightGroupRoutes
@@ -160,6 +160,7 @@ class SlickServer:
             raise RequestError(f"rid {dup[0]!r} is already in flight (rids must be unique)")
         self.counters["requests_total"] += 1
         t0 = time.perf_counter()
+        inputs = await self._input_logprobs(req)   # logprob_start_len >= 0: the prompts' logprobs
         if req.stream and not req.batched and hasattr(self.engine, "partial"):
             return await self._stream_one(request, req.items[0], req.return_logprob, t0)
         gens = await run_together([self._run_one(it) for it in req.items],
@@ -169,6 +170,7 @@ class SlickServer:
         for gen, it in zip(gens, req.items):
             text = self._text(gen, it.sampling)
             out.append(generation_json(gen, it, text=text, return_logprob=req.return_logprob, e2e_latency=dt))
+            out[-1]["meta_info"].update(inputs.pop(0) if inputs else {})
             self.counters["prompt_tokens_total"] += len(it.prompt_ids)
             self.counters["http_generation_tokens_total"] += len(gen.token_ids)
         result = out if req.batched else out[0]
@@ -182,6 +184,22 @@ class SlickServer:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def _input_logprobs(self, req) -> list[dict]:
+        """SGLang's ``input_token_logprobs`` (and ``input_top_logprobs``) of every prompt of ``req`` from
+        ``logprob_start_len`` on (the engine's ``prompt_logprobs``, one forward each), or [] when not asked."""
+        if req.logprob_start_len < 0:
+            return []
+        if req.stream:
+            raise RequestError("logprob_start_len with stream: slick serve returns prompt logprobs only in an "
+                               "answer that is not streamed")
+        if not hasattr(self.engine, "prompt_logprobs"):
+            raise RequestError("this engine returns no prompt logprobs (logprob_start_len)")
+        out = []
+        for it in req.items:
+            token_lps, top = await self.engine.prompt_logprobs(it.prompt_ids, req.top_logprobs_num)
+            out.append(input_logprobs_json(it.prompt_ids, token_lps, top, req.logprob_start_len))
+        return out
 
     async def _stream_one(self, request: web.Request, item: GenerateItem, return_logprob: bool,
                           t0: float) -> web.StreamResponse:

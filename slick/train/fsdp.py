@@ -83,6 +83,17 @@ def shard(lm: nn.Module, mesh, param_dtype: Optional[torch.dtype] = None, root: 
     return root
 
 
+def reshard(root: nn.Module) -> None:
+    """Shard every FSDP module under ``root`` again (local, no collective). A forward without backward leaves the
+    root's parameters gathered (FSDP2 keeps the root unsharded after forward for the backward it expects): its
+    ``named_parameters`` are then plain tensors whose storage a later reshard frees, not DTensors."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in root.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a (possibly sharded) DTensor; collective for DTensors."""
     from torch.distributed.tensor import DTensor

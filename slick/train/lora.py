@@ -29,6 +29,7 @@ from torch import nn
 
 from slick.models.tokenizer import load_tokenizer
 from slick.train.lora_spec import ADAPTER, ADAPTER_CONFIG, ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
+from slick.train.lora_sync import AdapterPayload, peft_config_dict
 
 # ---------------------------------------------------------------------------------------------- checks
 def meta_model(model_dir) -> nn.Module:
@@ -152,6 +153,12 @@ class PolicyLora:
         from peft import get_peft_model_state_dict
 
         return get_peft_model_state_dict(self.peft, adapter_name=ADAPTER)
+
+    def adapter_payload(self):
+        """The adapter alone, as a weight sync carries it (``slick.train.lora_sync.AdapterPayload``: PEFT's config
+        and fp32 ``lora_A``/``lora_B`` tensors, detached copies)."""
+        tensors = {n: t.detach().clone() for n, t in self.adapter_state_dict().items()}
+        return AdapterPayload(peft_config_dict(self.peft.peft_config[ADAPTER]), tensors)
 
     def save_adapter(self, out_dir) -> None:
         """PEFT's adapter directory (``adapter_config.json``, ``adapter_model.safetensors``, fp32)."""

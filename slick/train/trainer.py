@@ -39,7 +39,8 @@ from slick.train.casts import cached_weight_casts
 from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded, save_sharded, write_hf_dir
 from slick.train.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
-from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, shard, total_norm
+from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, reshard, shard, total_norm
+from slick.train import fsdp_lora
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
 from slick.train.lr import lr_factor_from_config
@@ -278,6 +279,7 @@ class Trainer:
                     result[i] = lp.detach().float().cpu()
         if not self.fsdp:
             return result
+        reshard(fwd)   # no backward followed: the root's parameters would stay gathered (slick.train.fsdp.reshard)
         shares = [[i for mb in p for i in mb] for p in plan]
         local = torch.cat([result[i] for i in shares[self.rank]] + [torch.zeros(0)])
         sizes = [sum(len(samples[i].response_ids) for i in sh) for sh in shares]
@@ -452,8 +454,8 @@ class Trainer:
         Sharded: full (all-gathered) tensors in the model's compute dtype (bf16 in the bf16 scheme), the same
         names in the same order on every rank; collective, so every rank must exhaust the iterator.
         """
-        if self.lora is not None:   # the adapters merged into the base (slick.train.lora)
-            yield from self.lora.merged_weights()
+        if self.lora is not None:   # the adapters merged into the base (slick.train.lora; sharded: fsdp_lora)
+            yield from (fsdp_lora.merged_weights(self) if self.fsdp else self.lora.merged_weights())
             return
         if not self.fsdp:
             for name, p in self.model.named_parameters():
@@ -465,6 +467,11 @@ class Trainer:
                 t = full_tensor(p.detach())
             yield name, (t.to(cast) if cast is not None else t)
 
+    def adapter_payload(self):
+        """The LoRA adapter alone, for engines that merge it on arrival (``slick.train.lora_sync``); None without
+        LoRA or when sharded (the merged ``named_weights`` travel then)."""
+        return self.lora.adapter_payload() if self.lora is not None and not self.fsdp else None
+
     async def send_weights(self, sink) -> float:
         """Push the current weights to ``sink``'s engines (a ``slick.train.protocol.WeightSink``): this process
         holds them, so the sink sends them from here. Returns the seconds."""
@@ -474,7 +481,7 @@ class Trainer:
         """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once.
         Sharded: full tensors on every rank (collective)."""
         if self.lora is not None:
-            return self.lora.merged_state_dict()
+            return fsdp_lora.merged_state_dict(self) if self.fsdp else self.lora.merged_state_dict()
         sd = {}
         master = dict(zip([id(p) for p in self.params], self.master))
         for name, p in self.model.named_parameters():
@@ -514,8 +521,8 @@ class Trainer:
         ``torch.distributed.checkpoint`` directory (``slick.train.dcp``), collective, ``trainer_state.json``
         written last by rank 0. Both load with any number of ranks.
         """
-        if self.fsdp:
-            save_sharded(self, out_dir)
+        if self.fsdp:   # LoRA: the one-process layout, gathered on rank 0 (slick.train.fsdp_lora)
+            (fsdp_lora.save_lora if self.lora is not None else save_sharded)(self, out_dir)
             return
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -563,6 +570,9 @@ class Trainer:
         if self.lora is None or not (d / "adapter").is_dir():
             raise ValueError(f"{d}: a {'LoRA' if self.lora is None else 'full fine-tuning'} checkpoint cannot resume "
                              f"a {'full fine-tuning' if self.lora is None else 'LoRA'} run (--lora-rank differs)")
+        if self.fsdp:   # every rank keeps its shard of the adapters and their optimizer state
+            fsdp_lora.load_lora(self, d)
+            return
         self.lora.load_adapter(d / "adapter")
         self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
         self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))

@@ -9,12 +9,15 @@
 * The older ``mode=`` keyword still works: ``"tensors"`` is the colocated transport, ``"disk"`` the disk
   transport writing ``disk_dir``.
 * Instead of a trainer, ``source`` may be an iterable of ``(hf_name, tensor)``; then ``version`` is required.
+* A LoRA trainer's ``adapter_payload()`` travels alone (``transport.send_adapter``) when the transport can carry it
+  and every engine accepts adapters (``slick.train.lora_sync``); otherwise the merged ``named_weights()`` do.
 """
 from __future__ import annotations
 
 import time
 from typing import Optional, Sequence
 
+from slick.train.lora_sync import accept_adapters
 from slick.train.transport import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, make_transport
 
 LEGACY_MODES = {"tensors": "colocated", "disk": "disk"}
@@ -45,7 +48,11 @@ async def sync_weights(source, engines: Sequence, transport=None, *, mode: Optio
     if one_shot or not getattr(transport, "engines", None):
         await transport.connect(list(engines))
     try:
-        await transport.send(int(version), named)
+        adapter = source.adapter_payload() if hasattr(source, "adapter_payload") else None
+        if adapter is not None and hasattr(transport, "send_adapter") and await accept_adapters(transport.engines):
+            await transport.send_adapter(int(version), adapter)   # LoRA, adapter only (slick.train.lora_sync)
+        else:
+            await transport.send(int(version), named)
     finally:
         if one_shot:
             await transport.disconnect()

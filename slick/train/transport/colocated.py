@@ -19,6 +19,7 @@ class ColocatedTransport:
     def __init__(self, *, timeout_s: float):
         self.timeout_s = float(timeout_s)
         self.engines: list = []
+        self.last_bytes = 0          # tensor bytes handed over by the last send
 
     async def connect(self, engines: Sequence) -> None:
         remote = [engine_name(e) for e in engines if is_http(e)]
@@ -29,8 +30,16 @@ class ColocatedTransport:
 
     async def send(self, version: int, named_tensors) -> None:
         pairs = [(n, t.detach()) for n, t in named_tensors]
+        self.last_bytes = sum(t.numel() * t.element_size() for _, t in pairs)
         await on_every_engine(self.engines, lambda e: e.update_weights(named_tensors=pairs, version=version),
                               self.timeout_s, f"update to version {version}")
+
+    async def send_adapter(self, version: int, payload) -> None:
+        """A LoRA adapter alone (``slick.train.lora_sync``): every engine merges it into its base on arrival."""
+        delta = payload.delta()
+        self.last_bytes = payload.nbytes
+        await on_every_engine(self.engines, lambda e: e.update_adapter(delta, version=version),
+                              self.timeout_s, f"adapter update to version {version}")
 
     async def disconnect(self) -> None:
         self.engines = []

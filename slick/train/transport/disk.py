@@ -7,6 +7,9 @@ weight map), or one ``model.safetensors`` when everything fits one bucket; ``sli
 SGLang's ``/update_weights_from_disk`` expects). The directory is written to a sibling temp directory and
 renamed into place: an engine never sees half a version. Each engine is then told
 ``update_weights(path=disk_dir, version=version)`` (HTTP engines: ``/update_weights_from_disk``).
+``send_adapter`` (a LoRA run whose engines take adapters: ``slick.train.lora_sync``) writes a PEFT adapter
+directory there instead (``adapter_config.json``, ``adapter_model.safetensors``, the marker) and tells the engines
+the same.
 """
 from __future__ import annotations
 
@@ -57,6 +60,22 @@ def write_weights_dir(out_dir, version: int, named: Iterable[tuple[str, torch.Te
     return write_dir_atomic(out_dir, writer, kind="weights")   # slick.train.output_dirs
 
 
+def write_adapter_dir(out_dir, version: int, payload) -> Path:
+    """Write a LoRA adapter (``slick.train.lora_sync.AdapterPayload``) as a PEFT adapter directory
+    (``adapter_config.json``, ``adapter_model.safetensors``) with the version marker (``"kind": "lora_adapter"``),
+    atomically like :func:`write_weights_dir`; return its path."""
+    from safetensors.torch import save_file
+
+    def writer(tmp: Path) -> None:
+        (tmp / "adapter_config.json").write_text(json.dumps(payload.config, indent=1))
+        save_file({n: t.detach().to("cpu").contiguous() for n, t in payload.tensors.items()},
+                  str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / MARKER).write_text(json.dumps({"version": int(version), "kind": "lora_adapter",
+                                              "tensors": len(payload.tensors), "bytes": payload.nbytes}))
+
+    return write_dir_atomic(out_dir, writer, kind="weights")
+
+
 def read_marker(path) -> dict:
     """The version marker of a directory written by :func:`write_weights_dir`."""
     return json.loads((Path(path) / MARKER).read_text())
@@ -73,6 +92,7 @@ class DiskTransport:
         self.timeout_s = float(timeout_s)
         self.model_dir = model_dir
         self.engines: list = []
+        self.last_bytes = 0          # tensor bytes written by the last send
 
     async def connect(self, engines: Sequence) -> None:
         self.engines = list(engines)
@@ -80,11 +100,23 @@ class DiskTransport:
     async def send(self, version: int, named_tensors) -> None:
         import asyncio
 
-        await bounded(asyncio.to_thread(write_weights_dir, self.disk_dir, version, named_tensors,
-                                        self.bucket_bytes, self.model_dir),
-                      self.timeout_s, f"writing weights version {version} to {self.disk_dir}")
+        out = await bounded(asyncio.to_thread(write_weights_dir, self.disk_dir, version, named_tensors,
+                                              self.bucket_bytes, self.model_dir),
+                            self.timeout_s, f"writing weights version {version} to {self.disk_dir}")
+        self.last_bytes = read_marker(out)["bytes"]
         await on_every_engine(self.engines, lambda e: e.update_weights(path=str(self.disk_dir), version=version),
                               self.timeout_s, f"loading {self.disk_dir} (version {version})")
+
+    async def send_adapter(self, version: int, payload) -> None:
+        """A LoRA adapter alone: ``disk_dir`` becomes a PEFT adapter directory (``slick.train.lora_sync``) that every
+        engine loads (merging it into its base, or serving it as vLLM's LoRA adapter)."""
+        import asyncio
+
+        await bounded(asyncio.to_thread(write_adapter_dir, self.disk_dir, version, payload),
+                      self.timeout_s, f"writing adapter version {version} to {self.disk_dir}")
+        self.last_bytes = payload.nbytes
+        await on_every_engine(self.engines, lambda e: e.update_weights(path=str(self.disk_dir), version=version),
+                              self.timeout_s, f"loading adapter {self.disk_dir} (version {version})")
 
     async def disconnect(self) -> None:
         self.engines = []
