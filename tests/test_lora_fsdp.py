@@ -60,6 +60,7 @@ def test_one_step_on_two_ranks_equals_the_in_process_lora_step(tiny_model_dir, t
     want_ref = one.compute_logprobs(samples, "ref")
     want_m = one.train_step(samples, adv, simple_loss)
     want_w = dict(one.named_weights())
+    want_p = one.adapter_payload()
     want_a = {peft_key(n): p.detach() for n, p in one.model.named_parameters() if p.requires_grad}
 
     cfg = make_cfg(tiny_model_dir, actor_num_gpus_per_node=2, dist_timeout=120.0, ray_start_timeout=120.0, **over)
@@ -71,6 +72,7 @@ def test_one_step_on_two_ranks_equals_the_in_process_lora_step(tiny_model_dir, t
         ref = group.compute_logprobs(samples, "ref")
         m = group.train_step(samples, adv, simple_loss)
         merged = dict(group.named_weights())
+        payload = group.adapter_payload()       # what each rank sends alone to its colocated engine
         group.save(tmp_path / "ck")
         shards = ray.get([a.__ray_call__.remote(_frozen_shards) for a in group.actors])
         group.load(tmp_path / "ck")               # every rank takes its shard of the gathered checkpoint back
@@ -94,6 +96,11 @@ def test_one_step_on_two_ranks_equals_the_in_process_lora_step(tiny_model_dir, t
         assert float((got_a[k] - w).abs().max()) <= 1e-5, k
     moved = max(float((want_a[k] - before[k]).abs().max()) for k in want_a if ".lora_A." in k)
     assert moved > 0.5 * LR                                          # A moved too (B was not zero)
+    # the adapter alone, gathered on the ranks: PEFT's config and tensors, the same as one process's
+    assert payload.config == want_p.config and set(payload.tensors) == set(want_p.tensors) == set(want_a)
+    assert payload.nbytes == want_p.nbytes == sum(t.numel() * 4 for t in want_a.values())
+    for k, w in want_p.tensors.items():
+        assert float((payload.tensors[k] - w).abs().max()) <= 1e-5, k
     # the engines' weights: the adapters merged into the base, the same as one process's
     assert set(merged) == set(want_w)
     for n, w in want_w.items():
@@ -115,7 +122,8 @@ def test_one_step_on_two_ranks_equals_the_in_process_lora_step(tiny_model_dir, t
 
 
 def test_a_short_lora_run_on_two_colocated_ranks_passes_every_weight_check(tmp_path, monkeypatch):
-    """2 ranks, each with its engine: the engines get merged weights after every step, and the check (versions and a
+    """2 ranks, each with its engine: each rank sends its engine the adapter alone after every step (merged there
+    into the base), and the check (versions and a
     probe's logprobs against the ranks', fp32 bound 1e-3) passes; the checkpoint holds the adapter only."""
     model, prompts = learnable_task(tmp_path, monkeypatch)
     cfg = ray_cfg(model, prompts, tmp_path / "run", lora_rank=4, lr=1e-2, num_rollout=2, n_samples_per_prompt=4,

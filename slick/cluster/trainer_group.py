@@ -104,7 +104,9 @@ class TrainerRank:
         if transport not in ("colocated", "broadcast"):
             raise ValueError(f"trainer ranks send weights by colocated or broadcast, not {transport!r} (the driver "
                              f"writes the disk transport's directory from the gathered weights)")
-        named = list(self.trainer.named_weights())
+        # LoRA with each rank's own engine: the adapter alone (slick.train.lora_sync); else the merged weights
+        adapter = self.trainer.adapter_payload() if transport == "colocated" else None    # collective
+        named = list(self.trainer.named_weights()) if adapter is None else None        # collective
         version = self.trainer.version
         if transport != "colocated" and self.rank != 0:
             return version
@@ -123,7 +125,10 @@ class TrainerRank:
                                              model_dir=self.cfg.hf_checkpoint)
             self._engines = engines
             self._loop.run_until_complete(self._transport.connect(engines))
-        self._loop.run_until_complete(self._transport.send(version, named))
+        if adapter is not None:
+            self._loop.run_until_complete(self._transport.send_adapter(version, adapter))
+        else:
+            self._loop.run_until_complete(self._transport.send(version, named))
         return version
 
     def stop(self) -> None:
@@ -236,6 +241,10 @@ class RayTrainerGroup:
 
     def named_weights(self) -> Iterator:
         return iter(self._fanout("named_weights", what="gather its weights"))
+
+    def adapter_payload(self):
+        """The LoRA adapter gathered on the ranks (rank 0's copy; ``slick.train.lora_sync``); None without LoRA."""
+        return self._fanout("adapter_payload", what="gather its LoRA adapter")
 
     def save(self, out_dir) -> None:
         self._fanout("save", str(out_dir), what=f"save a checkpoint into {out_dir}")

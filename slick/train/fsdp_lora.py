@@ -9,6 +9,7 @@ and AdamW state; the frozen base has neither.
 
 What a sharded LoRA trainer needs beyond a full-weight one, all collective (every rank calls, in the same order):
 
+* :func:`adapter_payload`: the adapters alone, gathered, for engines that merge them on arrival.
 * :func:`merged_weights` / :func:`merged_state_dict`: every FSDP module all-gathers its parameters
   (:func:`unsharded`), PEFT merges ``W + B @ A * alpha / r`` exactly as in one process, and the copies outlive the
   gather: what the engines receive and what ``--save-hf`` writes.
@@ -62,6 +63,14 @@ def merged_weights(tr) -> list[tuple[str, torch.Tensor]]:
     """``tr.lora.merged_weights()`` of a sharded trainer ``tr``: full HF-named tensors, adapters merged."""
     with unsharded(tr._fwd):
         return [(n, t.clone()) for n, t in tr.lora.merged_weights()]
+
+
+def adapter_payload(tr):
+    """``tr.lora.adapter_payload()`` of a sharded trainer ``tr``: the adapters all-gathered (a few MiB), copied to
+    the CPU (what a rank's weight transport sends alone to engines that merge it: ``slick.train.lora_sync``)."""
+    p = tr.lora.adapter_payload()               # DTensor shards (FSDP2's state dict), in the same order on every rank
+    with D.named_errors("all-gathering the LoRA adapters"):
+        return type(p)(p.config, {n: full_tensor(t).cpu() for n, t in p.tensors.items()})
 
 
 def merged_state_dict(tr) -> dict[str, torch.Tensor]:

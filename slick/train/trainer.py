@@ -469,8 +469,10 @@ class Trainer:
 
     def adapter_payload(self):
         """The LoRA adapter alone, for engines that merge it on arrival (``slick.train.lora_sync``); None without
-        LoRA or when sharded (the merged ``named_weights`` travel then)."""
-        return self.lora.adapter_payload() if self.lora is not None and not self.fsdp else None
+        LoRA. Sharded: all-gathered (collective, slick.train.fsdp_lora)."""
+        if self.lora is None:
+            return None
+        return fsdp_lora.adapter_payload(self) if self.fsdp else self.lora.adapter_payload()
 
     async def send_weights(self, sink) -> float:
         """Push the current weights to ``sink``'s engines (a ``slick.train.protocol.WeightSink``): this process

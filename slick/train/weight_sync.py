@@ -29,7 +29,7 @@ async def sync_weights(source, engines: Sequence, transport=None, *, mode: Optio
     """Update every engine to ``source``'s weights; returns the elapsed seconds (module doc)."""
     t0 = time.perf_counter()
     if hasattr(source, "named_weights"):
-        named = source.named_weights()
+        named = None                   # gathered only when they travel (a Ray group gathers on the call)
         version = source.version if version is None else version
     else:
         named = source
@@ -52,7 +52,7 @@ async def sync_weights(source, engines: Sequence, transport=None, *, mode: Optio
         if adapter is not None and hasattr(transport, "send_adapter") and await accept_adapters(transport.engines):
             await transport.send_adapter(int(version), adapter)   # LoRA, adapter only (slick.train.lora_sync)
         else:
-            await transport.send(int(version), named)
+            await transport.send(int(version), source.named_weights() if named is None else named)
     finally:
         if one_shot:
             await transport.disconnect()
