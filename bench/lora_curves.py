@@ -6,8 +6,9 @@ curves, wall time, peak RSS, and the weight sync's seconds per step (bytes: benc
 
 Every run is the demo's `slick train` (`python -m slick.demo`'s flags: addition, 8 prompts x 8 samples per step,
 held-out accuracy at T=1 every 5 steps), timed from outside with ``os.wait4`` (wall time, peak RSS), one process
-at a time. Full fine-tuning keeps the demo's learning rate; LoRA runs use ``--lora-lr`` (adapters start at zero
-and need a larger step, as PEFT's docs advise) with alpha = 2 x rank. Prints a table and writes JSON.
+at a time; a seed sets both ``--seed`` and ``--rollout-seed`` (prompt order and sampling). Full fine-tuning keeps
+the demo's learning rate; LoRA runs use ``--lora-lr`` (adapters start at zero and need a larger step) with
+alpha = 2 x rank. Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def run(model_dir: str, data: Path, work: Path, name: str, seed: int, steps: int
     train, test = write_addition_data(data, n_test=30)
     run_dir = work / f"{name}-seed{seed}"
     flags = dict(DEFAULTS, **{"--num-rollout": str(steps), "--run-dir": str(run_dir), "--seed": str(seed),
-                              "--no-progress": None})
+                              "--rollout-seed": str(seed), "--no-progress": None})
     cmd = [str(ROOT / ".venv" / "bin" / "slick"), "train", "--hf-checkpoint", model_dir, "--prompt-data", str(train),
            "--eval-prompt-data", "heldout", str(test)]
     for k, v in flags.items():

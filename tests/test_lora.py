@@ -257,3 +257,17 @@ def test_trainer_refuses_unknown_targets_without_validation(tiny_model_dir):
     with pytest.raises(ValueError, match="'c_attn' matches no linear layer"):
         Trainer(cfg)
     assert ADAPTER == "default"
+
+
+def test_weight_check_bound_by_precision_and_flag():
+    """The check's default bound: off without LoRA, 1e-3 in fp32, 0.5 in bf16 (a healthy bf16 LoRA run measured
+    probe gaps up to 0.16, docs/lora.md); --weight-check-tol wins, and turns the check on for full fine-tuning."""
+    from slick.train.sync_check import check_tolerance
+
+    full = Config.from_flat({})
+    lora = Config.from_flat({"lora_rank": 8})
+    assert check_tolerance(full, torch.bfloat16) is None
+    assert check_tolerance(lora, torch.float32) == 1e-3
+    assert check_tolerance(lora, torch.bfloat16) == 0.5
+    assert check_tolerance(Config.from_flat({"lora_rank": 8, "weight_check_tol": 0.02}), torch.bfloat16) == 0.02
+    assert check_tolerance(Config.from_flat({"weight_check_tol": 0.3}), torch.float32) == 0.3

@@ -461,7 +461,7 @@ class LoraConfig:
     weight_check_tol: Optional[float] = F(None, "After every weight sync, check that each engine reports the trainer's "
                                                 "version and that a probe's logprobs match the trainer's within this "
                                                 "bound; a failed check stops the run. On by default with LoRA (1e-3 in "
-                                                "fp32, 0.1 in bf16); off otherwise unless set (docs/lora.md).")
+                                                "fp32, 0.5 in bf16); off otherwise unless set (docs/lora.md).")
 
 
 @dataclass

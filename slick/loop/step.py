@@ -235,23 +235,27 @@ def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=N
         else:
             applied.append(m)
     if skipped_norms:
-        what = (f"non-finite loss in {counts['nonfinite_losses']:.0f} micro-batch(es), "
-                f"gradient norm(s) {skipped_norms}")
-        if not applied:
-            raise NonFiniteTrainingError(
-                f"step {step}: training is non-finite: all {len(skipped_norms)} optimizer step(s) skipped "
-                f"({what}); no weights changed and nothing was synced or saved. Check the rewards and "
-                f"advantages of this step (--save-debug-train-data DIR writes them).", batch)
-        log.warning("step %d: %d of %d optimizer step(s) skipped (%s); their gradients were dropped",
-                    step, len(skipped_norms), len(skipped_norms) + len(applied), what)
+        _report_skipped(step, skipped_norms, len(applied), counts, batch)
     metrics: dict = {}
     for m in applied:  # average over the applied optimizer steps
         for key, v in m.items():
             metrics[key] = metrics.get(key, 0.0) + float(v) / len(applied)
-    metrics.update(counts)
-    out = {f"train/{k}": v for k, v in metrics.items()}
+    out = {f"train/{k}": v for k, v in {**metrics, **counts}.items()}
     out.update(critic_metrics)
     out.update(opd)
     out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
     return out, batch
+
+
+def _report_skipped(step: int, skipped_norms: list, applied: int, counts: dict, batch: TrainBatch) -> None:
+    """Some optimizer steps of rollout step ``step`` were skipped (non-finite): a warning, or, when none was
+    applied, :class:`NonFiniteTrainingError` (nothing changed, nothing will be synced or saved)."""
+    what = f"non-finite loss in {counts['nonfinite_losses']:.0f} micro-batch(es), gradient norm(s) {skipped_norms}"
+    if not applied:
+        raise NonFiniteTrainingError(
+            f"step {step}: training is non-finite: all {len(skipped_norms)} optimizer step(s) skipped "
+            f"({what}); no weights changed and nothing was synced or saved. Check the rewards and "
+            f"advantages of this step (--save-debug-train-data DIR writes them).", batch)
+    log.warning("step %d: %d of %d optimizer step(s) skipped (%s); their gradients were dropped",
+                step, len(skipped_norms), len(skipped_norms) + applied, what)

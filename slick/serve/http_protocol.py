@@ -183,24 +183,7 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
     ``max_context`` bounds prompt length + ``max_new_tokens`` for every item. A ``text`` body is checked by
     :func:`text_prompts` and then tokenized with ``tokenize``, unless ``text_ids`` already holds its tokens.
     """
-    texts = text_prompts(body, max_batch=max_batch, max_chars=max_text_chars)
-    if texts is None:
-        ids = body["input_ids"]
-        if not isinstance(ids, list):
-            raise RequestError(f"input_ids must be a list, got {type(ids).__name__}")
-        batched = bool(ids) and isinstance(ids[0], list)
-        prompts = ids if batched else [ids]
-        where = "input_ids[{}]" if batched else "input_ids"
-    else:
-        if text_ids is None:
-            if tokenize is None:
-                raise RequestError("this server cannot tokenize 'text'; send 'input_ids'")
-            text_ids = [tokenize(t) for t in texts]
-        if len(text_ids) != len(texts):
-            raise ValueError(f"text_ids has {len(text_ids)} entries for {len(texts)} texts")
-        batched = isinstance(body["text"], list)
-        prompts = text_ids
-        where = "text[{}] (tokenized)" if batched else "text (tokenized)"
+    prompts, batched, where = _prompts(body, tokenize, text_ids, max_batch, max_text_chars)
     if batched and not prompts:
         raise RequestError("input_ids batch is empty")
     if len(prompts) > max_batch:
@@ -208,23 +191,8 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
                            status=413)
     n = len(prompts)
 
-    sps = body.get("sampling_params")
-    if isinstance(sps, list):
-        if not batched or len(sps) != n:
-            raise RequestError(f"sampling_params list has {len(sps)} entries for {n} prompt(s)")
-        samplings = [parse_sampling(s, f"sampling_params[{i}]") for i, s in enumerate(sps)]
-        explicit = [isinstance(s, dict) and s.get("max_new_tokens") is not None for s in sps]
-    else:
-        samplings = [parse_sampling(sps)] * n
-        explicit = [isinstance(sps, dict) and sps.get("max_new_tokens") is not None] * n
-
-    rids = body.get("rid")
-    if rids is None:
-        rids = [uuid.uuid4().hex for _ in range(n)]
-    elif isinstance(rids, str):
-        rids = [rids] if n == 1 else [f"{rids}-{i}" for i in range(n)]
-    elif not (isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) for r in rids)):
-        raise RequestError(f"rid must be a string or a list of {n} strings")
+    samplings, explicit = _samplings(body.get("sampling_params"), batched, n)
+    rids = _rids(body.get("rid"), n)
 
     for i, p in enumerate(prompts):     # lengths before any per-token work
         if isinstance(p, list) and len(p) >= max_context:
@@ -254,6 +222,48 @@ def parse_generate(body: Any, *, vocab_size: int, max_context: int,
                  for it in items]
     return GenerateRequest(items=items, batched=batched, return_logprob=rl, stream=stream,
                            logprob_start_len=start if rl else -1, top_logprobs_num=top)
+
+
+def _prompts(body: dict, tokenize, text_ids, max_batch: int, max_text_chars) -> tuple[list, bool, str]:
+    """``(prompts, batched, where)``: the body's ``input_ids``, or its ``text`` tokenized (``text_ids`` when the
+    caller has them already); ``where`` names one prompt in errors (``where.format(i)``)."""
+    texts = text_prompts(body, max_batch=max_batch, max_chars=max_text_chars)
+    if texts is None:
+        ids = body["input_ids"]
+        if not isinstance(ids, list):
+            raise RequestError(f"input_ids must be a list, got {type(ids).__name__}")
+        batched = bool(ids) and isinstance(ids[0], list)
+        return (ids if batched else [ids]), batched, ("input_ids[{}]" if batched else "input_ids")
+    if text_ids is None:
+        if tokenize is None:
+            raise RequestError("this server cannot tokenize 'text'; send 'input_ids'")
+        text_ids = [tokenize(t) for t in texts]
+    if len(text_ids) != len(texts):
+        raise ValueError(f"text_ids has {len(text_ids)} entries for {len(texts)} texts")
+    batched = isinstance(body["text"], list)
+    return text_ids, batched, ("text[{}] (tokenized)" if batched else "text (tokenized)")
+
+
+def _samplings(sps, batched: bool, n: int) -> tuple[list, list]:
+    """The ``n`` prompts' sampling parameters (one dict for all, or a list of ``n``), and whether each set
+    ``max_new_tokens`` itself (an unset one shrinks to fit the context)."""
+    if isinstance(sps, list):
+        if not batched or len(sps) != n:
+            raise RequestError(f"sampling_params list has {len(sps)} entries for {n} prompt(s)")
+        return ([parse_sampling(s, f"sampling_params[{i}]") for i, s in enumerate(sps)],
+                [isinstance(s, dict) and s.get("max_new_tokens") is not None for s in sps])
+    return [parse_sampling(sps)] * n, [isinstance(sps, dict) and sps.get("max_new_tokens") is not None] * n
+
+
+def _rids(rids, n: int) -> list[str]:
+    """Request ids: given (a string, suffixed ``-i`` in a batch, or a list of ``n``) or fresh ones."""
+    if rids is None:
+        return [uuid.uuid4().hex for _ in range(n)]
+    if isinstance(rids, str):
+        return [rids] if n == 1 else [f"{rids}-{i}" for i in range(n)]
+    if not (isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) for r in rids)):
+        raise RequestError(f"rid must be a string or a list of {n} strings")
+    return rids
 
 
 def _input_logprob_fields(body: dict, shortest: int) -> tuple[int, int]:

@@ -20,7 +20,6 @@ head (``slick.train.critic.Critic``: ``head = "value"``) predicts values and tra
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -36,20 +35,17 @@ from slick.models.tokenizer import load_tokenizer
 from slick.train import dist as D
 from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
-from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded, save_sharded, write_hf_dir
 from slick.train.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, reshard, shard, total_norm
-from slick.train import fsdp_lora
+from slick.train import fsdp_lora, trainer_io
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
 from slick.train.lr import lr_factor_from_config
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
-from slick.train.rng import read_rng_file, rng_state, set_rng_state
 from slick.train.teacher import load_teacher
-from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 from slick.types import Sample
 
 LOSS_KEY = "loss"
@@ -87,11 +83,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
-        self.model_path = str(model_path or cfg.hf_checkpoint or "")
-        if not self.model_path:
-            raise ValueError("Trainer needs a model: pass model_path or set --hf-checkpoint")
-        if not Path(self.model_path).is_dir():
-            raise FileNotFoundError(f"--hf-checkpoint: model directory not found: {self.model_path}")
+        self.model_path = _model_dir(model_path or cfg.hf_checkpoint)
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if precision is None and self.dtype != torch.float32:
@@ -138,29 +130,31 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor_from_config(cfg))   # train/lr.py
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
-        # () -> CPU threads for the next micro-batch, or None to leave them (a driver whose rollout overlaps
-        # training passes it: slick.loop.threads)
-        self.thread_budget = thread_budget
+        self.thread_budget = thread_budget   # () -> CPU threads for the next micro-batch or None (loop/threads.py)
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
-        self.ref_model = None
-        self._ref_fwd = None
+        self.ref_model, self._ref_fwd = None, None
         if self.has_ref and self.lora is None:   # LoRA's reference: the base, adapters disabled
-            ref_path = cfg.ref_load or self.model_path
-            ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
-            self.ref_model = AutoModelForCausalLM.from_pretrained(
-                ref_path, dtype=ref_dtype, attn_implementation="sdpa").to(self.device)
-            use_segments(self.ref_model)
-            if not cfg.disable_fused_layers:
-                fuse_decoder_layers(decoder_layers(self.ref_model))
-            self.ref_model.config.use_cache = False
-            self.ref_model.eval().requires_grad_(False)
-            if self.fsdp:   # sharded the same way, no optimizer
-                with D.named_errors("sharding the reference model"):
-                    self._ref_fwd = shard(self.ref_model, self.mesh)
-            else:
-                self._ref_fwd = LogprobForward(self.ref_model)
+            self.ref_model, self._ref_fwd = self._load_reference()
         self.teacher_model = None
         self._teacher_fwd = load_teacher(self)   # --use-opd: the frozen teacher (slick/train/teacher.py), or None
+
+    def _load_reference(self):
+        """The frozen reference policy for the KL terms (``--ref-load``, else the policy's checkpoint) and its
+        logprob forward: bf16 when the policy computes in bf16, sharded like the policy on ranks (no optimizer)."""
+        from transformers import AutoModelForCausalLM
+
+        ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
+        ref = AutoModelForCausalLM.from_pretrained(self.cfg.ref_load or self.model_path, dtype=ref_dtype,
+                                                   attn_implementation="sdpa").to(self.device)
+        use_segments(ref)
+        if not self.cfg.disable_fused_layers:
+            fuse_decoder_layers(decoder_layers(ref))
+        ref.config.use_cache = False
+        ref.eval().requires_grad_(False)
+        if not self.fsdp:
+            return ref, LogprobForward(ref)
+        with D.named_errors("sharding the reference model"):
+            return ref, shard(ref, self.mesh)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -324,17 +318,12 @@ class Trainer:
         ``nonfinite_losses``: the micro-batches whose loss was NaN/inf. Those get no backward, and the next
         :meth:`optimizer_step` is skipped.
         """
-        if len(advantages) != len(samples):
-            raise ValueError(f"train_step: {len(samples)} samples but {len(advantages)} advantage tensors")
-        for name, seq in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs)):
-            if seq is not None and len(seq) != len(samples):
-                raise ValueError(f"train_step: {len(samples)} samples but {len(seq)} {name}")
+        _check_lengths(samples, advantages=advantages, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
         t0 = time.perf_counter()
         masks = [_loss_mask(s) for s in samples]
         num_samples = len(samples)
         num_tokens = int(sum(sum(m) for m in masks))
         entropy_grad = bool(self.cfg.entropy_coef)
-        dev = self.device
         sums: dict[str, float] = {}
         total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
         diff_max, diff_over = 0.0, 0.0
@@ -349,58 +338,63 @@ class Trainer:
                 mb = self._pack(samples, idx)
                 tokens += mb.num_tokens
                 lps, ents = self._forward(self._fwd, mb, with_entropy=True, entropy_grad=entropy_grad)
-                T = max(mb.response_lengths)
-                logprobs = pad_stack(lps, T, dtype=torch.float32)
-                entropy = pad_stack(ents, T, dtype=torch.float32) if ents is not None else None
-                mask = pad_stack([torch.tensor(masks[i], device=dev) for i in idx], T, dtype=torch.float32)
-                adv = pad_stack([torch.as_tensor(advantages[i], device=dev) for i in idx], T, dtype=torch.float32)
-                old = (pad_stack([torch.as_tensor(old_logprobs[i], device=dev) for i in idx], T,
-                                 dtype=torch.float32) if old_logprobs is not None else None)
-                ref = (pad_stack([torch.as_tensor(ref_logprobs[i], device=dev) for i in idx], T,
-                                 dtype=torch.float32) if ref_logprobs is not None else None)
-                roll = None
-                if self.head == "policy" and all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids)
-                                                 for i in idx):
-                    roll = pad_stack([torch.tensor(samples[i].rollout_logprobs, device=dev) for i in idx], T,
-                                     dtype=torch.float32)
-                    gap = gap_stats(logprobs, roll, mask, GAP_THRESHOLD)
+                inputs = self._loss_inputs(samples, idx, max(mb.response_lengths), lps, ents, masks, advantages,
+                                           old_logprobs, ref_logprobs, num_samples, num_tokens)
+                if inputs.rollout_logprobs is not None:   # train/inference mismatch (slick/algo/correction.py)
+                    gap = gap_stats(inputs.logprobs, inputs.rollout_logprobs, inputs.mask, GAP_THRESHOLD)
                     diff_sum += gap["abs_sum"]
                     diff_n += int(gap["n"])
                     diff_max, diff_over = max(diff_max, gap["abs_max"]), diff_over + gap["over"]
-                loss, metrics = loss_fn(LossInputs(logprobs, entropy, mask, adv, old_logprobs=old, ref_logprobs=ref,
-                                                   rollout_logprobs=roll, num_samples=num_samples,
-                                                   num_tokens=num_tokens))
-                loss_value = float(loss.detach())
-                if math.isfinite(loss_value):
-                    loss.backward()
-                    if self.scheme == "bf16" and not self.fsdp:
-                        self._accumulate_master_grads()
-                else:  # no real backward: this global batch's optimizer step will be skipped
-                    nonfinite += 1
-                    if self.fsdp:   # the other ranks' backward collectives still need this rank's
-                        (logprobs.sum() * 0.0).backward()
-                total_loss += loss_value
+                loss, metrics = loss_fn(inputs)
+                total_loss += float(loss.detach())
+                nonfinite += 0 if self._backward(loss, inputs) else 1
                 for k, v in (metrics or {}).items():
                     if k != LOSS_KEY:
                         sums[k] = sums.get(k, 0.0) + float(v)
         elapsed = time.perf_counter() - t0
         if self.fsdp:   # additive metrics summed over ranks, times maxed: the same dict on every rank
-            keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "train_step metric names")))
-            diff_max = D.all_reduce_values([diff_max], "max", "train_step logprob gap")[0]
-            vals = D.all_reduce_values([total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over]
-                                       + [sums.get(k, 0.0) for k in keys], "sum", "train_step metrics")
-            total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over = vals[:6]
-            sums = dict(zip(keys, vals[6:]))
-            elapsed = D.all_reduce_values([elapsed], "max", "train_step timing")[0]
-        out = dict(sums)
-        out.update({"loss": total_loss, "tokens": float(tokens), "response_tokens": float(num_tokens),
-                    "nonfinite_losses": float(nonfinite), "fwd_bwd_time": elapsed})
+            sums, totals, diff_max, elapsed = _over_ranks(sums, [total_loss, tokens, nonfinite, diff_sum, diff_n,
+                                                                 diff_over], diff_max, elapsed)
+            total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over = totals
         self._nonfinite_losses = int(nonfinite)
+        out = dict(sums, loss=total_loss, tokens=float(tokens), response_tokens=float(num_tokens),
+                   nonfinite_losses=float(nonfinite), fwd_bwd_time=elapsed)
         if diff_n:   # train/inference mismatch (slick/algo/correction.py, docs/vllm.md)
-            out["train_rollout_logprob_abs_diff"] = diff_sum / diff_n
-            out["train_rollout_logprob_abs_diff_max"] = diff_max
-            out["train_rollout_logprob_gap_frac"] = diff_over / diff_n
+            out.update(train_rollout_logprob_abs_diff=diff_sum / diff_n, train_rollout_logprob_abs_diff_max=diff_max,
+                       train_rollout_logprob_gap_frac=diff_over / diff_n)
         return out
+
+    def _backward(self, loss, inputs: LossInputs) -> bool:
+        """One micro-batch's backward; False when its loss is NaN/inf: no real backward, and this global batch's
+        optimizer step will be skipped."""
+        if math.isfinite(float(loss.detach())):
+            loss.backward()
+            if self.scheme == "bf16" and not self.fsdp:
+                self._accumulate_master_grads()
+            return True
+        if self.fsdp:   # the other ranks' backward collectives still need this rank's
+            (inputs.logprobs.sum() * 0.0).backward()
+        return False
+
+    def _loss_inputs(self, samples, idx, T, lps, ents, masks, advantages, old_logprobs, ref_logprobs,
+                     num_samples, num_tokens) -> LossInputs:
+        """The loss function's inputs for the micro-batch of samples ``idx``: every per-token column right-padded
+        to ``T``; the rollout's logprobs when every sample has them (a policy head only)."""
+        dev = self.device
+
+        def column(seq):
+            return pad_stack([torch.as_tensor(seq[i], device=dev) for i in idx], T, dtype=torch.float32)
+
+        roll = None
+        if self.head == "policy" and all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids)
+                                         for i in idx):
+            roll = column([s.rollout_logprobs for s in samples])
+        return LossInputs(pad_stack(lps, T, dtype=torch.float32),
+                          pad_stack(ents, T, dtype=torch.float32) if ents is not None else None,
+                          column(masks), column(advantages),
+                          old_logprobs=column(old_logprobs) if old_logprobs is not None else None,
+                          ref_logprobs=column(ref_logprobs) if ref_logprobs is not None else None,
+                          rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
 
     def _accumulate_master_grads(self) -> None:
         for p, m in zip(self.params, self.master):
@@ -497,102 +491,48 @@ class Trainer:
 
     def save_hf_files(self, out_dir) -> None:
         """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer).
-        Sharded: collective; rank 0 writes."""
-        out = Path(out_dir)
-        sd = {k: v.float().contiguous().cpu() if v.is_floating_point() else v.cpu()
-              for k, v in self.full_precision_state_dict().items()}
-        if self.fsdp:
-            if self.rank == 0:
-                write_hf_dir(out, self.model.config, sd, self.tokenizer)
-            D.barrier("save_hf_files")
-            return
-        out.mkdir(parents=True, exist_ok=True)
-        dtype_before = self.model.config.dtype
-        self.model.config.dtype = torch.float32
-        try:
-            self.model.save_pretrained(out, state_dict=sd)
-        finally:
-            self.model.config.dtype = dtype_before
-        self.tokenizer.save_pretrained(out)
+        Sharded: collective; rank 0 writes (slick.train.trainer_io)."""
+        trainer_io.save_hf_files(self, out_dir)
 
     # ------------------------------------------------------------------ save / load
     def save(self, out_dir) -> None:
-        """Model, optimizer, scheduler, RNG states and version into ``out_dir``.
+        """Model, optimizer, scheduler, RNG states and version into ``out_dir`` (slick.train.trainer_io).
 
-        One process: today's format (a full HF dir under ``model/`` + ``optimizer.pt``...). Sharded: a
+        One process: a full HF dir under ``model/`` (LoRA: PEFT's ``adapter/``) + ``optimizer.pt``... Sharded: a
         ``torch.distributed.checkpoint`` directory (``slick.train.dcp``), collective, ``trainer_state.json``
         written last by rank 0. Both load with any number of ranks.
         """
-        if self.fsdp:   # LoRA: the one-process layout, gathered on rank 0 (slick.train.fsdp_lora)
-            (fsdp_lora.save_lora if self.lora is not None else save_sharded)(self, out_dir)
-            return
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.lora is not None:   # the adapter alone, in PEFT's format (the base is --hf-checkpoint)
-            self.lora.save_adapter(out / "adapter")
-        else:
-            self.save_hf_files(out / "model")
-        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
-        torch.save(self.scheduler.state_dict(), out / "scheduler.pt")
-        torch.save(rng_state(), out / "rng.pt")   # tensors and plain data: loads with weights_only=True
-        (out / "trainer_state.json").write_text(json.dumps(
-            {"version": self.version, "scheme": self.scheme, "model_path": self.model_path}))
+        trainer_io.save(self, out_dir)
 
     def load(self, in_dir) -> None:
         """Restore everything :meth:`save` wrote, in either format, whatever the number of ranks that wrote it
         (the model architecture must match). Collective when sharded."""
-        d = Path(in_dir)
-        if not (d / "trainer_state.json").is_file():
-            raise FileNotFoundError(f"{d}: not a trainer checkpoint (trainer_state.json missing)")
-        if is_sharded(d):
-            load_sharded(self, d)
-            return
-        if self.lora is not None or (d / "adapter").is_dir():
-            self._load_adapter(d)
-            return
-        sd = self._read_legacy_weights(d)
-        if self.fsdp:
-            load_legacy_sharded(self, d, sd)
-            return
-        names = dict(self.model.named_parameters())
-        master = dict(zip([id(p) for p in self.params], self.master))
-        with torch.no_grad():
-            for n, p in names.items():
-                p.copy_(sd[n])
-                if id(p) in master and master[id(p)] is not p:
-                    master[id(p)].copy_(sd[n])
-
-        self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
-        self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
-        set_rng_state(read_rng_file(d / "rng.pt"))
-        self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
-
-    def _load_adapter(self, d: Path) -> None:
-        """Restore a LoRA checkpoint (``adapter/`` + optimizer, scheduler, RNG, version) into a LoRA trainer."""
-        if self.lora is None or not (d / "adapter").is_dir():
-            raise ValueError(f"{d}: a {'LoRA' if self.lora is None else 'full fine-tuning'} checkpoint cannot resume "
-                             f"a {'full fine-tuning' if self.lora is None else 'LoRA'} run (--lora-rank differs)")
-        if self.fsdp:   # every rank keeps its shard of the adapters and their optimizer state
-            fsdp_lora.load_lora(self, d)
-            return
-        self.lora.load_adapter(d / "adapter")
-        self.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=self.device))
-        self.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
-        set_rng_state(read_rng_file(d / "rng.pt"))
-        self.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+        trainer_io.load(self, in_dir)
 
     def close(self) -> None:
         """Nothing to release in one process (the trainer protocol's ``close``; Ray ranks stop theirs)."""
 
-    def _read_legacy_weights(self, d: Path) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
+def _model_dir(path) -> str:
+    """The policy's HF directory, which must exist (ValueError / FileNotFoundError naming --hf-checkpoint)."""
+    if not path:
+        raise ValueError("Trainer needs a model: pass model_path or set --hf-checkpoint")
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"--hf-checkpoint: model directory not found: {path}")
+    return str(path)
 
-        sd = {}
-        for f in sorted((d / "model").glob("*.safetensors")):
-            sd.update(load_file(str(f)))
-        if not sd:
-            raise FileNotFoundError(f"{d / 'model'}: no .safetensors weights")
-        missing = [n for n, _ in self.model.named_parameters() if n not in sd]
-        if missing:
-            raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
-        return sd
+
+def _check_lengths(samples: Sequence, **columns) -> None:
+    """One entry per sample in every given column (None: absent), else a ValueError naming the column."""
+    for name, seq in columns.items():
+        if seq is not None and len(seq) != len(samples):
+            raise ValueError(f"train_step: {len(samples)} samples but {len(seq)} {name}")
+
+
+def _over_ranks(sums: dict, totals: list, diff_max: float, elapsed: float) -> tuple:
+    """The step's metrics over every rank (collective): ``sums`` and ``totals`` summed, the largest logprob gap and
+    the slowest rank's time."""
+    keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "train_step metric names")))
+    diff_max = D.all_reduce_values([diff_max], "max", "train_step logprob gap")[0]
+    vals = D.all_reduce_values(totals + [sums.get(k, 0.0) for k in keys], "sum", "train_step metrics")
+    elapsed = D.all_reduce_values([elapsed], "max", "train_step timing")[0]
+    return dict(zip(keys, vals[len(totals):])), vals[:len(totals)], diff_max, elapsed

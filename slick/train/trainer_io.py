@@ -1,0 +1,117 @@
+"""A trainer's checkpoint in files: :meth:`slick.train.trainer.Trainer.save` / ``load`` / ``save_hf_files``.
+
+One process writes a full HF directory under ``model/`` (a LoRA trainer: PEFT's ``adapter/`` only, the base is
+``--hf-checkpoint``), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and ``trainer_state.json`` (last). Sharded
+trainers write a ``torch.distributed.checkpoint`` directory (``slick.train.dcp``; LoRA: the one-process layout,
+gathered by ``slick.train.fsdp_lora``). Every format loads with any number of ranks; ``.pt`` files load with
+``weights_only=True`` (``slick.train.safe_load``): a checkpoint runs no code.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from slick.train import dist as D
+from slick.train import fsdp_lora
+from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded, save_sharded, write_hf_dir
+from slick.train.rng import read_rng_file, rng_state, set_rng_state
+from slick.train.safe_load import load_pt
+
+
+def save_hf_files(tr, out_dir) -> None:
+    """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer).
+    Sharded: collective; rank 0 writes."""
+    out = Path(out_dir)
+    sd = {k: v.float().contiguous().cpu() if v.is_floating_point() else v.cpu()
+          for k, v in tr.full_precision_state_dict().items()}
+    if tr.fsdp:
+        if tr.rank == 0:
+            write_hf_dir(out, tr.model.config, sd, tr.tokenizer)
+        D.barrier("save_hf_files")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    dtype_before = tr.model.config.dtype
+    tr.model.config.dtype = torch.float32
+    try:
+        tr.model.save_pretrained(out, state_dict=sd)
+    finally:
+        tr.model.config.dtype = dtype_before
+    tr.tokenizer.save_pretrained(out)
+
+
+def save(tr, out_dir) -> None:
+    """Model (or adapter), optimizer, scheduler, RNG states and version of trainer ``tr`` into ``out_dir``."""
+    if tr.fsdp:   # LoRA: the one-process layout, gathered on rank 0 (slick.train.fsdp_lora)
+        (fsdp_lora.save_lora if tr.lora is not None else save_sharded)(tr, out_dir)
+        return
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tr.lora is not None:   # the adapter alone, in PEFT's format (the base is --hf-checkpoint)
+        tr.lora.save_adapter(out / "adapter")
+    else:
+        save_hf_files(tr, out / "model")
+    torch.save(tr.optimizer.state_dict(), out / "optimizer.pt")
+    torch.save(tr.scheduler.state_dict(), out / "scheduler.pt")
+    torch.save(rng_state(), out / "rng.pt")   # tensors and plain data: loads with weights_only=True
+    (out / "trainer_state.json").write_text(json.dumps(
+        {"version": tr.version, "scheme": tr.scheme, "model_path": tr.model_path}))
+
+def load(tr, in_dir) -> None:
+    """Restore into trainer ``tr`` everything :func:`save` wrote, in either format, whatever the number of ranks
+    that wrote it (the model architecture must match). Collective when sharded."""
+    d = Path(in_dir)
+    if not (d / "trainer_state.json").is_file():
+        raise FileNotFoundError(f"{d}: not a trainer checkpoint (trainer_state.json missing)")
+    if is_sharded(d):
+        load_sharded(tr, d)
+        return
+    if tr.lora is not None or (d / "adapter").is_dir():
+        _load_adapter(tr, d)
+        return
+    sd = _read_legacy_weights(tr, d)
+    if tr.fsdp:
+        load_legacy_sharded(tr, d, sd)
+        return
+    names = dict(tr.model.named_parameters())
+    master = dict(zip([id(p) for p in tr.params], tr.master))
+    with torch.no_grad():
+        for n, p in names.items():
+            p.copy_(sd[n])
+            if id(p) in master and master[id(p)] is not p:
+                master[id(p)].copy_(sd[n])
+
+    tr.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=tr.device))
+    tr.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
+    set_rng_state(read_rng_file(d / "rng.pt"))
+    tr.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+
+def _load_adapter(tr, d: Path) -> None:
+    """Restore a LoRA checkpoint (``adapter/`` + optimizer, scheduler, RNG, version) into a LoRA trainer."""
+    if tr.lora is None or not (d / "adapter").is_dir():
+        raise ValueError(f"{d}: a {'LoRA' if tr.lora is None else 'full fine-tuning'} checkpoint cannot resume "
+                         f"a {'full fine-tuning' if tr.lora is None else 'LoRA'} run (--lora-rank differs)")
+    if tr.fsdp:   # every rank keeps its shard of the adapters and their optimizer state
+        fsdp_lora.load_lora(tr, d)
+        return
+    tr.lora.load_adapter(d / "adapter")
+    tr.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=tr.device))
+    tr.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
+    set_rng_state(read_rng_file(d / "rng.pt"))
+    tr.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
+
+
+def _read_legacy_weights(tr, d: Path) -> dict[str, torch.Tensor]:
+    """The one-process checkpoint's ``model/*.safetensors``, every parameter of ``tr.model`` present."""
+    from safetensors.torch import load_file   # import cost: as in slick.train.dcp
+
+    sd = {}
+    for f in sorted((d / "model").glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    if not sd:
+        raise FileNotFoundError(f"{d / 'model'}: no .safetensors weights")
+    missing = [n for n, _ in tr.model.named_parameters() if n not in sd]
+    if missing:
+        raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
+    return sd
