@@ -22,7 +22,7 @@ ROOMS = {
     "serve": {"fanout", "http_body", "http_guard", "http_protocol", "messages_api", "openai_api", "openai_constraints",
               "openai_protocol", "openai_stream", "responses_api", "serve_cli", "server", "sglang_args", "sse",
               "weight_dirs", "weight_group_routes"},
-    "engines": {"client", "detect", "fault", "health", "router", "vllm_client", "vllm_launch", "vllm_plugin"},
+    "engines": {"client", "detect", "fault", "flight", "health", "router", "vllm_client", "vllm_launch", "vllm_plugin"},
 }
 # what the inference core must not import: HTTP servers and clients, the rooms above it
 NOT_IN_CORE = ("aiohttp", "requests", "httpx", "urllib", "http", "slick.serve", "slick.engines", "slick.train",

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 import aiohttp
 
 from slick.engines.fault import PartialGeneration
+from slick.engines.flight import Failed, Flight, Retryable, error_message, norm_url, unless
 from slick.serve.http_protocol import generation_from_json, parse_weight_version, prompt_logprobs_from_json
 from slick.types import Generation, SamplingParams
 
@@ -32,10 +33,6 @@ log = logging.getLogger("slick.engine")
 
 class EngineError(RuntimeError):
     """An engine could not serve a request (all workers down, or the server refused it)."""
-
-
-class _Retryable(Exception):
-    pass
 
 
 class HttpEngine:
@@ -51,8 +48,8 @@ class HttpEngine:
             urls = [urls]
         if not urls:
             raise ValueError("HttpEngine needs at least one URL")
-        self.urls = [_norm(u) for u in urls]
-        self.control_urls = [_norm(u) for u in (control_urls or urls)]
+        self.urls = [norm_url(u) for u in urls]
+        self.control_urls = [norm_url(u) for u in (control_urls or urls)]
         self.api_key = api_key
         self.concurrency = int(concurrency)
         self.timeout = float(timeout)
@@ -69,7 +66,7 @@ class HttpEngine:
         self.fault_tolerant = False
         self.routed = self.urls != self.control_urls    # generation goes through a router
         self.resubmitted = 0                  # requests moved to another worker after their worker failed
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, Flight] = {}
         self._current: dict[str, str] = {}              # rid asked for -> rid of its attempt now in flight
         self._lost: dict[str, asyncio.Event] = {}       # worker url -> set when it was declared failed
 
@@ -80,7 +77,7 @@ class HttpEngine:
 
     @weight_urls.setter
     def weight_urls(self, urls: list[str]) -> None:
-        self.control_urls = [_norm(u) for u in urls]
+        self.control_urls = [norm_url(u) for u in urls]
 
     # ---------------------------------------------------------- plumbing
     def _headers(self) -> dict:
@@ -114,9 +111,9 @@ class HttpEngine:
             async with session.request(method, url + path, json=payload, timeout=to) as resp:
                 text = await resp.text()
                 if resp.status >= 500 or resp.status == 429:
-                    raise _Retryable(f"{url}{path}: HTTP {resp.status}: {text[:300]}")
+                    raise Retryable(f"{url}{path}: HTTP {resp.status}: {text[:300]}")
                 if resp.status >= 400:
-                    raise EngineError(f"{url}{path}: HTTP {resp.status}: {_message(text)}")
+                    raise EngineError(f"{url}{path}: HTTP {resp.status}: {error_message(text)}")
                 if not text.strip():
                     return None
                 ctype = resp.headers.get("Content-Type", "")
@@ -124,7 +121,7 @@ class HttpEngine:
                     return json.loads(text)
                 return text
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
-            raise _Retryable(f"{url}{path}: {type(e).__name__}: {e}") from e
+            raise Retryable(f"{url}{path}: {type(e).__name__}: {e}") from e
         except asyncio.TimeoutError:
             raise EngineError(f"{url}{path}: no answer within {to.total:.0f}s (timeout)") from None
 
@@ -140,7 +137,7 @@ class HttpEngine:
                     out = await self._call(method, url, path, payload)
                     self._down.pop(url, None)
                     return out
-                except _Retryable as e:
+                except Retryable as e:
                     self._down[url] = time.monotonic()
                     self.num_retries += 1
                     errors.append(str(e))
@@ -160,20 +157,20 @@ class HttpEngine:
             try:
                 if not self.fault_tolerant:
                     return await self._call(method, url, path, payload)
-                return await _unless(self._call(method, url, path, payload), self._lost_event(url))
-            except _Retryable as e:
+                return await unless(self._call(method, url, path, payload), self._lost_event(url))
+            except Retryable as e:
                 if self.fault_tolerant:
-                    return _Failed(url, str(e))
+                    return Failed(url, str(e))
                 raise EngineError(f"worker {url} did not answer {path}: {e}") from None
 
         outs = list(await asyncio.gather(*(one(u) for u in urls)))
         if self.fault_tolerant:
-            failed = [o for o in outs if isinstance(o, _Failed)]
+            failed = [o for o in outs if isinstance(o, Failed)]
             if len(failed) == len(outs):
                 raise EngineError(f"no worker answered {path}: " + " | ".join(f.error for f in failed))
             for f in failed:
                 log.warning("worker %s left out of %s (fault tolerance): %s", f.url, path, f.error)
-            keep = [(u, o) for u, o in zip(urls, outs) if not isinstance(o, _Failed)]
+            keep = [(u, o) for u, o in zip(urls, outs) if not isinstance(o, Failed)]
             self._answered = [u for u, _ in keep]
             return [o for _, o in keep]
         self._answered = urls
@@ -195,7 +192,7 @@ class HttpEngine:
         """A non-streamed generate answer as a Generation."""
         return generation_from_json(out[0] if isinstance(out, list) else out)
 
-    def _chunk(self, out: Any, flight: "_Flight") -> Optional[Generation]:
+    def _chunk(self, out: Any, flight: "Flight") -> Optional[Generation]:
         """One streamed chunk: a partial one goes into ``flight`` (None is returned), the final one is returned."""
         out = out[0] if isinstance(out, list) else out
         meta = out.get("meta_info", {})
@@ -251,16 +248,16 @@ class HttpEngine:
             while True:
                 rid_now = rid if attempt == 0 else f"{rid}.r{attempt}"
                 url = self._order()[0]
-                flight = _Flight(url, asyncio.Event())
+                flight = Flight(url, asyncio.Event())
                 self._flights[rid_now] = flight
                 self._current[rid] = rid_now
                 payload = self._payload(part.prompt(prompt_ids), part.sampling(sampling), rid_now, stream=True)
                 try:
-                    gen = await _unless(self._stream(url, payload, flight, deadline), flight.lost)
+                    gen = await unless(self._stream(url, payload, flight, deadline), flight.lost)
                     part.add(gen)
                     self._version = max(self._version, gen.weight_version)
                     return part.result(gen, len(prompt_ids))
-                except _Retryable as e:
+                except Retryable as e:
                     errors.append(str(e))
                     self._down[url] = time.monotonic()
                 finally:
@@ -278,17 +275,17 @@ class HttpEngine:
                                       f"{attempt} attempt(s): " + " | ".join(errors[-4:]))
                 await asyncio.sleep(min(0.05 * 2 ** min(attempt, 5), 1.0))
 
-    async def _stream(self, url: str, payload: dict, flight: "_Flight", deadline: float) -> Generation:
+    async def _stream(self, url: str, payload: dict, flight: "Flight", deadline: float) -> Generation:
         """POST a streaming /generate to ``url``; partial chunks are kept in ``flight``; returns the final one."""
         session, _ = self._ensure()
         to = aiohttp.ClientTimeout(total=max(deadline - time.monotonic(), 0.1))
         try:
             async with session.post(url + self.generate_path, json=payload, timeout=to) as resp:
                 if resp.status >= 500 or resp.status == 429:
-                    raise _Retryable(f"{url}{self.generate_path}: HTTP {resp.status}: {(await resp.text())[:300]}")
+                    raise Retryable(f"{url}{self.generate_path}: HTTP {resp.status}: {(await resp.text())[:300]}")
                 if resp.status >= 400:
                     raise EngineError(f"{url}{self.generate_path}: HTTP {resp.status}: "
-                                      f"{_message(await resp.text())}")
+                                      f"{error_message(await resp.text())}")
                 buf = b""
                 async for chunk in resp.content.iter_any():
                     buf += chunk
@@ -304,19 +301,19 @@ class HttpEngine:
                         if gen is not None:
                             return gen
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
-            raise _Retryable(f"{url}{self.generate_path}: {type(e).__name__}: {e}") from e
+            raise Retryable(f"{url}{self.generate_path}: {type(e).__name__}: {e}") from e
         except asyncio.TimeoutError:
             raise EngineError(f"{url}{self.generate_path}: no answer within {to.total:.0f}s (timeout)") from None
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise EngineError(f"could not parse a {self.generate_path} stream chunk from {url}: {e}") from None
-        raise _Retryable(f"{url}{self.generate_path}: the stream ended before its final chunk")
+        raise Retryable(f"{url}{self.generate_path}: the stream ended before its final chunk")
 
     def _lost_event(self, url: str) -> asyncio.Event:
         return self._lost.setdefault(url, asyncio.Event())
 
     def remove_worker(self, url: str) -> None:
         """Take worker ``url`` out of the control URLs (and the generation URLs when there is no router)."""
-        url = _norm(url)
+        url = norm_url(url)
         self._lost_event(url).set()
         self.control_urls = [u for u in self.control_urls if u != url]
         if not self.routed:
@@ -324,7 +321,7 @@ class HttpEngine:
 
     def add_worker(self, url: str) -> None:
         """Add worker ``url`` to the control URLs (and the generation URLs when there is no router)."""
-        url = _norm(url)
+        url = norm_url(url)
         self._lost.pop(url, None)
         if url not in self.control_urls:
             self.control_urls.append(url)
@@ -338,7 +335,7 @@ class HttpEngine:
         """Interrupt the requests worker ``url`` was serving (they resubmit themselves); returns how many.
         Behind a router the client does not know where a request went: those that no surviving worker has in
         flight (``/get_server_info`` ``inflight_tokens``) are interrupted."""
-        url = _norm(url)
+        url = norm_url(url)
         if not self.routed:
             hit = [f for f in self._flights.values() if f.url == url]
         else:
@@ -347,7 +344,7 @@ class HttpEngine:
                 try:
                     info = await self._call("GET", u, "/get_server_info", timeout=10)
                     alive |= set((info or {}).get("inflight_tokens", {}))
-                except (EngineError, _Retryable):
+                except (EngineError, Retryable):
                     pass
             hit = [f for rid, f in list(self._flights.items()) if rid not in alive]
         for f in hit:
@@ -366,8 +363,8 @@ class HttpEngine:
     async def _get(self, url: str, path: str, timeout: float) -> Any:
         """GET ``path`` from one worker (no fail-over); EngineError naming it when it does not answer."""
         try:
-            return await self._call("GET", _norm(url), path, timeout=timeout)
-        except _Retryable as e:
+            return await self._call("GET", norm_url(url), path, timeout=timeout)
+        except Retryable as e:
             raise EngineError(f"worker {url} did not answer {path}: {e}") from None
 
     async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,
@@ -409,8 +406,8 @@ class HttpEngine:
         """POST ``payload`` to ``path`` on one worker ``url`` (no fail-over) and return its JSON answer, which must
         say ``"success": true``; otherwise ``EngineError`` naming the URL (also for no answer within ``timeout``)."""
         try:
-            out = await self._call("POST", _norm(url), path, payload, timeout=timeout)
-        except _Retryable as e:
+            out = await self._call("POST", norm_url(url), path, payload, timeout=timeout)
+        except Retryable as e:
             raise EngineError(f"worker {url} did not answer {path}: {e}") from None
         if not isinstance(out, dict) or not out.get("success", False):
             raise EngineError(f"{url}{path} failed: {out}")
@@ -493,7 +490,7 @@ class HttpEngine:
             try:
                 await self._call("GET", url, "/health", timeout=timeout)
                 return True
-            except (EngineError, _Retryable, asyncio.TimeoutError):
+            except (EngineError, Retryable, asyncio.TimeoutError):
                 return False
 
         return dict(zip(self.urls, await asyncio.gather(*(one(u) for u in self.urls))))
@@ -517,70 +514,3 @@ class HttpEngine:
             except RuntimeError:  # session from a loop that is gone
                 pass
         self._session = None
-
-
-class _Flight:
-    """One streaming request: where it went, an event set when that worker failed, the last partial chunk."""
-
-    def __init__(self, url: str, lost: asyncio.Event):
-        self.url, self.lost = url, lost
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.gap = False                  # a chunk was missed: later ones are not kept
-
-    def extend(self, gen: Generation, offset: int) -> None:
-        if self.gap or offset != len(self.tokens):
-            self.gap = True
-            return
-        self.tokens += gen.token_ids
-        self.logprobs += gen.logprobs
-        self.versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
-
-    def received(self) -> tuple[list, list, list]:
-        return list(self.tokens), list(self.logprobs), list(self.versions)
-
-
-class _Failed:
-    def __init__(self, url: str, error: str):
-        self.url, self.error = url, error
-
-
-async def _unless(coro, event: asyncio.Event):
-    """Await ``coro`` unless ``event`` is set first; then cancel it and raise _Retryable."""
-    task = asyncio.ensure_future(coro)
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        waiter.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - it was given up
-        pass
-    raise _Retryable("its worker was declared failed by the health monitor")
-
-
-def _norm(url: str) -> str:
-    url = url.strip().rstrip("/")
-    return url if "://" in url else f"http://{url}"
-
-
-def _message(text: str) -> str:
-    try:
-        d = json.loads(text)
-        if isinstance(d, dict):
-            if "error" in d:
-                e = d["error"]
-                return e.get("message", str(e)) if isinstance(e, dict) else str(e)
-            if "message" in d:
-                return str(d["message"])
-    except ValueError:
-        pass
-    return text[:300]

@@ -30,7 +30,8 @@ import asyncio
 from typing import Any, Iterable, Optional
 
 from slick.engine.lora_merge import is_adapter_dir
-from slick.engines.client import EngineError, HttpEngine, _Flight, _Retryable
+from slick.engines.client import EngineError, HttpEngine
+from slick.engines.flight import Flight, Retryable
 from slick.types import Generation, SamplingParams
 
 GENERATE = "/inference/v1/generate"
@@ -147,7 +148,7 @@ class VllmEngine(HttpEngine):
         tops = None if not k or gen.top_logprobs is None else [row[:k] for row in gen.top_logprobs]
         return dataclasses.replace(gen, top_logprobs=tops)
 
-    def _chunk(self, out: Any, flight: _Flight) -> Optional[Generation]:
+    def _chunk(self, out: Any, flight: Flight) -> Optional[Generation]:
         """vLLM streams deltas: every chunk's tokens go into ``flight``; the final one (it carries the finish reason
         and the per-token version spans) returns this attempt's whole generation."""
         choice = _choice(out)
@@ -240,7 +241,7 @@ class VllmEngine(HttpEngine):
     async def _post_one(self, url: str, path: str, body: dict, timeout: Optional[float]) -> Any:
         try:
             return await self._call("POST", url, path, body, timeout=timeout)
-        except _Retryable as e:
+        except Retryable as e:
             raise EngineError(f"vLLM server {url} did not answer {path}: {e}") from None
 
     async def weight_version_of(self, url: str, timeout: float = 30.0) -> int:
