@@ -83,7 +83,8 @@ def peak_rss_mb() -> float:
 
 def evaluate(model, tokenizer, rows: list[dict], *, max_new_tokens=48, temperature=1.0, batch_size=64,
              seed=0, bf16=True) -> float:
-    """Held-out accuracy: sample one answer per row at ``temperature`` (HF generate; bf16 autocast if ``bf16``)."""
+    """Held-out accuracy: sample one answer per row at ``temperature`` (HF generate; bf16 autocast if ``bf16``)
+    on the model's device."""
     import torch
 
     was_training = model.training
@@ -98,8 +99,8 @@ def evaluate(model, tokenizer, rows: list[dict], *, max_new_tokens=48, temperatu
             chunk = rows[i:i + batch_size]
             texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
                      for r in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            with torch.no_grad(), torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
                 out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                                      max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
             for r, ids in zip(chunk, out[:, enc["input_ids"].shape[1]:]):
@@ -115,13 +116,14 @@ def evaluate(model, tokenizer, rows: list[dict], *, max_new_tokens=48, temperatu
 def run_trl(model_dir, train_jsonl, test_jsonl, *, steps=30, prompts_per_step=8, samples_per_prompt=8,
             max_new_tokens=48, temperature=1.0, lr=2e-5, eval_every=5, seed=0, out_dir="runs/trl_side",
             micro_batch_size=16, target_acc=0.8, threads=None, gradient_checkpointing=False,
-            bf16=True, log=print) -> dict:
+            bf16=True, device="cpu", log=print) -> dict:
     """Train with TRL's GRPOTrainer and return the measurements (see the module docstring) as a dict.
 
     ``threads`` sets torch's intra-op threads (None keeps torch's default). On a shared, oversubscribed
     CPU fewer threads can be many times faster; give both sides of a comparison the same value.
     ``gradient_checkpointing`` is off by default (TRL turns it on; it costs compute and a 135M model
-    does not need the memory saving). ``bf16=False`` trains and evaluates in fp32.
+    does not need the memory saving). ``bf16=False`` trains and evaluates in fp32. ``device`` "cuda" trains and
+    generates on the GPU (TRL's ``use_cpu=False``).
     """
     import torch
 
@@ -160,7 +162,7 @@ def run_trl(model_dir, train_jsonl, test_jsonl, *, steps=30, prompts_per_step=8,
     reward_fn.__name__ = "addition_reward"
 
     config = GRPOConfig(
-        output_dir=str(out_dir / "trl"), use_cpu=True, bf16=bf16, seed=seed, data_seed=seed,
+        output_dir=str(out_dir / "trl"), use_cpu=device == "cpu", bf16=bf16, seed=seed, data_seed=seed,
         max_steps=steps, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         per_device_train_batch_size=micro_batch_size, gradient_accumulation_steps=grad_accum,
         steps_per_generation=grad_accum, num_generations=samples_per_prompt, num_iterations=1,
@@ -240,6 +242,7 @@ def run_trl(model_dir, train_jsonl, test_jsonl, *, steps=30, prompts_per_step=8,
         "tokens_per_sec": tot_tokens / max(tot_step, 1e-9),
         "rollout_tokens_per_sec": tot_tokens / max(tot_gen, 1e-9),
         "train_time_s": clock["train_s"], "eval_time_s": clock["eval_s"], "wall_time_s": wall,
+        "time_split_s": {"rollout": tot_gen, "train": tot_step - tot_gen},
         "target_accuracy": target_acc, "time_to_target_s": clock["reached"],
         "time_to_target_wall_s": clock["reached_wall"],
         "initial_accuracy": result["evals"][0]["accuracy"] if result["evals"] else None,

