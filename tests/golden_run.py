@@ -70,7 +70,8 @@ async def agent_even(args, sample, base_url) -> float:
 PINNED = ["--lr", "1e-3", "--adam-beta1", "0.9", "--adam-beta2", "0.999", "--weight-decay", "0.0",
           "--clip-grad", "1.0", "--eps-clip", "0.2", "--entropy-coef", "0.0", "--kl-coef", "0.0",
           "--rollout-temperature", "1.0", "--rollout-top-p", "1.0", "--rollout-top-k", "-1",
-          "--dtype", "fp32", "--seed", "3", "--rollout-seed", "5", "--no-progress", "--no-rollout-store"]
+          "--dtype", "fp32", "--seed", "3", "--rollout-seed", "5", "--no-progress", "--no-rollout-store",
+          "--mismatch-probe-interval", "1"]
 
 
 def scenario_argv(name: str, work: Path) -> list[str]:

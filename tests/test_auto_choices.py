@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from slick.config import Config, parse_config
-from slick.config.auto import (GiB, Machine, ModelShape, Training, activation_bytes_per_token, allocator_reason,
-                               micro_batch_tokens, offload_choice, state_bytes, threads_reason)
+from slick.config.auto import (LEAN_DEFAULTS, GiB, Machine, ModelShape, Training, activation_bytes_per_token,
+                               allocator_reason, lean_choice, micro_batch_tokens, offload_choice, state_bytes,
+                               threads_reason)
 from slick.config.autoplan import offload_blockers
 from slick.config.plan import derive_plan
 from slick.config.validate import validate
@@ -63,6 +64,38 @@ def test_budget_follows_the_lean_flags_and_the_device():
     assert micro_batch_tokens(SHAPE, Machine(80 * GiB, 16, "cuda"), RELEASED, None, 48).value == 16384
 
 
+FP32 = {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "recompute_mlp": False}
+BF16_MOMENTS = {**FP32, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
+
+
+@pytest.mark.parametrize("memory_gib, value, words", [
+    (5, FP32, "auto: fp32 AdamW moments, MLP activations kept (memory suffices: 1773 tokens of activations fit "
+              "beside the state); --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 or --recompute-mlp to lower the peak"),
+    # 0.8 x 4.5 GiB - 3.13 GiB of state leaves 960 tokens (< 1024: short); bf16 moments free 4 x 135M bytes
+    (4.5, BF16_MOMENTS, "auto: bf16 AdamW moments, since memory is short: 960 tokens of activations fit beside the "
+                        "state, 1978 with them (bf16 AdamW moments: 4 bytes less per parameter, stochastic rounding); "
+                        "--exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 to override"),
+    (3.5, {**BF16_MOMENTS, "recompute_mlp": True},
+     "auto: bf16 AdamW moments and MLP recomputation, since memory is short: 0 tokens of activations fit beside the "
+     "state, 625 with them"),
+])
+def test_lean_settings_only_when_memory_is_short(memory_gib, value, words):
+    c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2), RELEASED, None, frozenset(LEAN_DEFAULTS))
+    assert c.value == value and c.reason.startswith(words)
+
+
+def test_lean_choice_leaves_given_flags_and_what_cannot_apply():
+    # --exp-avg-dtype/--exp-avg-sq-dtype given: only the MLP recomputation is chosen (147 -> 261 tokens at 4 GiB)
+    c = lean_choice(SHAPE, Machine(4 * GiB, 2), RELEASED, None, frozenset({"recompute_mlp"}))
+    assert c.value == {"recompute_mlp": True} and "147 tokens of activations fit beside the state, 261 with them" \
+        in c.reason and c.reason.endswith("; --no-recompute-mlp to override")
+    # without slick's fused layers (--disable-fused-layers, LoRA) there is no MLP to recompute
+    unfused = Training(engine_released=True, fused_layers=False)
+    assert lean_choice(SHAPE, Machine(3 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
+    # a longer sample than fits is short too
+    assert lean_choice(SHAPE, Machine(5 * GiB, 2), RELEASED, 2048, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
+
+
 def test_offload_choice_and_what_blocks_it():
     assert offload_choice([]).value is True
     assert "--no-offload-rollout" in offload_choice([]).reason
@@ -113,7 +146,7 @@ def test_the_plan_holds_the_choices_and_the_config_is_left_as_given(tiny_model_d
     before = copy.deepcopy(cfg.to_dict())
     plan = _plan({"hf_checkpoint": str(tiny_model_dir)})
     assert (plan.max_tokens_per_micro_batch, plan.offload_rollout) == (4096, True)
-    assert [c.value for c in plan.auto] == [True, 4096]
+    assert [c.value for c in plan.auto] == [True, FP32, 4096]
     resolved = plan.apply(cfg)
     assert (resolved.max_tokens_per_micro_batch, resolved.offload_rollout, resolved.micro_batch_size) == (
         4096, True, None)
@@ -134,7 +167,7 @@ def test_a_user_flag_always_wins(tiny_model_dir, tmp_path, argv, tokens, mbs, of
     assert (resolved.max_tokens_per_micro_batch, resolved.micro_batch_size, resolved.offload_rollout) == (
         tokens, mbs, offload)
     auto = [c.reason for c in plan.auto]
-    assert not any("micro-batches" in r for r in auto) if (tokens != 4096) else len(auto) == 1
+    assert sum("micro-batches" in r for r in auto) == (tokens == 4096)
     assert not any("in-process engine" in r for r in auto) if "offload" in " ".join(argv) else True
 
 
@@ -148,7 +181,19 @@ def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog
     with caplog.at_level(logging.INFO, logger="slick"):
         validate(Config.from_flat({"hf_checkpoint": str(tiny_model_dir)}), check_files=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto: ")]
-    assert len(lines) == 2 and "micro-batches of <= " in lines[1] and "freed while the trainer steps" in lines[0]
+    assert len(lines) == 3 and "freed while the trainer steps" in lines[0]
+    assert lines[1].startswith("auto: fp32 AdamW moments, MLP activations kept (memory suffices")
+    assert "micro-batches of <= " in lines[2]
+
+
+def test_the_plan_takes_the_lean_settings_when_memory_is_short_and_a_flag_still_wins(tiny_model_dir):
+    plan = _plan({"hf_checkpoint": str(tiny_model_dir)}, machine=Machine(0, 2))
+    assert (plan.exp_avg_dtype, plan.exp_avg_sq_dtype, plan.recompute_mlp) == ("bf16", "bf16", True)
+    cfg = parse_config(["--hf-checkpoint", str(tiny_model_dir), "--exp-avg-dtype", "fp32", "--no-recompute-mlp"],
+                       validate=False)
+    assert (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype, cfg.recompute_mlp) == ("fp32", None, False)
+    resolved = derive_plan(cfg, "sync", [], Machine(0, 2)).apply(cfg)
+    assert (resolved.exp_avg_dtype, resolved.exp_avg_sq_dtype, resolved.recompute_mlp) == ("fp32", "bf16", False)
 
 
 # ------------------------------------------------------------------------------------------ same update
@@ -178,7 +223,9 @@ def test_automatic_micro_batching_gives_the_same_update_as_an_explicit_size(tiny
     g = torch.Generator().manual_seed(0)
     adv = [torch.randn(len(s.response_ids), generator=g) for s in samples]
     lr = 1e-3
-    base = {"hf_checkpoint": str(tiny_model_dir), "dtype": "fp32", "device": "cpu", "lr": lr, "clip_grad": 0.0}
+    # fp32 moments given: with no memory at all the plan would take bf16 ones (MLP recomputation: the same values)
+    base = {"hf_checkpoint": str(tiny_model_dir), "dtype": "fp32", "device": "cpu", "lr": lr, "clip_grad": 0.0,
+            "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"}
     grads, weights, plans = [], [], []
     for flags, machine in (({}, Machine(0, 2)), ({"micro_batch_size": 5}, None)):
         cfg = Config.from_flat({**base, **flags})

@@ -14,7 +14,8 @@ from tests.test_train_fsdp import batch, make_cfg, run_ranks
 
 
 def cfg_for(model_dir):
-    return make_cfg(model_dir, lr=1e-2, lr_warmup_steps=3, micro_batch_size=2, clip_grad=1.0)
+    # weight decay: two optimizer groups (matrices, vectors), numbered group after group in the saved state
+    return make_cfg(model_dir, lr=1e-2, lr_warmup_steps=3, micro_batch_size=2, clip_grad=1.0, weight_decay=0.1)
 
 
 def step(tr):

@@ -102,3 +102,21 @@ def test_eval_top_p_unset_follows_rollout_top_p():
     assert sampling_from_config(cfg, eval=True).top_p == 0.7
     cfg = parse_config(["--rollout-top-p", "0.7", "--eval-top-p", "0.9"], validate=False)
     assert sampling_from_config(cfg, eval=True).top_p == 0.9 and sampling_from_config(cfg).top_p == 0.7
+
+
+def test_a_slime_script_leaving_out_a_meaning_default_is_warned_by_name(caplog):
+    from slick.config.slime import CHANGES_MEANING, KEPT_DEFAULTS, slime_script_warnings
+
+    # a slime script: Megatron's model-shape flags (slime's scripts/models/*.sh), --weight-decay given
+    with caplog.at_level("WARNING", logger="slick.config"):
+        parse_config(["--num-layers", "30", "--hidden-size", "576", "--weight-decay", "0.1"], validate=False)
+    warned = [r.getMessage() for r in caplog.records if "reads as a slime script" in r.getMessage()]
+    want = [f for f in CHANGES_MEANING if f != "--weight-decay"]
+    assert [m.split(" ", 1)[0] for m in warned] == want
+    assert warned[want.index("--n-samples-per-prompt")].startswith(
+        "--n-samples-per-prompt is not given: slime's default is 1, slick's differs (")
+    assert all("(--num-layers given)" in m for m in warned)
+    # a slime spelling is a sign too; a slick command (no such flag) is not warned
+    assert len(slime_script_warnings({"slime__log_probs_chunk_size": 64})) == len(CHANGES_MEANING)
+    assert slime_script_warnings({"lr": 1e-6, "rollout_batch_size": 8, "weight_decay": 0.0}) == []
+    assert all(f in KEPT_DEFAULTS for f in CHANGES_MEANING)

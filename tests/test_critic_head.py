@@ -12,8 +12,8 @@ import torch
 from slick.algo.value import value_loss
 from slick.cluster.critic_group import RayCriticGroup
 from slick.train.critic import Critic, value_objective
-from slick.train.packing import pad_stack
-from slick.train.trainer import Trainer, _loss_mask
+from slick.train.packing import loss_mask, pad_stack
+from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_critic import make_cfg, make_samples, targets_for
 
@@ -50,7 +50,7 @@ def test_only_the_trainer_iterates_micro_batches():
 
 def _old_loop_step(c: Critic, samples, returns, old_values) -> dict:
     """The critic's former train_step, as it was before the head (its own micro-batch loop), for one process."""
-    masks = [_loss_mask(s) for s in samples]
+    masks = [loss_mask(s) for s in samples]
     num_samples, num_tokens = len(samples), int(sum(sum(m) for m in masks))
     clip, per_token = float(c.cfg.value_clip), bool(c.cfg.calculate_per_token_loss)
     sums: dict = {}

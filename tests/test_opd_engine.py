@@ -214,9 +214,17 @@ def test_runs_with_a_teacher_engine_equal_the_trainer_teacher_run(runs):
 
 def test_local_engine_runs_log_the_mismatch_probe_near_zero_in_fp32(runs):
     """Engine and trainer hold the same fp32 weights at the probe: KL(engine || trainer) over the vocabulary is
-    rounding only (measured ~1e-9; a logprob off by 1e-3 would already give ~1e-6)."""
-    for m in runs["trainer"]:
-        assert 0 <= m["train/mismatch_kl_mean"] <= m["train/mismatch_kl_max"] < 1e-6, m
+    rounding only (measured ~1e-9; a logprob off by 1e-3 would already give ~1e-6). The probe runs at the first
+    step and then every --mismatch-probe-interval (default 10) steps: not at the second."""
+    first, second = runs["trainer"]
+    assert 0 <= first["train/mismatch_kl_mean"] <= first["train/mismatch_kl_max"] < 1e-6, first
+    assert first["perf/mismatch_probe_time"] > 0
+    assert not any(k in second for k in ("train/mismatch_kl_mean", "perf/mismatch_probe_time")), second
+
+
+def test_a_mismatch_probe_interval_below_one_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="--mismatch-probe-interval must be >= 1 .*got 0"):
+        _cfg(tiny_model_dir, tmp_path, mismatch_probe_interval=0)
 
 
 @pytest.mark.parametrize("over, words", [

@@ -5,7 +5,6 @@ import openai
 import pytest
 
 from slick.serve.openai_protocol import OpenAIError, parse_params, split_tool_calls
-from slick.engines.router import launch_workers
 from slick.chat.toolcall import get_parser
 from tests.test_server import call
 
@@ -15,13 +14,6 @@ MSGS = [{"role": "user", "content": "What is 2 + 3?"}]
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
                                            "parameters": {"type": "object", "properties": {
                                                "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
-    yield w
-    w.stop()
 
 
 @pytest.fixture(scope="module")

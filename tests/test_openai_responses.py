@@ -8,17 +8,9 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from slick.engines.router import launch_workers
 from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
-    yield w
-    w.stop()
 
 
 class Verdict(BaseModel):

@@ -9,7 +9,6 @@ import urllib.parse
 import openai
 import pytest
 
-from slick.engines.router import launch_workers
 from slick.serve.openai_stream import held_back
 from tests.test_server import call
 
@@ -19,13 +18,6 @@ MSGS = [{"role": "user", "content": "Tell me a story."}]
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
     "required": ["a", "b"], "additionalProperties": False}}}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
-    yield w
-    w.stop()
 
 
 @pytest.fixture(scope="module")

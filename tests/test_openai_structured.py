@@ -8,7 +8,6 @@ import openai
 import pytest
 
 from slick.engine.grammar import GrammarError, llg_grammar
-from slick.engines.router import launch_workers
 from slick.serve.openai_constraints import constraint
 from slick.serve.openai_protocol import OpenAIError
 
@@ -27,13 +26,6 @@ TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
     {"type": "function", "function": {"name": "flag", "parameters": {
         "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
         "additionalProperties": False}}}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
-    yield w
-    w.stop()
 
 
 @pytest.fixture(scope="module")

@@ -20,20 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slick.engines.router import free_port, launch_workers
+from slick.engines.router import free_port
 from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)
 
 PROMPT = [1, 422, 2014, 314, 253, 1232, 30]
 EMBED = "model.embed_tokens.weight"
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
-    yield w
-    w.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from slick.engines.router import launch_workers
 from tests.test_server import call
 
 pytestmark = pytest.mark.timeout(300)
@@ -22,13 +21,6 @@ LONG = 1000                    # output tokens: ~0.5 s on this CPU, so many poll
 TOOL = {"type": "function", "name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
     "required": ["a", "b"], "additionalProperties": False}, "strict": True}
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    (w,) = launch_workers(tiny_model_dir, 1, dtype="fp32", startup_timeout=240)
-    yield w
-    w.stop()
 
 
 @pytest.fixture(scope="module")

@@ -123,7 +123,7 @@ def test_moment_dtype_flags_are_checked():
     from slick.config import parse_config
     from slick.config.config import ConfigError
     cfg = parse_config(["--hf-checkpoint", "x", "--exp-avg-dtype", "bf16"], validate=False)
-    assert (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype) == ("bf16", "fp32")
+    assert (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype) == ("bf16", None)    # unset: the plan resolves it
     with pytest.raises((ConfigError, SystemExit)):
         parse_config(["--hf-checkpoint", "x", "--exp-avg-sq-dtype", "fp16"], validate=False)
     assert O.DTYPES["bf16"] is torch.bfloat16
@@ -135,3 +135,43 @@ def test_a_non_contiguous_gradient_is_refused_not_updated_in_a_copy():
     p.grad = torch.ones(3, 4).t()                 # a transposed view: not contiguous
     with pytest.raises(ValueError, match=r"shape \(4, 3\) or its gradient is not contiguous"):
         opt.step()
+
+
+@pytest.mark.parametrize("moments", ["fp32", "bf16"])
+def test_weight_decay_reaches_matrices_only(moments):
+    # Megatron's rule (slime's trainer) and Hugging Face's Trainer's: biases and norm weights do not decay.
+    # Zero gradients leave Adam's step at 0, so a step is the decay alone: lr x wd = 0.5 halves each matrix.
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(0)
+    w, bias, norm = torch.randn(4, 3, generator=g), torch.randn(4, generator=g), torch.randn(3, generator=g)
+    ps = [t.clone().requires_grad_(True) for t in (w, bias, norm)]
+    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.5, exp_avg_dtype=moments,
+                          exp_avg_sq_dtype=moments, seed=0)
+    opt = O.make_adamw(ps, cfg, lr=1.0)
+    assert [(len(gr["params"]), gr["weight_decay"]) for gr in opt.param_groups] == [(1, 0.5), (2, 0.0)]
+    for p in ps:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert torch.equal(ps[0].detach(), w * 0.5)
+    assert torch.equal(ps[1].detach(), bias) and torch.equal(ps[2].detach(), norm)
+    cfg.weight_decay = 0.0     # no decay: one group, the layout checkpoints without decay have
+    assert [len(gr["params"]) for gr in O.make_adamw(ps, cfg, lr=1.0).param_groups] == [3]
+
+
+def test_weight_decay_run_resumes_exactly_and_another_decay_is_refused_by_name(tiny_model_dir, tmp_path):
+    samples = make_samples(4)
+    adv = [torch.ones(len(s.response_ids)) for s in samples]
+    a = Trainer(make_cfg(tiny_model_dir, lr=1e-3, weight_decay=0.1))
+    assert [gr["weight_decay"] for gr in a.optimizer.param_groups] == [0.1, 0.0]
+    a.train_step(samples, adv, simple_loss)
+    save_checkpoint(tmp_path / "ck", 1, a, {})
+    a.train_step(samples, adv, simple_loss)
+    b = Trainer(make_cfg(tiny_model_dir, lr=1e-3, weight_decay=0.1))
+    assert load_checkpoint(tmp_path / "ck", b)[0] == 1
+    b.train_step(samples, adv, simple_loss)
+    for (n, x), (_, y) in zip(a.named_weights(), b.named_weights()):
+        assert torch.equal(x, y), n
+    c = Trainer(make_cfg(tiny_model_dir, lr=1e-3))
+    with pytest.raises(ValueError, match=r"2 parameter group\(s\), this run's 1: resume with the --weight-decay"):
+        load_checkpoint(tmp_path / "ck", c)

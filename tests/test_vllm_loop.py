@@ -54,7 +54,7 @@ def test_train_with_vllm_syncs_every_step(vllm_model_dir, tmp_path):
     sys.path.insert(0, str(tmp_path))
     try:
         cfg = make_cfg(vllm_model_dir, prompts, tmp_path / "run", num_rollout=3, rollout_engine="vllm",
-                       save_debug_train_data=str(tmp_path / "dbg"))
+                       save_debug_train_data=str(tmp_path / "dbg"), mismatch_probe_interval=1)
         run = asyncio.run(train(cfg))
     finally:
         sys.path.remove(str(tmp_path))

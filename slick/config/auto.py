@@ -10,6 +10,8 @@ functions that decide take them as arguments, so tests give exact inputs and exp
 * **Micro-batches** (:func:`micro_batch_tokens`): packed to a token budget (``--max-tokens-per-micro-batch``)
   sized so that a step's activations fit the memory left beside the trainer's state, and at most
   :data:`SPEED_PLATEAU_TOKENS`, past which bigger micro-batches are no faster (docs/training.md).
+* **Lean settings** (:func:`lean_choice`): bf16 AdamW moments, then MLP recomputation, only when memory is short
+  (fp32 moments and kept activations otherwise: the faster and better-studied configuration).
 * **The in-process engine's memory during a step** (:func:`offload_choice`): released whenever a weight sync
   follows the step (``--offload-rollout``), which rewrites every weight anyway.
 * **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.train.memory``);
@@ -19,6 +21,7 @@ Standard library only (``psutil`` and torch are imported inside :func:`machine_n
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -168,9 +171,8 @@ def micro_batch_tokens(shape: ModelShape, machine: Machine, t: Training, max_seq
     longer one gets a micro-batch of its own, so the gradients are the same whatever the budget."""
     per_token = activation_bytes_per_token(shape, t) * ACTIVATION_HEADROOM
     fixed = state_bytes(shape, t)
-    usable = MEMORY_SHARE * machine.memory / max(t.ranks, 1) - fixed
     plateau = SPEED_PLATEAU_TOKENS_CUDA if machine.device == "cuda" else SPEED_PLATEAU_TOKENS
-    fits = int(max(usable, 0) // per_token)
+    fits = fitting_tokens(shape, machine, t)
     tokens = max(BUDGET_STEP, min(plateau, fits) // BUDGET_STEP * BUDGET_STEP)
     seq = f"sequences <= {max_seq} tokens" if max_seq else f"responses <= {max_response} tokens"
     facts = (f"model {params_text(shape.params)}, {gib(machine.memory)} available, {gib(fixed)} for weights, "
@@ -184,6 +186,61 @@ def micro_batch_tokens(shape: ModelShape, machine: Machine, t: Training, max_seq
         why = "what the memory holds"
     return Choice(tokens, f"auto: micro-batches of <= {tokens} tokens ({why}; {facts}); "
                           f"--max-tokens-per-micro-batch or --micro-batch-size to override")
+
+
+def fitting_tokens(shape: ModelShape, machine: Machine, t: Training) -> int:
+    """Packed tokens whose activations (with ``ACTIVATION_HEADROOM``) fit ``MEMORY_SHARE`` of the machine's memory
+    per rank beside the state (0 when the state alone does not fit)."""
+    usable = MEMORY_SHARE * machine.memory / max(t.ranks, 1) - state_bytes(shape, t)
+    return int(max(usable, 0) // (activation_bytes_per_token(shape, t) * ACTIVATION_HEADROOM))
+
+
+def short_of_memory(fits: int, max_seq: Optional[int]) -> bool:
+    """Whether a micro-batch of ``fits`` tokens is short: under ``SHORT_MEMORY_TOKENS``, or under the longest
+    sample (``max_seq``, when the prompt length is bounded)."""
+    return fits < SHORT_MEMORY_TOKENS or bool(max_seq and fits < max_seq)
+
+
+#: the lean settings in the order they are taken when memory is short: (what each sets, its name, its cost, the
+#: flags that undo it)
+LEAN_STEPS = (({"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, "bf16 AdamW moments",
+               "4 bytes less per parameter, stochastic rounding", "--exp-avg-dtype fp32 --exp-avg-sq-dtype fp32"),
+              ({"recompute_mlp": True}, "MLP recomputation", "~45% less activation memory, ~15% more trainer FLOPs",
+               "--no-recompute-mlp"))
+LEAN_DEFAULTS = {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "recompute_mlp": False}
+
+
+def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int], unset: frozenset) -> Choice:
+    """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: their defaults (fp32 moments,
+    MLP activations kept) when memory suffices; when it is short (:func:`short_of_memory` at the tokens that fit),
+    each of ``LEAN_STEPS`` in turn until it is not. MLP recomputation needs slick's fused layers, and a LoRA
+    trainer's few adapter moments are not worth narrowing. ``t``: the run's settings with the unset flags at their
+    defaults."""
+    value = {f: LEAN_DEFAULTS[f] for f in LEAN_DEFAULTS if f in unset}
+    before = fits = fitting_tokens(shape, machine, t)
+    taken = []
+    for sets, *what in LEAN_STEPS:
+        if not short_of_memory(fits, max_seq):
+            break
+        mine = {f: v for f, v in sets.items() if f in unset}
+        if not mine or ("recompute_mlp" in mine and not t.fused_layers) or ("exp_avg_dtype" in sets and t.frozen_base):
+            continue
+        value.update(mine)
+        changes = {f.replace("_dtype", "_bytes"): 2 for f in mine if f.endswith("_dtype")}
+        t = dataclasses.replace(t, **changes, **({"recompute_mlp": True} if "recompute_mlp" in mine else {}))
+        fits = fitting_tokens(shape, machine, t)
+        taken.append(what)
+    facts = f"{before} tokens of activations fit beside the state" + (f", {fits} with them" if taken else "")
+    if not taken:
+        kept = [w for f, w in (("exp_avg", "fp32 AdamW moments"), ("recompute_mlp", "MLP activations kept"))
+                if any(k.startswith(f) for k in value)]
+        state = ("memory is short, and no lean setting left unset applies" if short_of_memory(before, max_seq)
+                 else "memory suffices")
+        return Choice(value, f"auto: {', '.join(kept)} ({state}: {facts}); --exp-avg-dtype bf16 "
+                             f"--exp-avg-sq-dtype bf16 or --recompute-mlp to lower the peak")
+    return Choice(value, f"auto: {' and '.join(n for n, _, _ in taken)}, since memory is short: {facts} ("
+                         f"{'; '.join(f'{n}: {cost}' for n, cost, _ in taken)}); "
+                         f"{' '.join(undo for _, _, undo in taken)} to override")
 
 
 def fallback_micro_batch(why: str) -> Choice:

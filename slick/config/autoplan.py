@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
-from slick.config.auto import (Choice, Machine, ModelShape, Training, fallback_micro_batch, machine_now,
-                               micro_batch_tokens, offload_choice)
+from slick.config.auto import (LEAN_DEFAULTS, Choice, Machine, ModelShape, Training, fallback_micro_batch,
+                               lean_choice, machine_now, micro_batch_tokens, offload_choice)
 from slick.models.check import read_model_config
 
 _DEBUG_FLAGS = ("debug_rollout_only", "debug_train_only", "load_debug_rollout_data")
@@ -46,7 +46,7 @@ def training_of(cfg, offload: bool, checkpointing: bool, engine_in_process: bool
         matmul_bytes=2 if bf16 else 4, scheme=cfg.train_precision if bf16 else "fp32",
         exp_avg_bytes=2 if cfg.exp_avg_dtype == "bf16" else 4,
         exp_avg_sq_bytes=2 if cfg.exp_avg_sq_dtype == "bf16" else 4,
-        fused_layers=not (cfg.disable_fused_layers or lora), frozen_base=lora, recompute_mlp=cfg.recompute_mlp,
+        fused_layers=not (cfg.disable_fused_layers or lora), frozen_base=lora, recompute_mlp=bool(cfg.recompute_mlp),
         gradient_checkpointing=checkpointing, logprob_chunk=cfg.logprob_chunk_size,
         has_ref=bool((cfg.use_kl_loss and cfg.kl_loss_coef > 0) or cfg.kl_coef > 0),
         critic=cfg.advantage_estimator == "ppo" and not cfg.debug_rollout_only,
@@ -62,6 +62,23 @@ def _device(cfg) -> str:
     return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
 
 
+def _sizing(cfg, offload: bool, checkpointing: bool, engine_in_process: bool, machine: Optional[Machine]):
+    """(shape, machine, training, longest sample or None) for the memory-sized choices, or a ``str``: why they
+    cannot be sized (the trainer's memory is out of sight, or no model shape)."""
+    if cfg.ray_address:
+        return "the trainer ranks run on the Ray cluster at --ray-address, whose memory slick cannot see at start-up"
+    try:
+        shape = ModelShape.from_config(read_model_config(cfg.hf_checkpoint))
+    except (TypeError, OSError, ValueError, KeyError) as e:
+        where = Path(str(cfg.hf_checkpoint)) / "config.json" if cfg.hf_checkpoint else "--hf-checkpoint unset"
+        return f"no model shape from {where}: {type(e).__name__}"
+    device = machine.device if machine else _device(cfg)
+    machine = machine or machine_now(device)
+    t = training_of(cfg, offload, checkpointing, engine_in_process, device)
+    max_seq = cfg.rollout_max_prompt_len + cfg.rollout_max_response_len if cfg.rollout_max_prompt_len else None
+    return shape, machine, t, max_seq
+
+
 def micro_batch_choice(cfg, offload: bool, checkpointing: bool, engine_in_process: bool,
                        machine: Optional[Machine] = None) -> Choice:
     """--max-tokens-per-micro-batch for a run that sets neither it nor --micro-batch-size: sized by
@@ -69,16 +86,22 @@ def micro_batch_choice(cfg, offload: bool, checkpointing: bool, engine_in_proces
     ``machine`` (default: this machine now), or a sample count when one of them cannot be known."""
     if cfg.debug_rollout_only:
         return Choice(None, "auto: no micro-batches (--debug-rollout-only trains nothing)")
-    if cfg.ray_address:
-        return fallback_micro_batch("the trainer ranks run on the Ray cluster at --ray-address, whose memory "
-                                    "slick cannot see at start-up")
-    try:
-        shape = ModelShape.from_config(read_model_config(cfg.hf_checkpoint))
-    except (TypeError, OSError, ValueError, KeyError) as e:
-        where = Path(str(cfg.hf_checkpoint)) / "config.json" if cfg.hf_checkpoint else "--hf-checkpoint unset"
-        return fallback_micro_batch(f"no model shape from {where}: {type(e).__name__}")
-    device = machine.device if machine else _device(cfg)
-    machine = machine or machine_now(device)
-    t = training_of(cfg, offload, checkpointing, engine_in_process, device)
-    max_seq = cfg.rollout_max_prompt_len + cfg.rollout_max_response_len if cfg.rollout_max_prompt_len else None
+    sizing = _sizing(cfg, offload, checkpointing, engine_in_process, machine)
+    if isinstance(sizing, str):
+        return fallback_micro_batch(sizing)
+    shape, machine, t, max_seq = sizing
     return micro_batch_tokens(shape, machine, t, max_seq, cfg.rollout_max_response_len)
+
+
+def lean_settings_choice(cfg, offload: bool, checkpointing: bool, engine_in_process: bool,
+                         machine: Optional[Machine] = None) -> Choice:
+    """The lean flags left unset (--exp-avg-dtype, --exp-avg-sq-dtype, --recompute-mlp) as {field: value}:
+    :func:`slick.config.auto.lean_choice` for this run, or their defaults when memory cannot be sized."""
+    unset = frozenset(f for f in LEAN_DEFAULTS if getattr(cfg, f) is None)
+    sizing = _sizing(cfg, offload, checkpointing, engine_in_process, machine)
+    if isinstance(sizing, str) or cfg.debug_rollout_only:
+        value = {f: LEAN_DEFAULTS[f] for f in unset}
+        return Choice(value, f"auto: fp32 AdamW moments, MLP activations kept "
+                             f"({'nothing is trained' if cfg.debug_rollout_only else sizing})")
+    shape, machine, t, max_seq = sizing
+    return lean_choice(shape, machine, t, max_seq, unset)

@@ -14,14 +14,14 @@ from typing import Any, Optional, Sequence
 from slick.config.groups import GROUPS
 from slick.config.fields import field_choices, field_help, flag_name
 from slick.config.parse import _base_type
-from slick.config.slime import alias_rows, kept_rows
+from slick.config.slime import CHANGES_MEANING, alias_rows, kept_rows
 
 HEADER = """\
 # slick flags
 
-Generated from `slick/config/groups.py` by `slick flags --write docs/flags.md`; do not edit by hand
-(`tests/test_config.py` fails when this file and the code disagree). Flag names follow slime where
-slime has the same option. Every flag is also a key of the resolved config: `cfg.<name>` (flat) or
+Generated from `slick/config/groups.py` (and `groups_megatron.py`) by `slick flags --write docs/flags.md`; do
+not edit by hand (`tests/test_config.py` fails when this file and the code disagree). Flag names follow slime
+where slime has the same option. Every flag is also a key of the resolved config: `cfg.<name>` (flat) or
 `cfg.<group>.<name>`, with dashes turned into underscores.
 
 ## Config files: `--config`
@@ -100,7 +100,9 @@ are refused by name, saying what to use:
 |---|---|"""
 
 SLIME_KEPT = """
-Defaults slick keeps where slime's differ (pass slime's value to get slime's behaviour):
+Defaults slick keeps where slime's differ (pass slime's value to get slime's behaviour). A command that reads as
+a slime script (it gives a slime spelling above or a Megatron model-shape flag such as `--num-layers`) and leaves
+out any of {flags} is warned at start-up, one line per flag, since the run would differ from slime's:
 
 | slime's flag | slime's default | why slick's differs |
 |---|---|---|"""
@@ -156,7 +158,7 @@ def render_markdown() -> str:
                 out.append(f"| `--no-{name[2:]}` | flag | unset | Turns `{name}` off (unset: chosen at start-up). |")
     out.append(SLIME_USERS)
     out.extend(f"| `{flag}` | {_cell(meaning)} |" for flag, meaning in alias_rows())
-    out.append(SLIME_KEPT)
+    out.append(SLIME_KEPT.format(flags=", ".join(f"`{f}`" for f in CHANGES_MEANING)))
     out.extend(f"| `{flag}` | {_cell(d)} | {_cell(why)} |" for flag, d, why in kept_rows())
     return "\n".join(out) + "\n"
 

@@ -1,10 +1,20 @@
-"""What a config field's metadata says: its flag name, allowed values and help text (``choices_from`` /
-``names_from`` registries are read when asked). Shared by the parser, the validation, megatron's checks and the docs."""
+"""Config fields: ``F`` makes one (default + help + metadata); the rest say what a field's metadata says: its flag
+name, allowed values and help text (``choices_from`` / ``names_from`` registries are read when asked). Shared by
+the groups, the parser, the validation, megatron's checks and the docs. Standard library only."""
 from __future__ import annotations
 
 import dataclasses
 import importlib
+from dataclasses import field
 from typing import Optional
+
+
+def F(default, help: str, **meta):
+    """A config field with its help text (and optional choices / nargs)."""
+    meta["help"] = help
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def flag_name(field_name: str) -> str:

@@ -9,16 +9,11 @@ the way slime's ``args`` does. This module imports only the standard library.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-
-def F(default, help: str, **meta):
-    """A config field with its help text (and optional choices / nargs)."""
-    meta["help"] = help
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
+from slick.config.fields import F
+from slick.config.groups_megatron import MegatronCompatConfig
 
 
 @dataclass
@@ -180,11 +175,14 @@ class TrainConfig:
     lr_warmup_steps: int = F(0, "Linear warm-up steps.")
     adam_beta1: float = F(0.9, "AdamW beta1.")
     adam_beta2: float = F(0.999, "AdamW beta2.")
-    weight_decay: float = F(0.0, "AdamW weight decay.")
-    exp_avg_dtype: str = F("fp32", "AdamW first moment (exp_avg) storage: fp32, or bf16 with stochastic "
-                           "rounding (2 bytes less per parameter; docs/training.md).", choices=["fp32", "bf16"])
-    exp_avg_sq_dtype: str = F("fp32", "AdamW second moment (exp_avg_sq) storage: fp32, or bf16 with "
-                              "stochastic rounding (2 bytes less per parameter).", choices=["fp32", "bf16"])
+    weight_decay: float = F(0.0, "AdamW weight decay of the matrices (biases and norm weights do not decay, as in "
+                                 "Megatron and Hugging Face's Trainer).")
+    exp_avg_dtype: Optional[str] = F(None, "AdamW first moment (exp_avg) storage: fp32, or bf16 with stochastic "
+                                     "rounding (2 bytes less per parameter; docs/training.md). Unset: fp32, or bf16 "
+                                     "when memory is short (chosen and logged at start-up).", choices=["fp32", "bf16"])
+    exp_avg_sq_dtype: Optional[str] = F(None, "AdamW second moment (exp_avg_sq) storage: fp32, or bf16 with "
+                                        "stochastic rounding (2 bytes less per parameter). Unset: as --exp-avg-dtype's "
+                                        "automatic choice.", choices=["fp32", "bf16"])
     clip_grad: float = F(1.0, "Gradient-norm clip (0 disables).")
     global_batch_size: Optional[int] = F(None, "Samples per optimizer step (derived when unset).")
     num_steps_per_rollout: Optional[int] = F(None, "Optimizer steps per rollout (derived when unset).")
@@ -204,9 +202,10 @@ class TrainConfig:
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
     disable_prompt_sharing: bool = F(False, "Give every sample its own copy of the prompt in packed micro-batches "
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
-    recompute_mlp: bool = F(False, "Fused decoder layers: recompute each MLP's gate/up projection in backward instead of "
-                            "keeping it (~45% less activation memory, ~15% more trainer FLOPs; the same values; "
-                            "docs/training.md).")
+    recompute_mlp: Optional[bool] = F(None, "Fused decoder layers: recompute each MLP's gate/up projection in "
+                                      "backward instead of keeping it (~45% less activation memory, ~15% more trainer "
+                                      "FLOPs; the same values; docs/training.md). Unset: on only when memory is short "
+                                      "even with bf16 AdamW moments (chosen and logged at start-up).")
     disable_fused_layers: bool = F(False, "Run the HF decoder layers' own forward in training instead of slick's fused "
                                    "attention and MLP nodes (~3x the activation memory; docs/training.md).")
     logprob_chunk_size: int = F(128, "Tokens per chunk when computing logprobs/entropy from logits "
@@ -298,71 +297,6 @@ class ClusterConfig:
                                               "Refused where no sync follows a step or the engines run elsewhere.")
 
 
-_PLANNED = "slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-per-node"
-
-
-def _parallel(kind: str):
-    return F(1, f"Megatron {kind} size. Only 1 is accepted ({_PLANNED}).")
-
-
-def _shape(key: str, rule: str = "must equal", note: str = ""):
-    return F(None, f"Megatron model shape: {rule} config.json's `{key}` ({note}checked when set).")
-
-
-@dataclass
-class MegatronCompatConfig:
-    recompute_activations: bool = F(False, "Megatron: recompute activations in backward; turns on "
-                                           "--gradient-checkpointing (slick recomputes whole layers).")
-    recompute_granularity: Optional[str] = F(None, "Megatron: either value turns on --gradient-checkpointing (whole "
-                                                   "layers are recomputed, also for `selective`).",
-                                             choices=["full", "selective"])
-    recompute_method: Optional[str] = F(None, "Megatron: `uniform` (slick recomputes every layer on its own); "
-                                              "`block` is refused.", choices=["uniform", "block"])
-    recompute_num_layers: Optional[int] = F(None, "Megatron: only 1 (every layer is its own recompute unit).")
-    tensor_model_parallel_size: int = _parallel("tensor-parallel")
-    pipeline_model_parallel_size: int = _parallel("pipeline-parallel")
-    context_parallel_size: int = _parallel("context-parallel")
-    expert_model_parallel_size: int = _parallel("expert-parallel")
-    expert_tensor_parallel_size: int = _parallel("expert tensor-parallel")
-    sequence_parallel: bool = F(False, "Megatron: splits activations over tensor-parallel ranks, so with tensor-parallel "
-                                       "size 1 it does nothing: accepted with a warning, as Megatron does. To save "
-                                       "memory use --recompute-activations, --micro-batch-size or "
-                                       "--max-tokens-per-micro-batch.")
-    num_layers: Optional[int] = _shape("num_hidden_layers")
-    hidden_size: Optional[int] = _shape("hidden_size")
-    ffn_hidden_size: Optional[int] = _shape("intermediate_size")
-    num_attention_heads: Optional[int] = _shape("num_attention_heads")
-    group_query_attention: bool = F(False, "Megatron: enables --num-query-groups; slick reads the attention layout "
-                                           "from config.json, so this adds no check of its own.")
-    num_query_groups: Optional[int] = _shape("num_key_value_heads")
-    kv_channels: Optional[int] = _shape("head_dim", note="hidden_size / num_attention_heads without one; ")
-    vocab_size: Optional[int] = _shape("vocab_size")
-    seq_length: Optional[int] = _shape("max_position_embeddings", "must not exceed")
-    max_position_embeddings: Optional[int] = _shape("max_position_embeddings", "must not exceed")
-    rotary_base: Optional[float] = F(None, "Megatron model shape: must equal config.json's `rope_theta` (top level or "
-                                           "in `rope_parameters`; checked when set).")
-    norm_epsilon: Optional[float] = F(None, "Megatron model shape: must equal config.json's `rms_norm_eps` (or "
-                                            "`layer_norm_eps`; checked when set).")
-    normalization: Optional[str] = F(None, "Megatron model shape: RMSNorm needs `rms_norm_eps` in config.json, "
-                                           "LayerNorm its absence (checked when set).", choices=["LayerNorm", "RMSNorm"])
-    position_embedding_type: Optional[str] = F(None, "Megatron model shape: rope needs a rope_theta in config.json, "
-                                                     "the others its absence (checked when set).",
-                                               choices=["learned_absolute", "rope", "none"])
-    use_rotary_position_embeddings: bool = F(False, "Megatron model shape: config.json must have a rope_theta.")
-    swiglu: bool = F(False, "Megatron model shape: config.json's `hidden_act` must be silu (SwiGLU MLP).")
-    untie_embeddings_and_output_weights: bool = F(False, "Megatron model shape: config.json's `tie_word_embeddings` "
-                                                         "must be false.")
-    disable_bias_linear: bool = F(False, "Megatron model shape: the checkpoint must have no MLP biases, and no "
-                                         "q/k/v biases unless --add-qkv-bias is given.")
-    add_qkv_bias: bool = F(False, "Megatron model shape: the checkpoint must have q/k/v biases (Qwen2, or "
-                                  "`attention_bias: true`).")
-    attention_dropout: Optional[float] = F(None, "Megatron: must equal config.json's `attention_dropout` (0 when "
-                                                 "absent), the dropout slick trains with (checked when set).")
-    hidden_dropout: Optional[float] = F(None, "Megatron: must equal config.json's `hidden_dropout` or `resid_pdrop` "
-                                              "(0 when absent: Llama/Qwen-style models have none; checked when set).")
-    qk_layernorm: bool = F(False, "Megatron model shape: the checkpoint must normalise queries and keys (Qwen3).")
-
-
 @dataclass
 class LoggingConfig:
     run_dir: Optional[str] = F(None, "Run directory for metrics.jsonl, config.yaml and plots (default runs/<time>).")
@@ -378,6 +312,9 @@ class LoggingConfig:
                                     "score over the whole vocabulary (top-k + the rest): train/mismatch_kl_*. Engines "
                                     "that return top-k prompt logprobs (slick's, SGLang, vLLM); 0: off.")
     mismatch_probe_top_k: int = F(20, "Top-k logprobs the engine returns per position for the mismatch probe.")
+    mismatch_probe_interval: int = F(10, "Rollout steps between mismatch probes: the first step's and every Nth "
+                                         "after it (1: every step; each probe costs a trainer and an engine forward "
+                                         "of --mismatch-probe-samples samples, perf/mismatch_probe_time).")
 
 
 @dataclass

@@ -11,12 +11,12 @@ import math
 from typing import Any, Callable, Optional
 
 from slick.config.fields import flag_name
+from slick.config.groups_megatron import PLANNED
 
 log = logging.getLogger("slick.config")
 
 PARALLEL_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                   "expert_model_parallel_size", "expert_tensor_parallel_size")
-PLANNED = "slick's trainer is data-parallel only: FSDP2 ranks, --actor-num-gpus-per-node"
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "olmo2", "gemma3", "gemma3_text")
 
 

@@ -14,7 +14,9 @@ the flag of the same name:
   ``--recompute-granularity``) turn it on;
 * ``max_tokens_per_micro_batch``: unset with ``--micro-batch-size`` unset too, a token budget sized from the
   model, the sequence lengths and the memory available (``slick.config.auto``);
-* ``offload_rollout``: unset (neither ``--offload-rollout`` nor ``--no-offload-rollout``), on wherever it can apply.
+* ``offload_rollout``: unset (neither ``--offload-rollout`` nor ``--no-offload-rollout``), on wherever it can apply;
+* ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``recompute_mlp``: unset, fp32 moments and kept MLP activations unless
+  memory is short (``slick.config.auto.lean_choice``).
 
 ``auto`` keeps the automatic choices with the line each logs (what and why), once the config is valid.
 """
@@ -26,8 +28,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
-from slick.config.auto import Choice, Machine
-from slick.config.autoplan import micro_batch_choice, offload_rollout_choice
+from slick.config.auto import LEAN_DEFAULTS, Choice, Machine
+from slick.config.autoplan import lean_settings_choice, micro_batch_choice, offload_rollout_choice
 from slick.config.config import Config
 from slick.config.megatron import recompute_requested
 
@@ -41,6 +43,9 @@ class Plan:
     gradient_checkpointing: bool
     max_tokens_per_micro_batch: Optional[int] = None
     offload_rollout: Optional[bool] = None
+    exp_avg_dtype: Optional[str] = None
+    exp_avg_sq_dtype: Optional[str] = None
+    recompute_mlp: Optional[bool] = None
     # the automatic choices made (slick.config.auto.Choice: value and the line logged); not a flag
     auto: tuple = dataclasses.field(default=(), compare=False, repr=False, metadata={"flag": False})
 
@@ -122,10 +127,18 @@ def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional
     if offload is None:
         auto.append(offload_rollout_choice(cfg, driver, num_engine_actors(cfg)))
         offload = auto[-1].value
+    in_process = engines_share_trainer_process(cfg)
+    lean = {f: getattr(cfg, f) for f in LEAN_DEFAULTS}
+    if None in lean.values():
+        auto.append(lean_settings_choice(cfg, offload, checkpointing, in_process, machine))
+        lean.update(auto[-1].value)
+        cfg = copy.deepcopy(cfg)          # a copy with the lean settings, for the micro-batch budget
+        for name, value in lean.items():
+            setattr(cfg, name, value)
     tokens = cfg.max_tokens_per_micro_batch
     if tokens is None and cfg.micro_batch_size is None:
-        auto.append(micro_batch_choice(cfg, offload, checkpointing, engines_share_trainer_process(cfg), machine))
+        auto.append(micro_batch_choice(cfg, offload, checkpointing, in_process, machine))
         tokens = auto[-1].value
     return Plan(global_batch_size=gbs, num_steps_per_rollout=steps, weight_transport=transport,
                 max_staleness=staleness, gradient_checkpointing=checkpointing,
-                max_tokens_per_micro_batch=tokens, offload_rollout=offload, auto=tuple(auto))
+                max_tokens_per_micro_batch=tokens, offload_rollout=offload, auto=tuple(auto), **lean)

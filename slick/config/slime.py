@@ -132,8 +132,8 @@ KEPT_DEFAULTS: dict[str, tuple[str, str]] = {
     "--offload-rollout": ("false", "unset, slick train frees the in-process engine's memory while the trainer steps "
                                    "wherever a weight sync follows, which costs nothing there; --no-offload-rollout "
                                    "keeps it"),
-    "--weight-decay": ("0.01", "Megatron decays matrices only; slick's AdamW decays every parameter, so "
-                               "slick keeps 0: give --weight-decay"),
+    "--weight-decay": ("0.01", "slick keeps the 0.0 of TRL and Hugging Face's Trainer; given, it decays matrices "
+                               "only (not biases or norm weights), as Megatron does"),
     "--log-probs-chunk-size": ("-1", "the same logprobs; slick always chunks (--logprob-chunk-size 128)"),
     "--actor-num-gpus-per-node": ("8", "slick's 0 is one trainer in the driver process (runs on CPU)"),
     "--rollout-num-gpus": ("derived", "slick's 0: the engine --rollout-engine picks"),
@@ -150,6 +150,35 @@ KEPT_DEFAULTS: dict[str, tuple[str, str]] = {
     "--hidden-dropout": ("0.1", "slick's models have config.json's hidden dropout (none for Llama/Qwen); given, "
                                 "it is checked against it (slime's scripts pass 0.0)"),
 }
+
+# kept defaults under which a slime script that leaves the flag out trains differently in slick (warned)
+CHANGES_MEANING = ("--input-key", "--label-key", "--n-samples-per-prompt", "--weight-decay", "--attention-dropout",
+                   "--hidden-dropout")
+MEGATRON_SHAPE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                  "kv_channels", "seq_length", "rotary_base", "normalization", "swiglu",
+                  "untie_embeddings_and_output_weights", "disable_bias_linear")
+
+
+def slime_script_sign(ns: dict) -> Optional[str]:
+    """The first flag in ``ns`` (parsed flags, the given ones only) that only a slime script carries: a slime
+    spelling, or a Megatron model-shape flag (slime's scripts/models/*.sh give them); None for a slick command."""
+    slime = [k for k in ns if k.startswith(PREFIX)]
+    if slime:
+        return "--" + slime[0][len(PREFIX):].replace("_", "-")
+    shape = [k for k in MEGATRON_SHAPE if k in ns]
+    return _flag(shape[0]) if shape else None
+
+
+def slime_script_warnings(ns: dict) -> list[str]:
+    """For a slime script (``slime_script_sign``), one line per flag of ``CHANGES_MEANING`` it leaves out: the run
+    would differ from slime's, whose default is another. Empty for a slick command."""
+    sign = slime_script_sign(ns)
+    if sign is None:
+        return []
+    return [f"{flag} is not given: slime's default is {KEPT_DEFAULTS[flag][0]}, slick's differs "
+            f"({KEPT_DEFAULTS[flag][1]}); this command reads as a slime script ({sign} given), so give {flag} to "
+            f"say which is meant" for flag in CHANGES_MEANING if flag[2:].replace("-", "_") not in ns]
+
 
 # slime's spellings with the slick field they set when it takes slick's own flag too (for conflicts)
 _EXTRA_SETS = {"--rollout-external-engine-addrs": {"rollout_engine": "http"},
@@ -235,6 +264,8 @@ def resolve_slime_flags(ns: dict) -> list[str]:
     """Move the slime spellings in ``ns`` (parsed flags, typed ones only) onto slick's fields, in place.
     Returns the problems: refused flags, bad values, and a slime spelling that disagrees with slick's own flag."""
     problems: list[str] = []
+    for line in slime_script_warnings(ns):
+        log.warning("%s", line)
     _noted_flags(ns, problems)
     given = {f.flag: ns.pop(f.dest) for f in FLAGS if f.dest in ns}
     for flag, instead in REFUSED.items():

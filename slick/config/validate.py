@@ -341,6 +341,9 @@ def algo_plugin_problems(cfg: Config, p: list[str]) -> None:
 
 
 def rollout_store_problems(cfg: Config, p: list[str]) -> None:
+    if cfg.mismatch_probe_interval < 1:
+        p.append(f"--mismatch-probe-interval must be >= 1 (--mismatch-probe-samples 0 turns the probe off), got "
+                 f"{cfg.mismatch_probe_interval}")
     if cfg.rollout_store_interval < 0:
         p.append(f"--rollout-store-interval must be >= 0 (0 = no store), got {cfg.rollout_store_interval}")
     if cfg.rollout_store_max_mb < 0:

@@ -186,16 +186,18 @@ class Run:
         return await check_engine_weights(self.trainer, self.engines.engine, tol, lambda samples: loop.run_in_executor(
             self.train_pool, self.trainer.compute_logprobs, samples))
 
-    async def probe_mismatch(self, groups) -> dict:
-        """KL(engine || trainer) over the whole vocabulary on a few of ``groups``' samples (slick/loop/mismatch.py);
-        call it while the engines hold the trainer's weights."""
+    async def probe_mismatch(self, step: int, groups) -> dict:
+        """KL(engine || trainer) over the whole vocabulary on a few of ``groups``' samples (slick/loop/mismatch.py)
+        at rollout step ``step`` (0-based) when it is one of --mismatch-probe-interval's; call it while the engines
+        hold the trainer's weights."""
         if not self.engines or self.cfg.debug_train_only or self.trainer is None or \
-                self.engine_version != self.trainer.version:
+                self.engine_version != self.trainer.version or step % self.cfg.mismatch_probe_interval:
             return {}
-        loop = asyncio.get_running_loop()
-        return await probe_mismatch(self.engines.engine, self.trainer, [s for g in groups for s in g],
-                                    self.cfg.mismatch_probe_samples, self.cfg.mismatch_probe_top_k,
-                                    lambda fn, *a: loop.run_in_executor(self.train_pool, fn, *a))
+        loop, t0 = asyncio.get_running_loop(), time.perf_counter()
+        out = await probe_mismatch(self.engines.engine, self.trainer, [s for g in groups for s in g],
+                                   self.cfg.mismatch_probe_samples, self.cfg.mismatch_probe_top_k,
+                                   lambda fn, *a: loop.run_in_executor(self.train_pool, fn, *a))
+        return {**out, "perf/mismatch_probe_time": time.perf_counter() - t0} if out else out
 
     def _actor_unchanged(self) -> bool:
         """Critic-only steps (--num-critic-only-steps): the actor has not stepped; the engines hold its weights."""

@@ -48,7 +48,7 @@ async def train(cfg) -> Run:
                     log.warning("step %d: training on %d of %d groups (stale ones dropped, or kept back by "
                                 "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
             if not cfg.debug_rollout_only:
-                metrics.update(await run.probe_mismatch(batch))   # engines and trainer hold the same weights here
+                metrics.update(await run.probe_mismatch(step, batch))   # engines and trainer hold the same weights here
                 syncs = (step + 1) % cfg.update_weights_interval == 0
                 if syncs and cfg.offload_rollout:
                     metrics.update(await run.offload_rollout())

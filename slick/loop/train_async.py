@@ -71,7 +71,7 @@ async def train_async(cfg) -> Run:
                     await producer.drain(cfg.async_timeout)
                 metrics.update(await engine.update(run.sync_weights))
                 metrics.update(await run.check_weights())   # the engine generates again: the probe can run
-                metrics.update(await run.probe_mismatch(batch))
+                metrics.update(await run.probe_mismatch(step, batch))
                 producer.weights_synced(done)
                 producer.resume()
                 metrics["perf/paused_time"] = engine.paused_time - paused0

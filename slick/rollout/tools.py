@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import json
 import threading
 import time
 import types

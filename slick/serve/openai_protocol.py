@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional

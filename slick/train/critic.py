@@ -40,11 +40,11 @@ from slick.train.attention import use_segments
 from slick.train.dcp import is_sharded, load_sharded, save_sharded
 from slick.train.fsdp import make_mesh, shard
 from slick.train.optim import make_adamw
-from slick.train.packing import pad
+from slick.train.packing import loss_mask, pad
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.rng import rng_state, set_rng_state
 from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
-from slick.train.trainer import Trainer, _loss_mask
+from slick.train.trainer import Trainer
 
 HEAD_FILE = "value_head.safetensors"
 # the train_step metrics train_critic reports (as critic/KEY, averaged over the applied steps)
@@ -322,7 +322,7 @@ def train_critic(cfg, critic, batch) -> dict:
             out[f"critic/{key}"] = out.get(f"critic/{key}", 0.0) + float(v) / len(applied)
     out["critic/skipped_steps"] = skipped
     width = max([len(s.response_ids) for s in batch.samples] + [1])
-    mask = pad([_loss_mask(s) for s in batch.samples], width)
+    mask = pad([loss_mask(s) for s in batch.samples], width)
     out["critic/explained_variance"] = float(explained_variance(pad(batch.values, width), pad(batch.returns, width),
                                                                 mask))
     return out

@@ -107,6 +107,25 @@ def save_sharded(tr, out_dir) -> None:
     D.barrier(f"save {out}: marker written")
 
 
+def state_positions(optimizer) -> dict[int, int]:
+    """{id(parameter): its index in ``optimizer.state_dict()``}: parameters numbered group after group."""
+    return {id(p): j for j, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+
+
+def number_groups(groups: list[dict], optimizer, d: Path) -> list[dict]:
+    """Saved ``groups`` (hyper-parameters) given the parameter indices of ``optimizer``'s groups, in place; a
+    different number of groups (--weight-decay 0 on one side only: slick.train.optim.decay_groups) is an error."""
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"{d}: the checkpoint's optimizer has {len(groups)} parameter group(s), this run's "
+                         f"{len(optimizer.param_groups)}: resume with the --weight-decay it was saved with (0 gives "
+                         f"one group, above 0 two: matrices and vectors)")
+    start = 0
+    for g, live in zip(groups, optimizer.param_groups):
+        g["params"] = list(range(start, start + len(live["params"])))
+        start += len(live["params"])
+    return groups
+
+
 def _read_meta(d: Path) -> dict:
     return json.loads((d / MARKER).read_text())
 
@@ -129,8 +148,10 @@ def load_sharded(tr, in_dir) -> None:
     storage = _storage_metadata(d)
     sd = {f"model.{n}": m.detach() for n, m in zip(tr.param_names, tr.master)}
     optim_keys: dict[int, dict[str, str]] = {}
+    pos = state_positions(tr.optimizer)
     if meta.get("optim_state"):
-        for i, (n, m) in enumerate(zip(tr.param_names, tr.master)):
+        for n, m in zip(tr.param_names, tr.master):
+            i = pos[id(m)]
             prefix = f"optim.{n}."
             for key, md in storage.items():
                 if not key.startswith(prefix):
@@ -148,8 +169,7 @@ def load_sharded(tr, in_dir) -> None:
             for p, m in zip(tr.params, tr.master):
                 if p is not m:   # one-process bf16 scheme: bf16 weights from the fp32 masters
                     p.copy_(m)
-    groups = load_pt(d / "optim_groups.pt")
-    groups[0]["params"] = list(range(len(tr.master)))
+    groups = number_groups(load_pt(d / "optim_groups.pt"), tr.optimizer, d)
     state = {i: {k: sd[key] for k, key in ks.items()} for i, ks in optim_keys.items()}
     tr.optimizer.load_state_dict({"state": state, "param_groups": groups})
     tr.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
@@ -174,8 +194,10 @@ def load_legacy_sharded(tr, d: Path, full_sd: dict) -> None:
         for n, m in zip(tr.param_names, tr.master):
             m.copy_(local_shard(full_sd[n], m))
     opt = load_pt(d / "optimizer.pt", map_location="cpu")
-    state = {}
-    for i, m in enumerate(tr.master):
+    number_groups(opt["param_groups"], tr.optimizer, d)   # the same groups: the same state numbering
+    state, pos = {}, state_positions(tr.optimizer)
+    for m in tr.master:
+        i = pos[id(m)]
         st = opt["state"].get(i)
         if st:
             state[i] = {k: local_shard(v, m) if torch.is_tensor(v) and v.dim() else v for k, v in st.items()}

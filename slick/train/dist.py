@@ -228,3 +228,13 @@ def broadcast_object(obj, what: str, src: int = 0):
     with named_errors(what):
         dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def step_metrics_over_ranks(sums: dict, totals: list, diff_max: float, elapsed: float) -> tuple:
+    """A train step's metrics over every rank (collective): ``sums`` (by name) and ``totals`` summed, the largest
+    logprob gap and the slowest rank's seconds. Returns (sums, totals, diff_max, elapsed)."""
+    keys = sorted(set().union(*all_gather_objects(sorted(sums), "train_step metric names")))
+    diff_max = all_reduce_values([diff_max], "max", "train_step logprob gap")[0]
+    vals = all_reduce_values(totals + [sums.get(k, 0.0) for k in keys], "sum", "train_step metrics")
+    elapsed = all_reduce_values([elapsed], "max", "train_step timing")[0]
+    return dict(zip(keys, vals[len(totals):])), vals[:len(totals)], diff_max, elapsed

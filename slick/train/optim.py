@@ -29,13 +29,27 @@ _SLICE = 1 << 20          # elements per fused-kernel call: its fp32 copies of t
 _TABLE = 2 * _SLICE       # random 16-bit dither values; a slice reads _SLICE of them from a random offset
 
 
+def decay_groups(params: Iterable[torch.Tensor], weight_decay: float) -> list:
+    """``params`` as optimizer groups: with ``weight_decay`` > 0, the matrices (2-D and up) decay and the vectors
+    (biases, norm weights) do not, the rule of Megatron (slime's trainer) and of Hugging Face's Trainer (TRL's);
+    with no decay, one group (the layout of earlier checkpoints)."""
+    params = list(params)
+    if weight_decay <= 0:
+        return [{"params": params, "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
 def make_adamw(params: Iterable[torch.Tensor], cfg, lr: float) -> torch.optim.Optimizer:
-    """The AdamW of ``cfg`` (betas, weight decay, moment dtypes, seed) over ``params`` at ``lr``."""
-    kw = dict(lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
-    if cfg.exp_avg_dtype == "fp32" and cfg.exp_avg_sq_dtype == "fp32":
-        return torch.optim.AdamW(params, fused=True, **kw)
-    return LowPrecisionAdamW(params, exp_avg_dtype=DTYPES[cfg.exp_avg_dtype],
-                             exp_avg_sq_dtype=DTYPES[cfg.exp_avg_sq_dtype], seed=cfg.seed, **kw)
+    """The AdamW of ``cfg`` (betas, weight decay of the matrices, moment dtypes, seed) over ``params`` at ``lr``."""
+    groups = decay_groups(params, cfg.weight_decay)
+    kw = dict(lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2))
+    first, second = cfg.exp_avg_dtype or "fp32", cfg.exp_avg_sq_dtype or "fp32"   # unset: fp32 (the plan resolves it)
+    if first == "fp32" and second == "fp32":
+        return torch.optim.AdamW(groups, fused=True, **kw)
+    return LowPrecisionAdamW(groups, exp_avg_dtype=DTYPES[first], exp_avg_sq_dtype=DTYPES[second], seed=cfg.seed,
+                             **kw)
 
 
 def stochastic_round_bf16(x: torch.Tensor, dither: torch.Tensor) -> torch.Tensor:

@@ -199,3 +199,20 @@ def pad(rows: list, width: int) -> torch.Tensor:
         r = torch.as_tensor(r, dtype=torch.float32)
         out[i, : len(r)] = r
     return out
+
+
+def loss_mask(sample) -> list[int]:
+    """``sample``'s loss mask, one entry per response token (none given: every token trains); a ValueError naming
+    the sample when the lengths differ."""
+    m = list(sample.loss_mask) if sample.loss_mask else [1] * len(sample.response_ids)
+    if len(m) != len(sample.response_ids):
+        raise ValueError(f"sample index {sample.index}: loss_mask has {len(m)} entries but the response has "
+                         f"{len(sample.response_ids)} tokens")
+    return m
+
+
+def check_columns(samples: Sequence, **columns) -> None:
+    """One entry per sample in every given column (None: absent), else a ValueError naming the column."""
+    for name, seq in columns.items():
+        if seq is not None and len(seq) != len(samples):
+            raise ValueError(f"train_step: {len(samples)} samples but {len(seq)} {name}")

@@ -37,13 +37,13 @@ from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
 from slick.train.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
-from slick.train.fsdp import LogprobForward, decoder_layers, full_tensor, make_mesh, reshard, shard, total_norm
+from slick.train.fsdp import LogprobForward, decoder_layers, make_mesh, reshard, shard, total_norm
 from slick.train import fsdp_lora, trainer_io
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
 from slick.train.lr import lr_factor_from_config
-from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
-                                 split_micro_batches)
+from slick.train.packing import (PackedBatch, check_columns, loss_mask, pack, pack_shared_prompts, pad_stack,
+                                 seq_tokens, shares_prompts, split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.teacher import load_teacher
 from slick.types import Sample
@@ -52,14 +52,6 @@ LOSS_KEY = "loss"
 DEFAULT_MICRO_BATCH_SIZE = 8   # samples, when neither --micro-batch-size nor a token budget is set
 log = logging.getLogger(__name__)
 _PAD = Sample(index=-1, prompt_ids=[0], response_ids=[0])   # the zero-contribution micro-batch of short ranks
-
-
-def _loss_mask(sample) -> list[int]:
-    m = list(sample.loss_mask) if sample.loss_mask else [1] * len(sample.response_ids)
-    if len(m) != len(sample.response_ids):
-        raise ValueError(f"sample index {sample.index}: loss_mask has {len(m)} entries but the response has "
-                         f"{len(sample.response_ids)} tokens")
-    return m
 
 
 class Trainer:
@@ -318,9 +310,9 @@ class Trainer:
         ``nonfinite_losses``: the micro-batches whose loss was NaN/inf. Those get no backward, and the next
         :meth:`optimizer_step` is skipped.
         """
-        _check_lengths(samples, advantages=advantages, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
+        check_columns(samples, advantages=advantages, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
         t0 = time.perf_counter()
-        masks = [_loss_mask(s) for s in samples]
+        masks = [loss_mask(s) for s in samples]
         num_samples = len(samples)
         num_tokens = int(sum(sum(m) for m in masks))
         entropy_grad = bool(self.cfg.entropy_coef)
@@ -353,8 +345,8 @@ class Trainer:
                         sums[k] = sums.get(k, 0.0) + float(v)
         elapsed = time.perf_counter() - t0
         if self.fsdp:   # additive metrics summed over ranks, times maxed: the same dict on every rank
-            sums, totals, diff_max, elapsed = _over_ranks(sums, [total_loss, tokens, nonfinite, diff_sum, diff_n,
-                                                                 diff_over], diff_max, elapsed)
+            totals = [total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over]
+            sums, totals, diff_max, elapsed = D.step_metrics_over_ranks(sums, totals, diff_max, elapsed)
             total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over = totals
         self._nonfinite_losses = int(nonfinite)
         out = dict(sums, loss=total_loss, tokens=float(tokens), response_tokens=float(num_tokens),
@@ -448,18 +440,7 @@ class Trainer:
         Sharded: full (all-gathered) tensors in the model's compute dtype (bf16 in the bf16 scheme), the same
         names in the same order on every rank; collective, so every rank must exhaust the iterator.
         """
-        if self.lora is not None:   # the adapters merged into the base (slick.train.lora; sharded: fsdp_lora)
-            yield from (fsdp_lora.merged_weights(self) if self.fsdp else self.lora.merged_weights())
-            return
-        if not self.fsdp:
-            for name, p in self.model.named_parameters():
-                yield name, p.detach()
-            return
-        cast = torch.bfloat16 if self.scheme == "bf16" else None
-        for name, p in self.model.named_parameters():
-            with D.named_errors(f"named_weights ({name})"):
-                t = full_tensor(p.detach())
-            yield name, (t.to(cast) if cast is not None else t)
+        return trainer_io.named_weights(self)
 
     def adapter_payload(self):
         """The LoRA adapter alone, for engines that merge it on arrival (``slick.train.lora_sync``); None without
@@ -476,18 +457,7 @@ class Trainer:
     def full_precision_state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights at full precision (fp32 master copies in the bf16 scheme), tied weights once.
         Sharded: full tensors on every rank (collective)."""
-        if self.lora is not None:
-            return fsdp_lora.merged_state_dict(self) if self.fsdp else self.lora.merged_state_dict()
-        sd = {}
-        master = dict(zip([id(p) for p in self.params], self.master))
-        for name, p in self.model.named_parameters():
-            with self._collective(f"full_precision_state_dict ({name})"):
-                sd[name] = full_tensor(master.get(id(p), p).detach())
-        persistent = set(self.model.state_dict())
-        for name, b in self.model.named_buffers():
-            if name in persistent:
-                sd[name] = full_tensor(b.detach())
-        return sd
+        return trainer_io.full_precision_state_dict(self)
 
     def save_hf_files(self, out_dir) -> None:
         """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer).
@@ -519,20 +489,3 @@ def _model_dir(path) -> str:
     if not Path(path).is_dir():
         raise FileNotFoundError(f"--hf-checkpoint: model directory not found: {path}")
     return str(path)
-
-
-def _check_lengths(samples: Sequence, **columns) -> None:
-    """One entry per sample in every given column (None: absent), else a ValueError naming the column."""
-    for name, seq in columns.items():
-        if seq is not None and len(seq) != len(samples):
-            raise ValueError(f"train_step: {len(samples)} samples but {len(seq)} {name}")
-
-
-def _over_ranks(sums: dict, totals: list, diff_max: float, elapsed: float) -> tuple:
-    """The step's metrics over every rank (collective): ``sums`` and ``totals`` summed, the largest logprob gap and
-    the slowest rank's time."""
-    keys = sorted(set().union(*D.all_gather_objects(sorted(sums), "train_step metric names")))
-    diff_max = D.all_reduce_values([diff_max], "max", "train_step logprob gap")[0]
-    vals = D.all_reduce_values(totals + [sums.get(k, 0.0) for k in keys], "sum", "train_step metrics")
-    elapsed = D.all_reduce_values([elapsed], "max", "train_step timing")[0]
-    return dict(zip(keys, vals[len(totals):])), vals[:len(totals)], diff_max, elapsed

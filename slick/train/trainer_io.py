@@ -1,4 +1,5 @@
-"""A trainer's checkpoint in files: :meth:`slick.train.trainer.Trainer.save` / ``load`` / ``save_hf_files``.
+"""A trainer's weights and checkpoint files: :meth:`slick.train.trainer.Trainer.save` / ``load`` /
+``save_hf_files``, and ``named_weights`` / ``full_precision_state_dict`` (what a weight sync and a save read).
 
 One process writes a full HF directory under ``model/`` (a LoRA trainer: PEFT's ``adapter/`` only, the base is
 ``--hf-checkpoint``), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and ``trainer_state.json`` (last). Sharded
@@ -8,14 +9,18 @@ gathered by ``slick.train.fsdp_lora``). Every format loads with any number of ra
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from slick.train import dist as D
 from slick.train import fsdp_lora
-from slick.train.dcp import is_sharded, load_legacy_sharded, load_sharded, save_sharded, write_hf_dir
+from slick.train.fsdp import full_tensor
+from slick.train.dcp import (is_sharded, load_legacy_sharded, load_sharded, number_groups, save_sharded,
+                             write_hf_dir)
 from slick.train.rng import read_rng_file, rng_state, set_rng_state
 from slick.train.safe_load import load_pt
 
@@ -82,7 +87,8 @@ def load(tr, in_dir) -> None:
             if id(p) in master and master[id(p)] is not p:
                 master[id(p)].copy_(sd[n])
 
-    tr.optimizer.load_state_dict(load_pt(d / "optimizer.pt", map_location=tr.device))
+    opt = load_pt(d / "optimizer.pt", map_location=tr.device)
+    tr.optimizer.load_state_dict({**opt, "param_groups": number_groups(opt["param_groups"], tr.optimizer, d)})
     tr.scheduler.load_state_dict(load_pt(d / "scheduler.pt"))
     set_rng_state(read_rng_file(d / "rng.pt"))
     tr.version = int(json.loads((d / "trainer_state.json").read_text())["version"])
@@ -114,4 +120,38 @@ def _read_legacy_weights(tr, d: Path) -> dict[str, torch.Tensor]:
     missing = [n for n, _ in tr.model.named_parameters() if n not in sd]
     if missing:
         raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
+    return sd
+
+
+def named_weights(tr) -> Iterator[tuple[str, torch.Tensor]]:
+    """``Trainer.named_weights``: (HF name, detached tensor) per parameter, tied weights once; LoRA adapters merged
+    into the base. Sharded: full (all-gathered) tensors in the compute dtype, collective."""
+    if tr.lora is not None:   # the adapters merged into the base (slick.train.lora; sharded: fsdp_lora)
+        yield from (fsdp_lora.merged_weights(tr) if tr.fsdp else tr.lora.merged_weights())
+        return
+    if not tr.fsdp:
+        for name, p in tr.model.named_parameters():
+            yield name, p.detach()
+        return
+    cast = torch.bfloat16 if tr.scheme == "bf16" else None
+    for name, p in tr.model.named_parameters():
+        with D.named_errors(f"named_weights ({name})"):
+            t = full_tensor(p.detach())
+        yield name, (t.to(cast) if cast is not None else t)
+
+
+def full_precision_state_dict(tr) -> dict[str, torch.Tensor]:
+    """``Trainer.full_precision_state_dict``: HF-named weights at full precision (the fp32 masters in the bf16
+    scheme), tied weights once, persistent buffers. Sharded: full tensors on every rank (collective)."""
+    if tr.lora is not None:
+        return fsdp_lora.merged_state_dict(tr) if tr.fsdp else tr.lora.merged_state_dict()
+    sd = {}
+    master = dict(zip([id(p) for p in tr.params], tr.master))
+    for name, p in tr.model.named_parameters():
+        with D.named_errors(f"full_precision_state_dict ({name})") if tr.fsdp else contextlib.nullcontext():
+            sd[name] = full_tensor(master.get(id(p), p).detach())
+    persistent = set(tr.model.state_dict())
+    for name, b in tr.model.named_buffers():
+        if name in persistent:
+            sd[name] = full_tensor(b.detach())
     return sd
