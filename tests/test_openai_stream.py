@@ -91,26 +91,32 @@ def test_langchain_stream_equals_invoke(server):
     assert "".join(c.content for c in llm.stream("Hello")) == llm.invoke("Hello").content
 
 
-def _running(url) -> float:
+def metric(url, name) -> float:
+    """One value of the server's /metrics."""
     st, text = call(url, "/metrics")
-    return float(next(l.split()[1] for l in text.splitlines() if l.startswith("slick_num_running_reqs ")))
+    return float(next(l.split()[1] for l in text.splitlines() if l.startswith(name + " ")))
+
+
+def disconnect_mid_stream(url: str, path: str, body: dict, first: bytes) -> None:
+    """POST a stream, read its first line (which starts with ``first``) and close: the request was running, and
+    the engine is idle again within 10 s."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(first)
+    assert metric(url, "slick_num_running_reqs") == 1
+    conn.close()
+    deadline = time.monotonic() + 10
+    while metric(url, "slick_num_running_reqs") != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(url, "slick_num_running_reqs") == 0
 
 
 def test_client_disconnect_aborts_generation(server):
     """A stream that would fill the context: the client reads one chunk and closes; the engine is idle again."""
-    u = urllib.parse.urlparse(server.url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    conn.request("POST", "/v1/completions", json.dumps({"model": "m", "prompt": "x", "ignore_eos": True,     # fills the context
-                                                         "stream": True}),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.readline().startswith(b"data: ")
-    assert _running(server.url) == 1
-    conn.close()
-    deadline = time.monotonic() + 10
-    while _running(server.url) != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _running(server.url) == 0
+    disconnect_mid_stream(server.url, "/v1/completions", {"model": "m", "prompt": "x", "ignore_eos": True,
+                                                          "stream": True}, b"data: ")   # fills the context
 
 
 def test_held_back_keeps_possible_stop_and_tool_prefixes():

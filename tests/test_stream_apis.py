@@ -3,17 +3,14 @@
 deltas add up to the unstreamed greedy answer, more than one delta arrives for a long answer, tool calls stream as
 argument deltas, and a client that goes away stops its generation."""
 import asyncio
-import http.client
 import json
-import time
-import urllib.parse
 
 import anthropic
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.test_server import call
+from tests.test_openai_stream import disconnect_mid_stream, metric
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -135,15 +132,6 @@ def test_litellm_completion_stream_equals_unstreamed(server, monkeypatch):
     assert full.usage.completion_tokens == LONG or full.choices[0].finish_reason == "stop"
 
 
-def _metric(url, name) -> float:
-    st, text = call(url, "/metrics")
-    return float(next(l.split()[1] for l in text.splitlines() if l.startswith(name + " ")))
-
-
-def _running(url) -> float:
-    return _metric(url, "slick_num_running_reqs")
-
-
 @pytest.mark.parametrize("path,body", [
     ("/v1/responses", {"model": "m", "input": "x", "stream": True, "max_output_tokens": 1900}),
     ("/v1/messages", {"model": "m", "max_tokens": 1900, "stream": True,
@@ -151,16 +139,6 @@ def _running(url) -> float:
 def test_client_disconnect_aborts_generation(server, path, body):
     """A long stream: the client reads the first event and closes; the engine is idle again long before the
     1900 tokens the request asked for."""
-    before = _metric(server.url, "slick_generation_tokens_total")
-    u = urllib.parse.urlparse(server.url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.readline().startswith(b"event: ")
-    assert _running(server.url) == 1
-    conn.close()
-    deadline = time.monotonic() + 10
-    while _running(server.url) != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _running(server.url) == 0
-    assert _metric(server.url, "slick_generation_tokens_total") - before < 1500
+    before = metric(server.url, "slick_generation_tokens_total")
+    disconnect_mid_stream(server.url, path, body, b"event: ")
+    assert metric(server.url, "slick_generation_tokens_total") - before < 1500
