@@ -58,8 +58,10 @@ def test_tokens_logprobs_and_versions_survive_pause_abort_and_resubmit(server, v
 
     async def go(eng):
         whole = await eng.generate(PROMPT, greedy)
-        # pause mid-request, resume: the same tokens
-        task = asyncio.ensure_future(eng.generate(PROMPT, greedy, rid="paused"))
+        # pause mid-request, resume: the same tokens. The request is long (1,500 tokens) so that a fast machine
+        # cannot finish it in the 50 ms before the pause; its first 64 tokens are compared.
+        long = SamplingParams(max_new_tokens=1500, temperature=0.0, ignore_eos=True)
+        task = asyncio.ensure_future(eng.generate(PROMPT, long, rid="paused"))
         await asyncio.sleep(0.05)
         await eng.pause_generation()
         await asyncio.sleep(0.5)
@@ -80,8 +82,8 @@ def test_tokens_logprobs_and_versions_survive_pause_abort_and_resubmit(server, v
     whole, done_while_paused, paused, cut, rest = _run(go, proc)
     assert len(whole.token_ids) == 64 and whole.finish_reason == "length"
     assert not done_while_paused
-    assert paused.token_ids == whole.token_ids
-    assert max(abs(a - b) for a, b in zip(paused.logprobs, whole.logprobs)) < 1e-4
+    assert len(paused.token_ids) == 1500 and paused.token_ids[:64] == whole.token_ids
+    assert max(abs(a - b) for a, b in zip(paused.logprobs[:64], whole.logprobs)) < 1e-4
     assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < 2000
     joined = cut.token_ids + (rest.token_ids if rest is not None else [])
     assert joined[:64] == whole.token_ids
