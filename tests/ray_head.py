@@ -6,7 +6,9 @@ so parallel test sessions never collide on Ray's fixed defaults (6379, 8265, 100
 for with a bound; :meth:`RayHead.stop` ends exactly this cluster: the ``ray start`` process group, then every
 process whose command line names this head's temp dir or GCS address (raylet, GCS, dashboard, agents, workers),
 SIGTERM first and SIGKILL after a grace period. It never runs ``ray stop`` (which would stop every cluster on
-the machine).
+the machine). A test process killed before it can stop the head (SIGKILL, or SIGTERM, which runs no teardown) does
+not leave the cluster behind: a reaper started with the head (this file run as a script) waits for the test
+process to go, then ends the cluster the same way and removes its temp dir.
 
 Use as a context manager::
 
@@ -72,6 +74,51 @@ def _pids_matching(needles: list[str]) -> list[int]:
     return out
 
 
+def cluster_pids(sid: Optional[int], needles: list) -> list[int]:
+    """Live processes of one cluster: the session ``sid`` (``ray start``'s) and every process whose command line
+    names one of ``needles`` (its temp dir, its GCS address)."""
+    found = set()
+    if sid is not None:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getsid(int(entry.name)) == sid:
+                        found.add(int(entry.name))
+                except OSError:
+                    pass
+    found.update(_pids_matching([n for n in needles if n]))
+    found.discard(os.getpid())
+    return sorted(p for p in found if _alive(p))
+
+
+def end_processes(pids_of, grace_s: float, poll=None) -> list[int]:
+    """SIGTERM every pid ``pids_of()`` names, SIGKILL what is left after ``grace_s``; returns the pids still
+    alive after that (``poll``: called while waiting, to reap a child)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = pids_of()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            if poll is not None:
+                poll()
+            time.sleep(0.1)
+    return pids_of()
+
+
+def reap_when_orphaned(parent: int, sid: int, temp_dir: str, gcs_address: str, poll_s: float = 0.5) -> None:
+    """The reaper's body: once ``parent`` (the test process) is gone, end the cluster and remove its temp dir."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    end_processes(lambda: cluster_pids(sid, [temp_dir, gcs_address]), grace_s=10.0)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -96,6 +143,7 @@ class RayHead:
         self.token = auth_token(self.env)
         self.env["RAY_AUTH_MODE"] = "token" if self.token else "disabled"
         self.proc: Optional[subprocess.Popen] = None
+        self.reaper: Optional[subprocess.Popen] = None
         self.temp_dir: Optional[str] = None
         self.ports: dict = {}
         self.start_seconds = 0.0
@@ -136,6 +184,9 @@ class RayHead:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True)
+        # its own session: a Ctrl-C to the test's process group leaves it to watch for the test's exit
+        self.reaper = subprocess.Popen([sys.executable, __file__, str(os.getpid()), str(self.proc.pid), self.temp_dir,
+                                        self.gcs_address], start_new_session=True, stdin=subprocess.DEVNULL)
         try:
             self._wait_ready(t0)
         except BaseException:
@@ -182,40 +233,20 @@ class RayHead:
 
     def pids(self) -> list[int]:
         """Processes of this cluster still alive: the ``ray start`` session plus every process naming its temp
-        dir or its GCS address on the command line."""
-        found = set()
-        if self.proc is not None:
-            sid = self.proc.pid
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        if os.getsid(int(entry.name)) == sid:
-                            found.add(int(entry.name))
-                    except OSError:
-                        pass
-        needles = [n for n in (self.temp_dir, f"{self.gcs_address}" if self.ports else None) if n]
-        found.update(_pids_matching(needles))
-        found.discard(os.getpid())
-        return sorted(p for p in found if _alive(p))
+        dir or its GCS address on the command line (not the reaper)."""
+        pids = cluster_pids(self.proc.pid if self.proc is not None else None,
+                            [self.temp_dir, self.gcs_address if self.ports else None])
+        return [p for p in pids if self.reaper is None or p != self.reaper.pid]
 
     def stop(self, grace_s: float = 10.0) -> None:
         """End exactly this cluster (SIGTERM, then SIGKILL after ``grace_s``) and remove its temp dir."""
         if self.proc is None and self.temp_dir is None:
             return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(_alive(p) for p in pids):
-                if self.proc is not None:
-                    self.proc.poll()                      # reap `ray start` itself
-                time.sleep(0.1)
+        if self.reaper is not None:      # this process stops the cluster itself
+            self.reaper.kill()
+            self.reaper.wait(timeout=10)
+            self.reaper = None
+        end_processes(self.pids, grace_s, poll=self.proc.poll if self.proc is not None else None)
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=5)
@@ -234,3 +265,7 @@ class RayHead:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+if __name__ == "__main__":     # the reaper: python ray_head.py PARENT_PID SID TEMP_DIR GCS_ADDRESS
+    reap_when_orphaned(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -175,6 +175,13 @@ def test_no_model_shape_falls_back_to_a_sample_count():
     plan = _plan({"hf_checkpoint": "/nonexistent"})
     assert plan.max_tokens_per_micro_batch is None
     assert plan.auto[-1].reason.startswith(f"auto: micro-batches of {DEFAULT_MICRO_BATCH_SIZE} samples (no model shape")
+    lean = [c for c in plan.auto if "AdamW" in c.reason or "MLP" in c.reason]
+    assert [c.reason.split(" (")[0] for c in lean] == ["auto: fp32 AdamW moments, MLP activations kept"]
+    # the line names only what it chose: --recompute-mlp given, the moments left to it
+    plan = _plan({"hf_checkpoint": "/nonexistent", "recompute_mlp": True})
+    lean = [c for c in plan.auto if "AdamW" in c.reason or "MLP" in c.reason]
+    assert [c.reason.split(" (")[0] for c in lean] == ["auto: fp32 AdamW moments"]
+    assert lean[0].value == {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"}
 
 
 def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog):

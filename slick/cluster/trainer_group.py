@@ -29,11 +29,15 @@ from slick.train.transport import make_transport
 log = logging.getLogger("slick.cluster")
 
 
+#: the config groups a rank reads: its trainer's and critic's, and whether the run has a critic (debug)
+RANK_GROUPS = tuple(dict.fromkeys(Trainer.CONFIG_GROUPS + Critic.CONFIG_GROUPS + ("debug",)))
+
+
 class TrainerRank:
     """The body of one trainer rank's actor (wrapped with ``ray.remote`` by :class:`RayTrainerGroup`)."""
 
     def __init__(self, cfg, rank: int, world_size: int, slots_on_node: int):
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.cfg, self.rank, self.world_size = cfg.view(*RANK_GROUPS), rank, world_size
         self.threads = set_actor_threads(slots_on_node)
         self.trainer = self.critic = None
         self.host = None      # the colocated engine (EngineHost) of this rank
@@ -158,6 +162,7 @@ class RayTrainerGroup:
     def __init__(self, cfg, cluster, timeout_s: float = 1800.0, start_timeout_s: float = 600.0):
         import ray
 
+        cfg = cfg.view(*RANK_GROUPS)   # what the ranks receive (pickled)
         self.cfg, self.cluster, self.timeout_s = cfg, cluster, float(timeout_s)
         layout = cluster.layout
         self.world_size = layout.trainer_ranks

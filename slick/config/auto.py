@@ -210,6 +210,13 @@ LEAN_STEPS = (({"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, "bf16 Adam
 LEAN_DEFAULTS = {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "recompute_mlp": False}
 
 
+def lean_defaults_named(value: dict) -> list[str]:
+    """The lean defaults in ``value`` in words: "fp32 AdamW moments" (either moment's dtype), "MLP activations
+    kept"."""
+    return [w for f, w in (("exp_avg", "fp32 AdamW moments"), ("recompute_mlp", "MLP activations kept"))
+            if any(k.startswith(f) for k in value)]
+
+
 def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int], unset: frozenset) -> Choice:
     """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: their defaults (fp32 moments,
     MLP activations kept) when memory suffices; when it is short (:func:`short_of_memory` at the tokens that fit),
@@ -232,8 +239,7 @@ def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optio
         taken.append(what)
     facts = f"{before} tokens of activations fit beside the state" + (f", {fits} with them" if taken else "")
     if not taken:
-        kept = [w for f, w in (("exp_avg", "fp32 AdamW moments"), ("recompute_mlp", "MLP activations kept"))
-                if any(k.startswith(f) for k in value)]
+        kept = lean_defaults_named(value)
         state = ("memory is short, and no lean setting left unset applies" if short_of_memory(before, max_seq)
                  else "memory suffices")
         return Choice(value, f"auto: {', '.join(kept)} ({state}: {facts}); --exp-avg-dtype bf16 "

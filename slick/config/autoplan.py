@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
-from slick.config.auto import (LEAN_DEFAULTS, Choice, Machine, ModelShape, Training, fallback_micro_batch,
-                               lean_choice, machine_now, micro_batch_tokens, offload_choice)
+from slick.config.auto import (LEAN_DEFAULTS, Choice, Machine, ModelShape, Training, fallback_micro_batch, lean_choice,
+                               lean_defaults_named, machine_now, micro_batch_tokens, offload_choice)
 from slick.models.check import read_model_config
 
 _DEBUG_FLAGS = ("debug_rollout_only", "debug_train_only", "load_debug_rollout_data")
@@ -101,7 +101,7 @@ def lean_settings_choice(cfg, offload: bool, checkpointing: bool, engine_in_proc
     sizing = _sizing(cfg, offload, checkpointing, engine_in_process, machine)
     if isinstance(sizing, str) or cfg.debug_rollout_only:
         value = {f: LEAN_DEFAULTS[f] for f in unset}
-        return Choice(value, f"auto: fp32 AdamW moments, MLP activations kept "
+        return Choice(value, f"auto: {', '.join(lean_defaults_named(value))} "
                              f"({'nothing is trained' if cfg.debug_rollout_only else sizing})")
     shape, machine, t, max_seq = sizing
     return lean_choice(shape, machine, t, max_seq, unset)

@@ -1,4 +1,10 @@
-"""The ``Config`` object: one instance per config group, plus flat attribute access."""
+"""The ``Config`` object: one instance per config group, plus flat attribute access; ``ConfigView``: the groups
+one component is given.
+
+A component that is not a plug-in host declares the groups it reads (``CONFIG_GROUPS``) and keeps
+``cfg.view(*CONFIG_GROUPS)``: reading a field of another group raises :class:`ConfigScopeError` naming the field's
+group, so what a component depends on is what its declaration says. The components that hand slime's plug-ins
+``args`` (the rollout manager, the reward hub, the loss and advantage plug-ins) keep the whole ``Config``."""
 from __future__ import annotations
 
 import dataclasses
@@ -48,6 +54,13 @@ class Config:
             raise AttributeError(f"Config has no field '{name}'")
         setattr(getattr(self, group), name, value)
 
+    def view(self, *groups: str) -> "ConfigView":
+        """A read-only view of ``groups`` (names from ``slick.config.groups.GROUPS``)."""
+        unknown = [g for g in groups if g not in GROUPS]
+        if unknown:
+            raise ValueError(f"no config group {', '.join(map(repr, unknown))} (groups: {', '.join(GROUPS)})")
+        return ConfigView({g: getattr(self, g) for g in groups})
+
     def to_dict(self) -> dict:
         """Nested {group: {field: value}} (YAML-friendly)."""
         return {g: dataclasses.asdict(getattr(self, g)) for g in GROUPS}
@@ -57,3 +70,54 @@ class Config:
 
     def __repr__(self) -> str:
         return f"Config({self.to_dict()!r})"
+
+
+class ConfigScopeError(RuntimeError):
+    """A component read a field of a config group it was not given (not an AttributeError: ``getattr`` with a
+    default must not hide it)."""
+
+
+class ConfigView:
+    """Some groups of a ``Config``: ``view.lr`` is ``view.train.lr`` when ``train`` is one of them. Read-only;
+    the group objects are the config's own (one source of truth). Pickles (Ray ranks receive views)."""
+
+    __slots__ = ("_groups",)
+
+    def __init__(self, groups: dict):
+        object.__setattr__(self, "_groups", dict(groups))
+
+    @property
+    def groups(self) -> tuple:
+        return tuple(self._groups)
+
+    def view(self, *groups: str) -> "ConfigView":
+        """A narrower view: ``groups`` must all be in this one."""
+        missing = [g for g in groups if g not in self._groups]
+        if missing:
+            raise ConfigScopeError(f"config group(s) {', '.join(missing)} asked of a view of "
+                                   f"{', '.join(self._groups) or 'no groups'}")
+        return ConfigView({g: self._groups[g] for g in groups})
+
+    def __getattr__(self, name: str) -> Any:
+        groups = object.__getattribute__(self, "_groups")
+        if name in groups:
+            return groups[name]
+        group = _FIELD_GROUP.get(name)
+        if group in groups:
+            return getattr(groups[group], name)
+        if group is None and name not in GROUPS:
+            raise AttributeError(f"Config has no field '{name}'")
+        raise ConfigScopeError(f"'{name}' is in config group '{group or name}', which this component was not "
+                               f"given (its groups: {', '.join(groups) or 'none'})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a config view is read-only (setting '{name}')")
+
+    def __reduce__(self):
+        return ConfigView, (self._groups,)
+
+    def to_dict(self) -> dict:
+        return {g: dataclasses.asdict(v) for g, v in self._groups.items()}
+
+    def __repr__(self) -> str:
+        return f"ConfigView({self.to_dict()!r})"

@@ -82,7 +82,9 @@ class ChatDataset:
     @classmethod
     def from_config(cls, cfg, tokenizer, spec: Optional[str] = None, max_len: Optional[int] = None,
                     max_len_source: str = "the model's context") -> "ChatDataset":
-        """Build from a ``slick.config.Config`` (``spec`` defaults to --prompt-data)."""
+        """Build from a ``Config`` or a view with its data and sft_distill groups (``spec`` defaults to
+        --prompt-data)."""
+        cfg = cfg.view("data", "sft_distill")
         spec = spec if spec is not None else cfg.prompt_data
         if not spec:
             raise DataError("no chat data given (--prompt-data)")

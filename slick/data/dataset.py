@@ -232,7 +232,8 @@ class PromptDataset:
 
     @classmethod
     def from_config(cls, cfg, tokenizer, spec: Optional[str] = None) -> "PromptDataset":
-        """Build from a ``slick.config.Config`` (``spec`` defaults to ``cfg.prompt_data``)."""
+        """Build from the data group (``slick.config.groups.DataConfig``, or a ``Config``); ``spec`` defaults to
+        ``--prompt-data``."""
         spec = spec if spec is not None else cfg.prompt_data
         if not spec:
             raise DataError("no prompt data given (--prompt-data)")

@@ -20,7 +20,9 @@ workers. It imports only vLLM, torch, safetensors and the standard library.
   update, ``/collective_rpc``). The guard applies slick's serving rules (docs/security.md) to every route: the Host
   header must name the loopback address it is bound to, a request carrying a foreign ``Origin`` is refused, a POST
   must say ``Content-Type: application/json``, and with ``SLICK_VLLM_API_KEY`` set every route but ``/health``,
-  ``/metrics`` and ``/ping`` needs ``Authorization: Bearer KEY``.
+  ``/metrics`` and ``/ping`` needs ``Authorization: Bearer KEY``. ``/v1/load_lora_adapter`` (a LoRA run's weight
+  sync) is held to the weight update's rule: its ``lora_path`` must lie under ``SLICK_VLLM_WEIGHT_DIRS``, so the
+  key alone does not let a client make the server read any directory it can.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ BACKEND = "slick_dir"
 WEIGHT_DIRS_ENV = "SLICK_VLLM_WEIGHT_DIRS"
 API_KEY_ENV = "SLICK_VLLM_API_KEY"
 OPEN_PATHS = {"/health", "/metrics", "/ping"}
+ADAPTER_ROUTES = {"/v1/load_lora_adapter"}     # POST bodies naming a directory the server will read
+MAX_ADAPTER_BODY = 1 << 20
 
 
 def register() -> None:
@@ -133,6 +137,47 @@ def _engine_classes():
     return SlickDirEngine
 
 
+async def _buffered(receive):
+    """The request body read whole (at most ``MAX_ADAPTER_BODY`` bytes are kept; None past that), and a
+    ``receive`` that hands it to the app as one message."""
+    chunks, size, more = [], 0, True
+    while more:
+        msg = await receive()
+        if msg.get("type") != "http.request":
+            break
+        size += len(msg.get("body", b""))
+        if size <= MAX_ADAPTER_BODY:
+            chunks.append(msg.get("body", b""))
+        more = msg.get("more_body", False)
+    body = b"".join(chunks) if size <= MAX_ADAPTER_BODY else None
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body or b"", "more_body": False}
+        return await receive()
+    return body, replay
+
+
+def adapter_problem(body):
+    """``(status, message)`` when a load-adapter body names a ``lora_path`` outside ``SLICK_VLLM_WEIGHT_DIRS``."""
+    if body is None:
+        return 413, f"request body over {MAX_ADAPTER_BODY} bytes"
+    try:
+        path = json.loads(body or b"{}").get("lora_path")
+    except (ValueError, AttributeError):
+        return 400, "the body is not a JSON object"
+    if path is None:
+        return None                                   # vLLM answers a request without a path itself
+    try:
+        allowed_weight_path(str(path))
+    except ValueError as e:
+        return 403, f"lora_path refused: {e}"
+    return None
+
+
 def __getattr__(name):   # the factory imports ``SlickDirEngine`` lazily, once vLLM is importable
     if name == "SlickDirEngine":
         return _engine_classes()
@@ -150,6 +195,9 @@ class Guard:
         if scope.get("type") != "http":
             return await self.app(scope, receive, send)
         problem = self.refuse(scope)
+        if problem is None and scope.get("method") == "POST" and scope.get("path") in ADAPTER_ROUTES:
+            body, receive = await _buffered(receive)
+            problem = adapter_problem(body)
         if problem is None:
             return await self.app(scope, receive, send)
         status, message = problem

@@ -138,10 +138,13 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
 
     --rollout-engine vllm / sglang: real vLLM (or SGLang) servers launched from --hf-checkpoint
     (slick/engines/vllm_launch.py), or found at --rollout-urls; weights reach them through the disk transport's
-    directory ``weight_dir`` (the only directory the launched vLLM servers load weights from)."""
+    directory ``weight_dir`` (the only directory the launched vLLM servers load weights from).
+
+    Reads the rollout, data, train, cluster and logging groups."""
+    cfg = cfg.view("rollout", "data", "train", "cluster", "logging")
     if cfg.rollout_engine in ("vllm", "sglang"):
         return _server_engines(cfg, weight_dir)
-    sglang = dict(getattr(cfg, "sglang", None) or {})
+    sglang = dict(cfg.sglang or {})
     options, unknown = engine_options(sglang)
     if sglang and cfg.rollout_engine == "http" and cfg.rollout_urls:
         log.warning("--sglang-* options %s have no effect: the engines at --rollout-urls are already running",

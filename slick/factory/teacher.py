@@ -20,7 +20,8 @@ ENGINE_TYPES = ("engine", "sglang")     # --opd-type values of a teacher served 
 
 def make_teacher(cfg, trainer, train_pool) -> Optional[object]:
     """The run's teacher (None without --use-opd). ``train_pool``: the executor of the training thread, where
-    the trainer's teacher forward runs."""
+    the trainer's teacher forward runs. Reads the sft_distill, data, rollout and train groups."""
+    cfg = cfg.view("sft_distill", "data", "rollout", "train")
     if not cfg.use_opd:
         return None
     if cfg.opd_type not in ENGINE_TYPES:

@@ -165,10 +165,10 @@ def _build_inputs(c: Components) -> None:
     if is_sft(cfg):   # chats with loss masks, held-out chats, the SFT rollout (slick/loop/sft_inputs.py)
         build_sft_inputs(c)
     else:
-        c.data = DataSource(PromptDataset.from_config(cfg, c.tok), cfg.n_samples_per_prompt,
+        c.data = DataSource(PromptDataset.from_config(cfg.data, c.tok), cfg.n_samples_per_prompt,
                             shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed) if cfg.prompt_data else None
         pairs = list(cfg.eval_prompt_data)
-        c.eval_sets = {n: PromptDataset.from_config(cfg, c.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
+        c.eval_sets = {n: PromptDataset.from_config(cfg.data, c.tok, spec=p) for n, p in zip(pairs[::2], pairs[1::2])}
         check_run_prompts(cfg, c.data.dataset if c.data else None, c.eval_sets)   # prompts fit the context
         c.rollout_fn = load_function(cfg.rollout_function_path, "--rollout-function-path")
     c.buffer = RolloutBuffer.from_config(cfg, max_staleness=staleness_bound(cfg, c.mode))
@@ -205,7 +205,7 @@ def _build_trainer(c: Components) -> None:
     c.logger = MetricsLogger(c.run_dir, use_tensorboard=cfg.use_tensorboard, use_wandb=cfg.use_wandb,
                              wandb_project=cfg.wandb_project, wandb_group=cfg.wandb_group, config=cfg.to_dict())
     c.progress = Progress(c.num_steps, enabled=not cfg.no_progress, initial=c.start_step)
-    c.store = RolloutStore.from_config(cfg, c.run_dir, c.tok)   # RUN_DIR/rollouts (Parquet)
+    c.store = RolloutStore.from_config(cfg.rollout_store, c.run_dir, c.tok)   # RUN_DIR/rollouts (Parquet)
 
 
 def _build_rollout(c: Components) -> None:
@@ -222,7 +222,7 @@ def _build_rollout(c: Components) -> None:
                                    on_generated=c.events.observe_generated if c.events else None)
         c.weights = EngineWeights(cfg, c.engines, c.cluster, c.run_dir)
     c.teacher = make_teacher(cfg, c.trainer, c.train_pool)   # --use-opd (slick/factory/teacher.py)
-    c.exporter = start_exporter(cfg, c.run_dir, events=c.events, buffer=c.buffer, trainer=c.trainer,
+    c.exporter = start_exporter(cfg.logging, c.run_dir, events=c.events, buffer=c.buffer, trainer=c.trainer,
                                 engines=c.engines)
     if c.trainer is None or c.trainer.device.type == "cpu":
         release_free_memory()   # what loading the models freed

@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 
 
 def thread_split(cfg, overlap: bool, device_is_cpu: bool, cores: Optional[int] = None) -> tuple[int, int]:
+    cfg = cfg.view("train", "rollout")
     """(training threads, rollout threads). Phases that take turns (slick train) each get every core; phases that
     overlap on a CPU (slick train-async) split them, training ceil(n/2), so OpenMP teams never oversubscribe.
     --train-num-threads / --rollout-num-threads override either. ``cores``: torch's thread count when not given."""

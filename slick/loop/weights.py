@@ -30,6 +30,7 @@ class EngineWeights:
     """The run's engines (an ``EngineSet``) behind one weight transport (module doc)."""
 
     def __init__(self, cfg, engines, cluster, run_dir: Path):
+        cfg = cfg.view("cluster", "train")
         self.engines = engines
         self.transport = resolve_transport(cfg, engines, cluster)
         self.ranks_reach_engines = engines.sync_mode == "ray"   # engine actors the trainer ranks push to

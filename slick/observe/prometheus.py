@@ -313,11 +313,12 @@ class RunExporter:
             self.thread.join(timeout=5.0)
 
 
-def start_exporter(cfg, run_dir, *, events: Optional[RunEvents], buffer: Any, trainer: Any,
+def start_exporter(logging_cfg, run_dir, *, events: Optional[RunEvents], buffer: Any, trainer: Any,
                    engines: Any) -> Optional[RunExporter]:
     """The run's exporter when ``--prometheus-port`` is set (else ``None``): it serves ``events`` (the reward hub
     and the rollout manager were built with its hooks) and the live state of the buffer, the trainer and the
-    engines (an ``EngineSet``, or None)."""
+    engines (an ``EngineSet``, or None). ``logging_cfg``: the logging group (``--prometheus-host``/``-port``)."""
+    cfg = logging_cfg
     if cfg.prometheus_port is None:
         return None
     urls = list(getattr(engines, "worker_urls", []) or []) if engines else []

@@ -86,7 +86,8 @@ class RolloutStore:
 
     @classmethod
     def from_config(cls, cfg, run_dir, tokenizer=None) -> Optional["RolloutStore"]:
-        """The store a run's flags ask for, or None for --no-rollout-store / --rollout-store-interval 0."""
+        """The store the rollout_store group (``slick.config.groups.RolloutStoreConfig``) asks for, or None for
+        --no-rollout-store / --rollout-store-interval 0."""
         if cfg.no_rollout_store or not cfg.rollout_store_interval:
             return None
         return cls(run_dir, interval=cfg.rollout_store_interval, max_mb=cfg.rollout_store_max_mb, tokenizer=tokenizer)

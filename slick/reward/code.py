@@ -139,6 +139,6 @@ def score(response: str, label: Any, metadata: Optional[dict] = None) -> float:
 def judge_from_config(cfg: Any) -> CodeJudge:
     """The judge of a run: a pool with its ``--sandbox-*`` limits, checked now (so a machine without a working
     bwrap fails at start, naming it), and its ``--code-reward-mode`` / ``--code-block``."""
-    pool = pool_from_config(cfg)
+    pool = pool_from_config(cfg.sandbox)
     pool.check()
     return CodeJudge(pool, cfg.code_reward_mode, cfg.code_block)

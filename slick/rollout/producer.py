@@ -39,7 +39,8 @@ class Producer:
 
     def __init__(self, cfg, manager, buffer, data, engine, *, lead: int, synced_steps: int, consumed_steps: int,
                  num_steps: int):
-        self.cfg, self.manager, self.buffer, self.data, self.engine = cfg, manager, buffer, data, engine
+        self.manager, self.buffer, self.data, self.engine = manager, buffer, data, engine
+        cfg = cfg.view("rollout")
         self.batch = cfg.rollout_batch_size
         self.lead = lead
         self.num_steps = num_steps                   # no group is generated past the run's last step

@@ -182,11 +182,13 @@ class ToolSet:
 
     @classmethod
     def from_config(cls, cfg) -> Optional["ToolSet"]:
+        """The tools of --tool-path (agent group), sandboxed with the sandbox group's limits where a tool asks."""
+        cfg = cfg.view("agent", "sandbox")
         if not cfg.tool_path:
             return None
         tools = load_tools(cfg.tool_path)
         wants = any(getattr(f, "__slick_tool__", {}).get("sandbox") for f in tools.values())
-        return cls(tools, cfg.tool_timeout, cfg.tool_max_output_chars, pool_from_config(cfg) if wants else None)
+        return cls(tools, cfg.tool_timeout, cfg.tool_max_output_chars, pool_from_config(cfg.sandbox) if wants else None)
 
     def schemas(self) -> list[dict]:
         return [function_schema(n, f) for n, f in self.tools.items()]

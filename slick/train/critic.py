@@ -125,11 +125,12 @@ class Critic(Trainer):
     """
 
     head = "value"
+    CONFIG_GROUPS = ("train", "critic")
 
     def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
         from transformers import AutoModel
 
-        self.cfg = cfg
+        self.cfg = cfg = cfg.view(*self.CONFIG_GROUPS)
         self.model_path = str(model_path or cfg.critic_load or cfg.hf_checkpoint or "")
         if not self.model_path:
             raise ValueError("Critic needs a model: set --critic-load or --hf-checkpoint")
@@ -176,7 +177,7 @@ class Critic(Trainer):
         else:
             self.master = self.params
         lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
-        self.optimizer = make_adamw(self.master, cfg, lr)
+        self.optimizer = make_adamw(self.master, cfg.train, lr)
         warm = int(cfg.critic_lr_warmup_iters or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)

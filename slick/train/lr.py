@@ -34,6 +34,7 @@ def lr_factor_fn(lr: float, warmup: int = 0, style: str = "constant", decay_iter
 
 
 def lr_factor_from_config(cfg) -> Callable[[int], float]:
-    """:func:`lr_factor_fn` of a config's --lr, --lr-warmup-steps, --lr-decay-style, --lr-decay-iters, --min-lr."""
-    return lr_factor_fn(cfg.lr, cfg.lr_warmup_steps, getattr(cfg, "lr_decay_style", "constant"),
-                        getattr(cfg, "lr_decay_iters", None), getattr(cfg, "min_lr", 0.0))
+    """:func:`lr_factor_fn` of --lr, --lr-warmup-steps (train group), --lr-decay-style, --lr-decay-iters, --min-lr
+    (sft_distill group)."""
+    cfg = cfg.view("train", "sft_distill")
+    return lr_factor_fn(cfg.lr, cfg.lr_warmup_steps, cfg.lr_decay_style, cfg.lr_decay_iters, cfg.min_lr)

@@ -42,7 +42,8 @@ def decay_groups(params: Iterable[torch.Tensor], weight_decay: float) -> list:
 
 
 def make_adamw(params: Iterable[torch.Tensor], cfg, lr: float) -> torch.optim.Optimizer:
-    """The AdamW of ``cfg`` (betas, weight decay of the matrices, moment dtypes, seed) over ``params`` at ``lr``."""
+    """The AdamW of the train group ``cfg`` (``slick.config.groups.TrainConfig``: betas, weight decay of the
+    matrices, moment dtypes, seed) over ``params`` at ``lr``."""
     groups = decay_groups(params, cfg.weight_decay)
     kw = dict(lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2))
     first, second = cfg.exp_avg_dtype or "fp32", cfg.exp_avg_sq_dtype or "fp32"   # unset: fp32 (the plan resolves it)

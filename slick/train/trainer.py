@@ -57,7 +57,7 @@ _PAD = Sample(index=-1, prompt_ids=[0], response_ids=[0])   # the zero-contribut
 class Trainer:
     """Policy model, optional frozen reference model, AdamW with linear warm-up, grad clipping.
 
-    ``cfg`` is a ``slick.config.Config`` (flat access). ``precision`` picks the bf16 scheme
+    ``cfg``: a ``slick.config.Config`` or a view with the groups in ``CONFIG_GROUPS`` (the trainer keeps only those). ``precision`` picks the bf16 scheme
     (``"autocast"`` default, or ``"bf16"``; see ``slick.train.precision``); ignored for fp32.
 
     Built while ``torch.distributed`` is initialised with world_size > 1 (``slick.train.dist``), it is one
@@ -67,6 +67,8 @@ class Trainer:
 
     #: what the head predicts per response token: "policy" (logprobs; compared with the rollout's) or "value"
     head = "policy"
+    #: the config groups the trainer reads (slick.config.ConfigView)
+    CONFIG_GROUPS = ("train", "algorithm", "rollout", "lora", "sft_distill")
     #: the policy's LoRA adapters (slick.train.lora.PolicyLora) with --lora-rank / --lora-load, else None
     lora = None
 
@@ -74,7 +76,7 @@ class Trainer:
                  thread_budget: Optional[Callable[[], Optional[int]]] = None):
         from transformers import AutoModelForCausalLM
 
-        self.cfg = cfg
+        self.cfg = cfg = cfg.view(*self.CONFIG_GROUPS)
         self.model_path = _model_dir(model_path or cfg.hf_checkpoint)
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -118,7 +120,7 @@ class Trainer:
             self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         else:
             self.master = self.params
-        self.optimizer = make_adamw(self.master, cfg, cfg.lr)
+        self.optimizer = make_adamw(self.master, cfg.train, cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor_from_config(cfg))   # train/lr.py
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
@@ -315,7 +317,7 @@ class Trainer:
         masks = [loss_mask(s) for s in samples]
         num_samples = len(samples)
         num_tokens = int(sum(sum(m) for m in masks))
-        entropy_grad = bool(self.cfg.entropy_coef)
+        entropy_grad = self.head == "policy" and bool(self.cfg.entropy_coef)   # the value head has no entropy
         sums: dict[str, float] = {}
         total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
         diff_max, diff_over = 0.0, 0.0

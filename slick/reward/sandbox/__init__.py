@@ -30,7 +30,7 @@ _lock = threading.Lock()
 
 
 def pool_from_config(cfg: Any) -> SandboxPool:
-    """A pool with the ``--sandbox-*`` settings of a run's config."""
+    """A pool with the ``--sandbox-*`` settings: the sandbox group (``slick.config.groups.SandboxConfig``)."""
     return SandboxPool(cfg.sandbox_workers, Limits.from_config(cfg), python=cfg.sandbox_python)
 
 

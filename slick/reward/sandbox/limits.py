@@ -52,7 +52,7 @@ class Limits:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Limits":
-        """The limits of a run's config (``cfg.sandbox_*``)."""
+        """The limits of the sandbox group (``slick.config.groups.SandboxConfig``: ``--sandbox-*``)."""
         return cls(wall_seconds=cfg.sandbox_timeout, cpu_seconds=cfg.sandbox_cpu_seconds,
                    memory_mb=cfg.sandbox_memory_mb, max_processes=cfg.sandbox_max_processes,
                    file_size_mb=cfg.sandbox_file_size_mb, open_files=cfg.sandbox_open_files,
