@@ -71,13 +71,14 @@ def test_values_per_response_token_equal_unpacked_forward(critic):
 def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir):
     """12 critic steps on one batch (targets in [-1, 1]; a clip of 10 never binds): the value loss ends below a
     tenth of its first value (measured: 0.16 -> 0.003)."""
-    c = Critic(make_cfg(tiny_model_dir, critic_lr=3e-3, value_clip=10.0))
+    cfg = make_cfg(tiny_model_dir, critic_lr=3e-3, value_clip=10.0)
+    c = Critic(cfg)
     samples = make_samples(6)
     returns = targets_for(samples)
     old = [torch.zeros(len(s.response_ids)) for s in samples]
     losses = []
     for _ in range(12):
-        m = c.train_step(samples, returns, value_objective(c.cfg), old)
+        m = c.train_step(samples, returns, value_objective(cfg), old)
         losses.append(m["value_loss"])
         assert m["skipped_steps"] == 0.0 and m["grad_norm"] > 0 and m["vf_clipfrac"] == 0.0
     assert losses[-1] < 0.1 * losses[0], losses
@@ -91,17 +92,18 @@ def test_tool_tokens_get_no_value_loss(tiny_model_dir):
     other = [r.clone() for r in returns]
     for r in other:
         r[1:3] = 100.0    # only at the tool tokens
-    a, b = Critic(make_cfg(tiny_model_dir)), Critic(make_cfg(tiny_model_dir))
+    cfg = make_cfg(tiny_model_dir)
+    a, b = Critic(cfg), Critic(cfg)
     zeros = [torch.zeros(len(s.response_ids)) for s in samples]
-    ma, mb = a.train_step(samples, returns, value_objective(a.cfg), zeros), b.train_step(samples, other, value_objective(b.cfg), zeros)
+    ma, mb = a.train_step(samples, returns, value_objective(cfg), zeros), b.train_step(samples, other, value_objective(cfg), zeros)
     assert ma["value_loss"] == mb["value_loss"] and ma["grad_norm"] == mb["grad_norm"]
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         assert torch.equal(p, q), n
     # and a return off at a counted token does change them
     counted = [r.clone() for r in returns]
     counted[0][0] += 1.0
-    c = Critic(make_cfg(tiny_model_dir))
-    assert c.train_step(samples, counted, value_objective(c.cfg), zeros)["value_loss"] != ma["value_loss"]
+    c = Critic(cfg)
+    assert c.train_step(samples, counted, value_objective(cfg), zeros)["value_loss"] != ma["value_loss"]
 
 
 def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):

@@ -48,11 +48,11 @@ def test_only_the_trainer_iterates_micro_batches():
     assert [p for p, _ in found] == ["train/trainer.py", "train/trainer.py"], found
 
 
-def _old_loop_step(c: Critic, samples, returns, old_values) -> dict:
+def _old_loop_step(c: Critic, cfg, samples, returns, old_values) -> dict:
     """The critic's former train_step, as it was before the head (its own micro-batch loop), for one process."""
     masks = [loss_mask(s) for s in samples]
     num_samples, num_tokens = len(samples), int(sum(sum(m) for m in masks))
-    clip, per_token = float(c.cfg.value_clip), bool(c.cfg.calculate_per_token_loss)
+    clip, per_token = float(cfg.value_clip), bool(cfg.calculate_per_token_loss)
     sums: dict = {}
     c.optimizer.zero_grad(set_to_none=True)
     with c._cast_once():
@@ -96,7 +96,7 @@ def test_value_loss_and_update_equal_the_former_critic_loop(tiny_model_dir):
     old = [v + 0.1 * targets_for(samples, seed=5)[i] for i, v in enumerate(old)]   # the clip binds somewhere
 
     new = a.train_step(samples, returns, value_objective(cfg), old)
-    ref = _old_loop_step(b, samples, returns, old)
+    ref = _old_loop_step(b, cfg, samples, returns, old)
     for key in ("value_loss", "vf_clipfrac", "values_mean", "returns_mean", "lr", "grad_norm"):
         assert new[key] == ref[key], (key, new[key], ref[key])
     assert 0.0 < new["vf_clipfrac"] < 1.0 and new["value_loss"] > 0.0

@@ -132,7 +132,8 @@ def test_one_and_two_steps_equal_trl(tiny_model_dir, tmp_path):
     trl_tr, tok = _trl_trainer(tiny_model_dir, tmp_path)
     cfg = _slick_cfg(tiny_model_dir, per_token=True)
     slick = Trainer(cfg)
-    control = Trainer(_slick_cfg(tiny_model_dir, per_token=False))   # slick's default normalisation
+    control_cfg = _slick_cfg(tiny_model_dir, per_token=False)   # slick's default normalisation
+    control = Trainer(control_cfg)
     for step in range(2):
         prompts, comps, rewards = _batch(step, tok.pad_token_id)
         s_grads, metrics, tensors, samples = _slick_step(slick, cfg, prompts, comps, rewards)
@@ -159,7 +160,7 @@ def test_one_and_two_steps_equal_trl(tiny_model_dir, tmp_path):
               f"mean {stats[2]:.2e}")
         assert stats[0] <= 5e-5 and stats[1] <= 1e-3 and stats[2] <= 1e-8, stats
         # the test can tell normalisations apart: slick's default (mean of per-sample means) moves differently
-        train_on_samples(control.cfg, control, samples, rewards, make_loss_fn(control.cfg), step=0)
+        train_on_samples(control_cfg, control, samples, rewards, make_loss_fn(control_cfg), step=0)
         c_w = dict(control.model.named_parameters())
         assert max(float((c_w[n].detach() - p.detach()).abs().max())
                    for n, p in trl_tr.model.named_parameters()) > 1e-4
