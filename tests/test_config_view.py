@@ -68,6 +68,34 @@ def _reads(node: ast.AST, names: tuple) -> set:
     return out
 
 
+def _top_level_functions() -> dict:
+    """{name: [FunctionDef, ...]} of slick's module-level functions (a name defined twice: both)."""
+    defs: dict = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(node.name, []).append(node)
+    return defs
+
+
+def _reads_deep(fn, names: tuple, defs: dict, seen: set) -> set:
+    """The fields ``fn`` reads through ``names``, and those read by the module-level functions it hands the same
+    config to (``f(cfg, ...)``: the callee's parameter in that position), transitively."""
+    out = _reads(fn, names)
+    for call in ast.walk(fn):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in defs):
+            continue
+        for pos, arg in enumerate(call.args):
+            if not (isinstance(arg, ast.Name) and arg.id in names):
+                continue
+            for callee in defs[call.func.id]:
+                params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+                if pos < len(params) and (callee, params[pos]) not in seen:
+                    seen.add((callee, params[pos]))
+                    out |= _reads_deep(callee, (params[pos],), defs, seen)
+    return out
+
+
 def _narrowed() -> list:
     """(where, declared groups, fields read) for every narrowing function and every class with CONFIG_GROUPS."""
     from slick.cluster.trainer_group import RANK_GROUPS
@@ -75,6 +103,7 @@ def _narrowed() -> list:
     from slick.train.trainer import Trainer
 
     star = {"Trainer": Trainer.CONFIG_GROUPS, "Critic": Critic.CONFIG_GROUPS, "RANK_GROUPS": RANK_GROUPS}
+    defs = _top_level_functions()
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         if "config" in path.parts[-2:-1]:
@@ -84,7 +113,7 @@ def _narrowed() -> list:
             decl = [s for s in cls.body if isinstance(s, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "CONFIG_GROUPS" for t in s.targets)]
             if decl:
-                found.append((f"{path.name}:{cls.name}", star[cls.name], _reads(cls, ("cfg", "c"))))
+                found.append((f"{path.name}:{cls.name}", star[cls.name], _reads_deep(cls, ("cfg", "c"), defs, set())))
         for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
             for st in fn.body:
                 if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and getattr(st.value.func, "attr",
@@ -96,7 +125,7 @@ def _narrowed() -> list:
                         groups = star[args[0].value.id]                 # cfg.view(*RANK_GROUPS)
                     else:
                         continue   # cfg.view(*self.CONFIG_GROUPS) (checked with its class), or a tensor's view
-                    found.append((f"{path.name}:{fn.name}", groups, _reads(fn, ("cfg",))))
+                    found.append((f"{path.name}:{fn.name}", groups, _reads_deep(fn, ("cfg",), defs, set())))
     return found
 
 

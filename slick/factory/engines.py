@@ -140,8 +140,8 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     (slick/engines/vllm_launch.py), or found at --rollout-urls; weights reach them through the disk transport's
     directory ``weight_dir`` (the only directory the launched vLLM servers load weights from).
 
-    Reads the rollout, data, train, cluster and logging groups."""
-    cfg = cfg.view("rollout", "data", "train", "cluster", "logging")
+    Reads the rollout, data, train, cluster, logging and lora groups."""
+    cfg = cfg.view("rollout", "data", "train", "cluster", "logging", "lora")
     if cfg.rollout_engine in ("vllm", "sglang"):
         return _server_engines(cfg, weight_dir)
     sglang = dict(cfg.sglang or {})
