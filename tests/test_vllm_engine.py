@@ -68,12 +68,16 @@ def test_tokens_logprobs_and_versions_survive_pause_abort_and_resubmit(server, v
         done_while_paused = task.done()
         await eng.continue_generation()
         paused = await task
-        # abort mid-request, resubmit prompt + tokens so far for the rest: the same tokens
-        task = asyncio.ensure_future(eng.generate(PROMPT, SamplingParams(max_new_tokens=2000, temperature=0.0,
-                                                                         ignore_eos=True), rid="cut"))
-        await asyncio.sleep(0.1)
-        await eng.abort("cut")
-        cut = await task
+        # abort mid-request, resubmit prompt + tokens so far for the rest: the same tokens. An abort that lands
+        # before the first token (a slow machine's prefill) is tried again later, at most 6 times.
+        for attempt in range(6):
+            task = asyncio.ensure_future(eng.generate(PROMPT, SamplingParams(max_new_tokens=2000, temperature=0.0,
+                                                                             ignore_eos=True), rid=f"cut{attempt}"))
+            await asyncio.sleep(0.1 * 2 ** attempt)
+            await eng.abort(f"cut{attempt}")
+            cut = await task
+            if cut.token_ids:
+                break
         rest = await eng.generate(PROMPT + cut.token_ids,
                                   SamplingParams(max_new_tokens=64 - len(cut.token_ids), temperature=0.0,
                                                  ignore_eos=True)) if len(cut.token_ids) < 64 else None
