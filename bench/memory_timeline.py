@@ -1,10 +1,12 @@
 """Where a whole `slick train` run's memory goes over time, for several flag sets side by side in one invocation.
 
     .venv/bin/python bench/memory_timeline.py [--variants 'defaults=;recompute=--recompute-mlp'] [--steps 30]
+    .venv/bin/python bench/memory_timeline.py --variants 'defaults=;no-onednn-cache=ONEDNN_PRIMITIVE_CACHE_CAPACITY=0'
 
 Each variant is one `slick train` process on ``bench/vs_trl.py``'s task (SmolLM2-135M-Instruct, addition, 8 x 8
 samples per step, 48 new tokens, an evaluation of 400 held-out questions every 5 steps; its argv, plus the variant's
-flags), run one after another, alone. Its resident set (``VmRSS`` of the process) is read every 0.1 s. Reported per
+flags; leading ``NAME=value`` words, as in a shell, set environment variables for that run only), run one after
+another, alone. Its resident set (``VmRSS`` of the process) is read every 0.1 s. Reported per
 variant: whole-process wall time, the peak sampled RSS and when it was first reached, the RSS once the models are
 loaded (before the first step's training), and the RSS at 10%, 25%, 50% and 100% of the run. Prints a table and
 writes bench/results/memory_timeline.{json,md} (``--out``).
@@ -14,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -38,11 +42,21 @@ def rss_mib(pid: int):
     return None
 
 
-def sample_run(cmd: list[str], log_path: Path, period_s: float = 0.1) -> tuple[float, list]:
-    """Run ``cmd`` to the end, reading its RSS every ``period_s``; (wall seconds, [(t, MiB), ...])."""
+def split_env(flags: str) -> tuple[dict, str]:
+    """``"A=1 B=2 --x 3"`` -> ``({"A": "1", "B": "2"}, "--x 3")``: leading environment assignments, then flags."""
+    words, env = shlex.split(flags), {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, shlex.join(words)
+
+
+def sample_run(cmd: list[str], log_path: Path, period_s: float = 0.1, env: dict | None = None) -> tuple[float, list]:
+    """Run ``cmd`` to the end (``env``: variables added to this process' environment), reading its RSS every
+    ``period_s``; (wall seconds, [(t, MiB), ...])."""
     samples, t0 = [], time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         while proc.poll() is None:
             r = rss_mib(proc.pid)
             if r is not None:
@@ -119,9 +133,10 @@ def main(argv=None) -> int:
         print(f"[memory_timeline] {name}: {flags or '(defaults)'} ...", flush=True)
         run_dir = base / name
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "slick.cli", "train", *slick_argv(task, model, train, test, run_dir / "run", flags)]
+        env, argv = split_env(flags)
+        cmd = [sys.executable, "-m", "slick.cli", "train", *slick_argv(task, model, train, test, run_dir / "run", argv)]
         t_start = time.time()
-        wall, samples = sample_run(cmd, run_dir / "stdout.log")
+        wall, samples = sample_run(cmd, run_dir / "stdout.log", env=env)
         rows.append(summarize(name, flags, wall, samples, first_train_start(run_dir / "stdout.log", t_start)))
     meta = {"steps": args.steps, "command": "python bench/memory_timeline.py " + " ".join(sys.argv[1:]),
             "machine": f"{os.cpu_count()} CPUs, {os.uname().machine}", "load_before": round(load_before, 2),
