@@ -14,7 +14,7 @@ import os
 import sys
 
 from slick.config import ConfigError
-from slick.train.memory import AllocatorError, use_tcmalloc
+from slick.train.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
 
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slick {cmd}: {e}", file=sys.stderr)
             return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    limit_onednn_cache()   # before torch builds a primitive
 
     module = importlib.import_module(COMMANDS[cmd][0])
     try:

@@ -2,7 +2,10 @@
 the Plan and are logged once, and automatic micro-batching gives the same update as an explicit micro-batch size."""
 import copy
 import logging
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -131,6 +134,30 @@ def test_allocator_line_says_plainly_when_tcmalloc_cannot_be_had():
     assert level == logging.WARNING and "tcmalloc is not installed" in line and "make tcmalloc" in line
     level, line = allocator_reason(False, True, "auto")
     assert level == logging.WARNING and "installed but not preloaded" in line
+
+
+def test_onednn_cache_line_and_the_entry_points_default(monkeypatch):
+    from slick.config.auto import onednn_cache_reason
+    from slick.train.memory import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, limit_onednn_cache
+    assert ONEDNN_CACHE_ENTRIES == 128 and ONEDNN_CACHE_ENV == "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    assert onednn_cache_reason("128", 128) == (
+        "auto: oneDNN primitive cache: 128 entries instead of 1024 (a micro-batch's shapes are new almost every "
+        "step; their cached kernels are never reused); ONEDNN_PRIMITIVE_CACHE_CAPACITY to override")
+    assert onednn_cache_reason("16", 128) == "oneDNN primitive cache: 16 entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY)"
+    assert onednn_cache_reason(None, 128).startswith("oneDNN primitive cache: 1024 entries (oneDNN's default")
+    monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
+    assert limit_onednn_cache() == "128" and os.environ[ONEDNN_CACHE_ENV] == "128"
+    monkeypatch.setenv(ONEDNN_CACHE_ENV, "16")   # the user's value wins
+    assert limit_onednn_cache() == "16" and os.environ[ONEDNN_CACHE_ENV] == "16"
+
+
+def test_the_slick_command_sets_the_onednn_cache_before_it_runs_a_command():
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    code = ("import os, sys\nfrom slick import cli\ntry:\n    cli.main(['inspect', '--help'])\n"
+            "except SystemExit:\n    pass\nprint('CAP', os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "CAP 128"
 
 
 # ------------------------------------------------------------------------------------------ the plan

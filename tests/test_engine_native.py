@@ -162,3 +162,32 @@ def test_sampler_frequencies_and_truncation_fallback(kern):
     # a row with top_k makes the batch take the torch path: top_k=2 keeps only {0, 1}, renormalised
     tok, _ = sample(logits, [1.0] * n, [1.0] * n, [2] * n, gens(n, seed=12), native=kern)
     assert_frequencies(tok, [0.625, 0.375] + [0.0] * 22)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8, 13])
+def test_decode_rows_rounded_up_give_bitwise_the_same_logits_and_cache(tmp_path, monkeypatch, batch):
+    """_decode_native runs its matmuls on the batch rounded up to DECODE_ROWS rows (one oneDNN primitive per
+    bucket, not per batch size): the real rows' logits and KV cache entries equal those of the unrounded run."""
+    skip_without_kernels()
+    from slick.engine.kvcache import KVCache
+    d, _ = make_spiky_model(tmp_path / "llama", "llama")
+    m = model_mod.Transformer.load(d, torch.bfloat16, torch.device("cpu"))
+    assert m.native_attention and m.layers[0].qkv.packed is not None   # the native decode, packed matmuls
+    g = torch.Generator().manual_seed(batch)
+    tokens = torch.randint(0, m.cfg.vocab_size, (batch,), generator=g)
+    pos = torch.randint(0, 40, (batch,), generator=g)
+
+    def decode(rows_multiple):
+        monkeypatch.setattr(model_mod, "DECODE_ROWS", rows_multiple)
+        torch.manual_seed(0)
+        cache = KVCache(m.cfg.num_layers, m.cfg.num_kv_heads, m.cfg.head_dim, torch.bfloat16, torch.device("cpu"),
+                        max_slots=16, max_len=64)
+        cache.ensure(batch, 64)
+        for t in cache.k + cache.v:
+            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(1)))
+        return m.decode(tokens, pos, cache, 64), cache
+
+    (plain, c1), (rounded, c2) = decode(1), decode(model_mod.DECODE_ROWS)
+    assert rounded.shape == plain.shape == (batch, m.cfg.vocab_size)
+    assert torch.equal(rounded, plain)
+    assert all(torch.equal(a, b) for a, b in zip(c1.k + c1.v, c2.k + c2.v))

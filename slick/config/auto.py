@@ -297,6 +297,18 @@ def allocator_reason(loaded: bool, installed: bool, choice: str, tuned: bool = F
                              "with LD_PRELOAD=libtcmalloc_minimal.so.4)")
 
 
+def onednn_cache_reason(capacity: Optional[str], default: int) -> str:
+    """The line naming oneDNN's primitive cache capacity (``capacity``: ONEDNN_PRIMITIVE_CACHE_CAPACITY or None;
+    ``default``: the entry points' value, slick.train.memory.ONEDNN_CACHE_ENTRIES)."""
+    if capacity is None:
+        return "oneDNN primitive cache: 1024 entries (oneDNN's default; ONEDNN_PRIMITIVE_CACHE_CAPACITY unset)"
+    if capacity == str(default):
+        return (f"auto: oneDNN primitive cache: {default} entries instead of 1024 (a micro-batch's shapes are new "
+                "almost every step; their cached kernels are never reused); ONEDNN_PRIMITIVE_CACHE_CAPACITY to "
+                "override")
+    return f"oneDNN primitive cache: {capacity} entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY)"
+
+
 # ------------------------------------------------------------------------------------------ the facts
 def machine_now(device: str = "cpu") -> Machine:
     """This machine now: memory available (``psutil``; a GPU's free memory for ``device`` "cuda") and the CPU

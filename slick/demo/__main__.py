@@ -82,11 +82,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from slick.train.memory import AllocatorError, use_tcmalloc
+    from slick.train.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
 
     try:
         use_tcmalloc()   # returns only when tcmalloc is in use or not wanted
     except AllocatorError as e:
         print(f"slick demo: {e}", file=sys.stderr)
         sys.exit(2)
+    limit_onednn_cache()
     sys.exit(main())

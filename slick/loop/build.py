@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from slick.cluster import start_cluster
-from slick.config.auto import allocator_reason, threads_reason
+from slick.config.auto import allocator_reason, onednn_cache_reason, threads_reason
 from slick.config.validate import async_lead
 from slick.data.buffer import RolloutBuffer
 from slick.data.checks import check_run_prompts, check_zero_advantages
@@ -49,7 +49,8 @@ from slick.rollout.interrupt import InterruptibleEngine
 from slick.rollout.manager import RolloutManager
 from slick.train.checkpoint import clean_stale_temp, load_checkpoint
 from slick.train.critic import with_critic
-from slick.train.memory import find_tcmalloc, release_free_memory, tcmalloc_loaded, tune_cpu_allocator
+from slick.train.memory import (ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, find_tcmalloc, release_free_memory,
+                                tcmalloc_loaded, tune_cpu_allocator)
 from slick.train.precision import resolve_device
 from slick.train.rng import seed_everything
 
@@ -150,6 +151,7 @@ def _build_inputs(c: Components) -> None:
         level, line = allocator_reason(tcmalloc_loaded(), find_tcmalloc() is not None,
                                        os.environ.get("SLICK_ALLOCATOR", "auto").strip().lower(), tune_cpu_allocator())
         log.log(level, "%s", line)
+        log.info("%s", onednn_cache_reason(os.environ.get(ONEDNN_CACHE_ENV), ONEDNN_CACHE_ENTRIES))
     c.run_dir = Path(cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     c.run_dir.mkdir(parents=True, exist_ok=True)
     # what interrupted atomic writes left behind (checkpoints; disk weight syncs into RUN_DIR/weights):

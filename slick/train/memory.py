@@ -40,6 +40,14 @@ time 8.5-10 s vs 18-23 s, peak RSS 3.90 GB vs 4.37-4.97 GB. jemalloc, tried the 
 slower than glibc (its decay returns pages the next step faults in again). Under tcmalloc the glibc settings
 above are not applied (with torch's huge-page advice the same run measured no faster).
 ``SLICK_ALLOCATOR=glibc`` keeps glibc; ``tcmalloc`` makes a missing library an error.
+
+**oneDNN's primitive cache** (:func:`limit_onednn_cache`): torch's CPU matmuls build one oneDNN primitive,
+with its generated kernels, per shape, and keep the last ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` of them (oneDNN's
+default: 1,024). A training micro-batch's token count, and so its matmul shapes, is new almost every step: the
+cache grows through a whole run and holds kernels no later step reuses. The slick entry points set the
+capacity to 128 unless the variable is set; a step's own shapes (a few dozen) still hit the cache.
+``bench/memory_timeline.py``, vs_trl's task, 30 steps: peak RSS 3,852 MiB at 1,024 entries, 3,699 at 128,
+3,698 at 256, at the same speed (``bench/results/memory_timeline.md``).
 """
 from __future__ import annotations
 
@@ -55,6 +63,10 @@ _M_ARENA_MAX = -8
 _done = False
 ALLOCATORS = ("auto", "tcmalloc", "glibc")
 _TRIED = "SLICK_TCMALLOC_PRELOADED"   # set across the exec, so that a preload that failed is not retried
+
+
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_ENTRIES = 128
 
 
 class AllocatorError(RuntimeError):
@@ -97,6 +109,12 @@ def use_tcmalloc() -> None:
     sys.stderr.flush()
     env = {**os.environ, "LD_PRELOAD": preload, _TRIED: "1"}
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def limit_onednn_cache() -> str:
+    """Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to ONEDNN_CACHE_ENTRIES unless it is set; the value in effect. oneDNN
+    reads it when it builds its first primitive, so call it before any torch work (the entry points do)."""
+    return os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_ENTRIES))
 
 
 def tune_cpu_allocator() -> bool:
