@@ -46,8 +46,8 @@ with its generated kernels, per shape, and keep the last ``ONEDNN_PRIMITIVE_CACH
 default: 1,024). A training micro-batch's token count, and so its matmul shapes, is new almost every step: the
 cache grows through a whole run and holds kernels no later step reuses. The slick entry points set the
 capacity to 128 unless the variable is set; a step's own shapes (a few dozen) still hit the cache.
-``bench/memory_timeline.py``, vs_trl's task, 30 steps: peak RSS 3,852 MiB at 1,024 entries, 3,699 at 128,
-3,698 at 256, at the same speed (``bench/results/memory_timeline.md``).
+``bench/memory_timeline.py``, vs_trl's task, 30 steps, one invocation: peak RSS 3,891 MiB at 1,024 entries,
+3,646 at 128, at the same speed; 256 measured the same as 128 (``bench/results/memory_timeline.md``).
 """
 from __future__ import annotations
 
