@@ -41,6 +41,9 @@ from typing import Callable, Optional
 log = logging.getLogger("slick.proc")
 
 PR_SET_PDEATHSIG = 1
+# oneDNN's primitive cache capacity as slick's entry points set it (slick.train.memory.limit_onednn_cache), and
+# the variable that marks it as slick's value rather than the user's: engines of other projects keep their own
+ONEDNN_CACHE_ENV, ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_MARK = "ONEDNN_PRIMITIVE_CACHE_CAPACITY", 128, "SLICK_ONEDNN_CACHE"
 POLL_S = 0.5
 
 
@@ -251,3 +254,13 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def foreign_engine_env(env: dict) -> dict:
+    """``env`` for a vLLM or SGLang server: without the oneDNN cache capacity when slick set it (the user's own
+    value stays), so those engines keep oneDNN's default for their own shapes."""
+    env = dict(env)
+    if env.pop(ONEDNN_CACHE_MARK, None) == env.get(ONEDNN_CACHE_ENV):
+        env.pop(ONEDNN_CACHE_ENV, None)
+    return env
+

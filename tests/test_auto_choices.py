@@ -138,7 +138,8 @@ def test_allocator_line_says_plainly_when_tcmalloc_cannot_be_had():
 
 def test_onednn_cache_line_and_the_entry_points_default(monkeypatch):
     from slick.config.auto import onednn_cache_reason
-    from slick.train.memory import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, limit_onednn_cache
+    from slick.proc import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, ONEDNN_CACHE_MARK, foreign_engine_env
+    from slick.train.memory import limit_onednn_cache
     assert ONEDNN_CACHE_ENTRIES == 128 and ONEDNN_CACHE_ENV == "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
     assert onednn_cache_reason("128", 128) == (
         "auto: oneDNN primitive cache: 128 entries instead of 1024 (a micro-batch's shapes are new almost every "
@@ -146,9 +147,16 @@ def test_onednn_cache_line_and_the_entry_points_default(monkeypatch):
     assert onednn_cache_reason("16", 128) == "oneDNN primitive cache: 16 entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY)"
     assert onednn_cache_reason(None, 128).startswith("oneDNN primitive cache: 1024 entries (oneDNN's default")
     monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
+    monkeypatch.delenv(ONEDNN_CACHE_MARK, raising=False)
     assert limit_onednn_cache() == "128" and os.environ[ONEDNN_CACHE_ENV] == "128"
+    # vLLM and SGLang servers keep oneDNN's default unless the user chose a value
+    assert ONEDNN_CACHE_ENV not in foreign_engine_env(os.environ) and ONEDNN_CACHE_MARK not in foreign_engine_env(
+        os.environ)
+    assert foreign_engine_env({ONEDNN_CACHE_ENV: "16", ONEDNN_CACHE_MARK: "128"}) == {ONEDNN_CACHE_ENV: "16"}
     monkeypatch.setenv(ONEDNN_CACHE_ENV, "16")   # the user's value wins
+    monkeypatch.delenv(ONEDNN_CACHE_MARK)
     assert limit_onednn_cache() == "16" and os.environ[ONEDNN_CACHE_ENV] == "16"
+    assert foreign_engine_env(os.environ)[ONEDNN_CACHE_ENV] == "16"
 
 
 def test_the_slick_command_sets_the_onednn_cache_before_it_runs_a_command():

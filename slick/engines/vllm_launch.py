@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from slick.engines.router import WorkerProcess, _log_path, free_port
-from slick.proc import watch_parent_args
+from slick.proc import foreign_engine_env, watch_parent_args
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"
@@ -129,7 +129,7 @@ def launch_vllm(model: str, n: int, *, weight_dir, python: Optional[str] = None,
     requests need ``api_key`` (a fresh random one when None: ``server.api_key``)."""
     python = engine_python(python, "vllm")
     Path(weight_dir).mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+    env = dict(foreign_engine_env(os.environ), VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                SLICK_VLLM_WEIGHT_DIRS=str(Path(weight_dir).resolve()))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")                 # GiB of KV cache per CPU server
     env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // n)))
@@ -160,7 +160,8 @@ def launch_sglang(model: str, n: int, *, python: Optional[str] = None, dtype: st
         port, key = free_port(), api_key or secrets.token_hex(16)
         cmd = [python, "-m", SGLANG_MODULE, "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
                "--api-key", key, *option_args(opts)]
-        return EngineServer(cmd, f"http://127.0.0.1:{port}", _log_path(f"sglang{i}-", log_dir), dict(os.environ),
+        return EngineServer(cmd, f"http://127.0.0.1:{port}", _log_path(f"sglang{i}-", log_dir),
+                            foreign_engine_env(os.environ),
                             key, SGLANG_MODULE)
     return _start_all(one, n, startup_timeout)
 

@@ -57,6 +57,8 @@ import logging
 import os
 import sys
 
+from slick.proc import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, ONEDNN_CACHE_MARK
+
 log = logging.getLogger(__name__)
 
 _M_ARENA_MAX = -8
@@ -65,8 +67,6 @@ ALLOCATORS = ("auto", "tcmalloc", "glibc")
 _TRIED = "SLICK_TCMALLOC_PRELOADED"   # set across the exec, so that a preload that failed is not retried
 
 
-ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-ONEDNN_CACHE_ENTRIES = 128
 
 
 class AllocatorError(RuntimeError):
@@ -113,8 +113,11 @@ def use_tcmalloc() -> None:
 
 def limit_onednn_cache() -> str:
     """Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to ONEDNN_CACHE_ENTRIES unless it is set; the value in effect. oneDNN
-    reads it when it builds its first primitive, so call it before any torch work (the entry points do)."""
-    return os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_ENTRIES))
+    reads it when it builds its first primitive, so call it before any torch work (the entry points do). The
+    processes slick starts inherit it, except vLLM and SGLang servers (``slick.proc.foreign_engine_env``)."""
+    if ONEDNN_CACHE_ENV not in os.environ:
+        os.environ[ONEDNN_CACHE_ENV] = os.environ[ONEDNN_CACHE_MARK] = str(ONEDNN_CACHE_ENTRIES)
+    return os.environ[ONEDNN_CACHE_ENV]
 
 
 def tune_cpu_allocator() -> bool:
