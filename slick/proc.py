@@ -230,6 +230,15 @@ def rss_bytes() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def foreign_engine_env(env: dict) -> dict:
+    """``env`` for a vLLM or SGLang server: without the oneDNN cache capacity when slick set it (the user's own
+    value stays), so those engines keep oneDNN's default for their own shapes."""
+    env = dict(env)
+    if env.pop(ONEDNN_CACHE_MARK, None) == env.get(ONEDNN_CACHE_ENV):
+        env.pop(ONEDNN_CACHE_ENV, None)
+    return env
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m slick.proc --parent-pid PID --module MOD -- ARGS``: run ``MOD`` as ``__main__`` with ARGS,
     in this process, and shut it down (SIGTERM, then a hard exit) when PID stops being its parent."""
@@ -254,13 +263,3 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def foreign_engine_env(env: dict) -> dict:
-    """``env`` for a vLLM or SGLang server: without the oneDNN cache capacity when slick set it (the user's own
-    value stays), so those engines keep oneDNN's default for their own shapes."""
-    env = dict(env)
-    if env.pop(ONEDNN_CACHE_MARK, None) == env.get(ONEDNN_CACHE_ENV):
-        env.pop(ONEDNN_CACHE_ENV, None)
-    return env
-

@@ -299,7 +299,7 @@ def allocator_reason(loaded: bool, installed: bool, choice: str, tuned: bool = F
 
 def onednn_cache_reason(capacity: Optional[str], default: int) -> str:
     """The line naming oneDNN's primitive cache capacity (``capacity``: ONEDNN_PRIMITIVE_CACHE_CAPACITY or None;
-    ``default``: the entry points' value, slick.train.memory.ONEDNN_CACHE_ENTRIES)."""
+    ``default``: the entry points' value, slick.proc.ONEDNN_CACHE_ENTRIES)."""
     if capacity is None:
         return "oneDNN primitive cache: 1024 entries (oneDNN's default; ONEDNN_PRIMITIVE_CACHE_CAPACITY unset)"
     if capacity == str(default):

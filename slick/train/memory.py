@@ -67,8 +67,6 @@ ALLOCATORS = ("auto", "tcmalloc", "glibc")
 _TRIED = "SLICK_TCMALLOC_PRELOADED"   # set across the exec, so that a preload that failed is not retried
 
 
-
-
 class AllocatorError(RuntimeError):
     pass
 
