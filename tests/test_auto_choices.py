@@ -29,10 +29,11 @@ RELEASED = Training(engine_released=True)   # bf16 autocast, fused layers, fp32 
 
 def test_model_shape_and_memory_model_of_smollm2():
     assert SHAPE.params == 134_515_008                      # SmolLM2-135M, tied head counted once
-    # per layer: fp32 residual twice (2 x 4 x 576) + qkv (2 x 960) + attention out (2 x 576) + lse (4 x 9)
-    # + gate/up (2 x 2 x 1536); outside the layers 3 x 4 x 576
-    assert activation_bytes_per_token(SHAPE, Training()) == 30 * (4608 + 1920 + 1152 + 36 + 6144) + 6912
-    assert activation_bytes_per_token(SHAPE, Training(recompute_mlp=True)) == 30 * (4608 + 1920 + 1152 + 36) + 6912
+    # per layer: the fp32 residual and the bf16 attention output after o_proj ((4 + 2) x 576) + qkv (2 x 960) +
+    # attention out before o_proj (2 x 576) + lse (4 x 9) + gate/up (2 x 2 x 1536); outside the layers 3 x 4 x 576
+    assert activation_bytes_per_token(SHAPE, Training()) == 30 * (3456 + 1920 + 1152 + 36 + 6144) + 6912 == 388_152
+    assert activation_bytes_per_token(SHAPE, Training(recompute_mlp=True)) == 30 * (3456 + 1920 + 1152 + 36) + 6912
+    # the HF layers: ~3x a fused layer that kept the residual twice (2 x 4 x 576)
     assert activation_bytes_per_token(SHAPE, Training(fused_layers=False)) == 30 * 3 * 13860 + 6912
     # fp32 AdamW: 16 bytes per parameter; the head's bf16 cast and three 128-row fp32 logits chunks; 1 GiB runtime
     head = 49152 * 576 * 2 + 3 * 128 * 49152 * 4
@@ -46,7 +47,7 @@ def test_model_shape_and_memory_model_of_smollm2():
 @pytest.mark.parametrize("memory_gib, max_seq, tokens, why", [
     (32, None, 4096, "larger micro-batches are no faster"),          # the speed plateau
     (8, None, 4096, "larger micro-batches are no faster"),
-    (6, None, 3328, "what the memory holds"),                         # 0.8 x 6 GiB - 3.13 GiB state, / 516 KiB
+    (6, None, 3584, "what the memory holds"),                         # 0.8 x 6 GiB - 3.13 GiB state, / 474 KiB
     (4, 176, 128, "memory is short"),                                 # the floor; longer samples go alone
     (2, None, 128, "memory is short"),                                # the state alone exceeds 80% of it
 ])
@@ -61,7 +62,7 @@ def test_micro_batch_budget_exact(memory_gib, max_seq, tokens, why):
 
 def test_budget_follows_the_lean_flags_and_the_device():
     lean = Training(engine_released=True, recompute_mlp=True, exp_avg_bytes=2, exp_avg_sq_bytes=2)
-    assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), RELEASED, None, 48).value == 1664
+    assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), RELEASED, None, 48).value == 1920
     assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), lean, None, 48).value == 4096
     assert micro_batch_tokens(SHAPE, Machine(5 * GiB, 2), Training(), None, 48).value == 512   # engine kept
     assert micro_batch_tokens(SHAPE, Machine(80 * GiB, 16, "cuda"), RELEASED, None, 48).value == 16384
@@ -72,31 +73,69 @@ BF16_MOMENTS = {**FP32, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
 
 
 @pytest.mark.parametrize("memory_gib, value, words", [
-    (5, FP32, "auto: fp32 AdamW moments, MLP activations kept (memory suffices: 1773 tokens of activations fit "
+    (5, FP32, "auto: fp32 AdamW moments, MLP activations kept (memory suffices: 1930 tokens of activations fit "
               "beside the state); --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 or --recompute-mlp to lower the peak"),
-    # 0.8 x 4.5 GiB - 3.13 GiB of state leaves 960 tokens (< 1024: short); bf16 moments free 4 x 135M bytes
-    (4.5, BF16_MOMENTS, "auto: bf16 AdamW moments, since memory is short: 960 tokens of activations fit beside the "
-                        "state, 1978 with them (bf16 AdamW moments: 4 bytes less per parameter, stochastic rounding); "
+    # 0.8 x 4.4 GiB - 3.13 GiB of state, / (388,152 x 1.25) leaves 868 tokens (< 1024: short); bf16 moments free
+    # 4 x 135M bytes
+    (4.4, BF16_MOMENTS, "auto: bf16 AdamW moments, since memory is short: 868 tokens of activations fit beside the "
+                        "state, 1977 with them (bf16 AdamW moments: 4 bytes less per parameter, stochastic rounding); "
                         "--exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 to override"),
     (3.5, {**BF16_MOMENTS, "recompute_mlp": True},
      "auto: bf16 AdamW moments and MLP recomputation, since memory is short: 0 tokens of activations fit beside the "
-     "state, 625 with them"),
+     "state, 731 with them"),
 ])
-def test_lean_settings_only_when_memory_is_short(memory_gib, value, words):
-    c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2), RELEASED, None, frozenset(LEAN_DEFAULTS))
+def test_lean_settings_on_a_gpu_only_when_memory_is_short(memory_gib, value, words):
+    c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2, "cuda"), RELEASED, None, frozenset(LEAN_DEFAULTS))
     assert c.value == value and c.reason.startswith(words)
 
 
+RECOMPUTE = {**FP32, "recompute_mlp": True}
+CPU_WORDS = ("MLP recomputation, the CPU default (the same numbers, ~45% less activation memory, ~3% more time; "
+             "--no-recompute-mlp to keep the activations)")
+
+
+@pytest.mark.parametrize("memory_gib, unset, value, words", [
+    # recomputation frees 2 x 1536 x 2 bytes per layer and token (388,152 -> 203,832 bytes): 1930 -> 3677 tokens
+    (5, LEAN_DEFAULTS, RECOMPUTE,
+     f"auto: fp32 AdamW moments (memory suffices: 3677 tokens of activations fit beside the state); {CPU_WORDS}; "
+     f"--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 to lower the peak"),
+    # at 4.4 GiB 868 -> 1654 tokens: no longer short, so the moments stay fp32 (on a GPU they become bf16)
+    (4.4, LEAN_DEFAULTS, RECOMPUTE,
+     f"auto: fp32 AdamW moments (memory suffices: 1654 tokens of activations fit beside the state); {CPU_WORDS}; "
+     f"--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 to lower the peak"),
+    (3.5, LEAN_DEFAULTS, {**BF16_MOMENTS, "recompute_mlp": True},
+     f"auto: bf16 AdamW moments, since memory is short: 0 tokens of activations fit beside the state, 731 with them "
+     f"(bf16 AdamW moments: 4 bytes less per parameter, stochastic rounding); --exp-avg-dtype fp32 "
+     f"--exp-avg-sq-dtype fp32 to override; {CPU_WORDS}"),
+    # the moments given: the line says only what it chose
+    (5, {"recompute_mlp"}, {"recompute_mlp": True},
+     f"auto: memory suffices: 3677 tokens of activations fit beside the state; {CPU_WORDS}; --exp-avg-dtype bf16 "
+     f"--exp-avg-sq-dtype bf16 to lower the peak"),
+])
+def test_mlp_recomputation_is_the_cpu_default(memory_gib, unset, value, words):
+    c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2), RELEASED, None, frozenset(unset))
+    assert (c.value, c.reason) == (value, words)
+
+
+def test_no_cpu_recomputation_where_it_cannot_apply_or_is_given():
+    unfused = Training(engine_released=True, fused_layers=False)
+    assert lean_choice(SHAPE, Machine(16 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == FP32
+    whole_layers = Training(engine_released=True, gradient_checkpointing=True)
+    assert lean_choice(SHAPE, Machine(5 * GiB, 2), whole_layers, None, frozenset(LEAN_DEFAULTS)).value == FP32
+    c = lean_choice(SHAPE, Machine(5 * GiB, 2), RELEASED, None, frozenset({"exp_avg_dtype", "exp_avg_sq_dtype"}))
+    assert c.value == {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"} and "recomputation" not in c.reason
+
+
 def test_lean_choice_leaves_given_flags_and_what_cannot_apply():
-    # --exp-avg-dtype/--exp-avg-sq-dtype given: only the MLP recomputation is chosen (147 -> 261 tokens at 4 GiB)
-    c = lean_choice(SHAPE, Machine(4 * GiB, 2), RELEASED, None, frozenset({"recompute_mlp"}))
-    assert c.value == {"recompute_mlp": True} and "147 tokens of activations fit beside the state, 261 with them" \
+    # --exp-avg-dtype/--exp-avg-sq-dtype given: only the MLP recomputation is chosen (160 -> 305 tokens at 4 GiB)
+    c = lean_choice(SHAPE, Machine(4 * GiB, 2, "cuda"), RELEASED, None, frozenset({"recompute_mlp"}))
+    assert c.value == {"recompute_mlp": True} and "160 tokens of activations fit beside the state, 305 with them" \
         in c.reason and c.reason.endswith("; --no-recompute-mlp to override")
     # without slick's fused layers (--disable-fused-layers, LoRA) there is no MLP to recompute
     unfused = Training(engine_released=True, fused_layers=False)
     assert lean_choice(SHAPE, Machine(3 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
     # a longer sample than fits is short too
-    assert lean_choice(SHAPE, Machine(5 * GiB, 2), RELEASED, 2048, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
+    assert lean_choice(SHAPE, Machine(5 * GiB, 2, "cuda"), RELEASED, 2048, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
 
 
 def test_offload_choice_and_what_blocks_it():
@@ -181,7 +220,7 @@ def test_the_plan_holds_the_choices_and_the_config_is_left_as_given(tiny_model_d
     before = copy.deepcopy(cfg.to_dict())
     plan = _plan({"hf_checkpoint": str(tiny_model_dir)})
     assert (plan.max_tokens_per_micro_batch, plan.offload_rollout) == (4096, True)
-    assert [c.value for c in plan.auto] == [True, FP32, 4096]
+    assert [c.value for c in plan.auto] == [True, RECOMPUTE, 4096]
     resolved = plan.apply(cfg)
     assert (resolved.max_tokens_per_micro_batch, resolved.offload_rollout, resolved.micro_batch_size) == (
         4096, True, None)
@@ -224,7 +263,7 @@ def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog
         validate(Config.from_flat({"hf_checkpoint": str(tiny_model_dir)}), check_files=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto: ")]
     assert len(lines) == 3 and "freed while the trainer steps" in lines[0]
-    assert lines[1].startswith("auto: fp32 AdamW moments, MLP activations kept (memory suffices")
+    assert lines[1].startswith("auto: fp32 AdamW moments (memory suffices") and CPU_WORDS in lines[1]
     assert "micro-batches of <= " in lines[2]
 
 

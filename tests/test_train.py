@@ -8,7 +8,7 @@ import torch
 from slick.config import Config
 from slick.config.validate import validate_config
 from slick.train.logprobs import chunked_logprobs, logprobs_from_logits
-from slick.train.packing import pack, split_micro_batches
+from slick.train.packing import pack, pack_shared_prompts, row_tokens, split_micro_batches
 from slick.train.trainer import Trainer
 from slick.types import Sample
 
@@ -65,6 +65,24 @@ def test_split_micro_batches_by_count_and_tokens():
     assert lens == [9, 5, 6, 5, 8, 6, 5]  # packed tokens per sample (sample 3 has none: it is left out)
     # 9 alone (9 + 5 > 12), 5 + 6 = 11, 8 alone (8 + 6 > 12), 6 + 5 = 11
     assert split_micro_batches(s, 100, max_tokens=12) == [[0], [1, 2], [4], [5, 6]]
+
+
+def test_token_budget_counts_a_shared_prompt_once():
+    """GRPO groups: 3 prompts x 2 samples. A prompt shared in the row counts once, as pack_shared_prompts lays
+    it out; the packed rows' real lengths stay within the budget."""
+    s = []
+    for g, (P, rs) in enumerate([(10, (4, 6)), (8, (5, 5)), (12, (3, 7))]):
+        for r in rs:
+            s.append(Sample(index=len(s), group_index=g, prompt_ids=[100 + g] * P, response_ids=[7] * r,
+                            loss_mask=[1] * r))
+    # unshared, every pair exceeds 20 (13 + 15, ...); shared: 13 + 5 = 18, then + 12 (a new prompt) > 20
+    assert split_micro_batches(s, 100, max_tokens=20) == [[0], [1], [2], [3], [4], [5]]
+    shared = split_micro_batches(s, 100, max_tokens=20, shared_prompts=True)
+    assert shared == [[0, 1], [2, 3], [4, 5]]
+    assert [row_tokens(s, mb, shared_prompts=True) for mb in shared] == [18, 16, 20]
+    assert [pack_shared_prompts(s, mb).num_tokens for mb in shared] == [18, 16, 20]
+    assert row_tokens(s, [0, 1]) == 28 == pack(s, [0, 1]).num_tokens
+    assert split_micro_batches(s, 100, max_tokens=40, shared_prompts=True) == [[0, 1, 2, 3], [4, 5]]   # 34, +20
 
 
 def test_pack_layout():

@@ -14,6 +14,7 @@ from slick.models.tiny import make_tiny_model
 from slick.train.attention import Segments
 from slick.train.casts import cached_weight_casts, cast_cat
 from slick.train.fused_layers import (AttentionBlock, AttentionSpec, MLPBlock, fusable, fuse_decoder_layers,
+                                      mlp_backward, mlp_forward,
                                       rope, rope_backward)
 from slick.train.fsdp import decoder_layers
 from slick.train.trainer import Trainer
@@ -58,9 +59,50 @@ def test_mlp_block_gradcheck(recompute):
     torch.manual_seed(1)
     dt = torch.float64
     r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)  # noqa: E731
-    x, ln, wg, wu, wd = r(N, 6), r(6), r(10, 6), r(10, 6), r(6, 10)
-    assert torch.autograd.gradcheck(lambda *a: MLPBlock.apply(a[0], 1e-6, dt, recompute, *a[1:]),
-                                    (x, ln, wg, wu, wd))
+    x, a, ln, wg, wu, wd = r(N, 6), r(N, 6), r(6), r(10, 6), r(10, 6), r(6, 10)
+    assert torch.autograd.gradcheck(lambda *t: MLPBlock.apply(t[0], t[1], 1e-6, dt, recompute, *t[2:]),
+                                    (x, a, ln, wg, wu, wd))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_mlp_block_equals_the_two_residual_additions_bitwise(recompute):
+    """Under autocast's dtypes (fp32 residual, bf16 attention output and matmuls): ``MLPBlock(x, a)`` gives the
+    values and gradients of ``h = x + a`` done by autograd before a node that saves ``h``, bit for bit, while
+    saving ``a`` (bf16) instead of ``h`` (fp32)."""
+    torch.manual_seed(3)
+    bf = torch.bfloat16
+    x0, a0 = torch.randn(N, 16), torch.randn(N, 16).to(bf)
+    ws = [torch.randn(16) * 0.1 + 1, torch.randn(24, 16) * 0.2, torch.randn(24, 16) * 0.2, torch.randn(16, 24) * 0.2]
+    g = torch.randn(N, 16)
+
+    class MLPOnly(torch.autograd.Function):   # the MLP alone, saving its input h: the residual additions outside
+        @staticmethod
+        def forward(ctx, h, *w):
+            y, r, gu = mlp_forward(h, 1e-6, bf, *w)
+            ctx.save_for_backward(h, r, None if recompute else gu, *w)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            h, r, gu, *w = ctx.saved_tensors
+            dh, *grads = mlp_backward(h, r, gu, dy, 1e-6, bf, *w)
+            return (dh.to(h.dtype), *grads)
+
+    def two_additions(x, a, *w):   # by autograd, the residual stream saved in fp32 between them
+        h = x + a
+        return h + MLPOnly.apply(h, *w)
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (x0, a0, *ws)]
+        out = fn(*leaves)
+        out.backward(g)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    fused = run(lambda x, a, *w: MLPBlock.apply(x, a, 1e-6, bf, recompute, *w))
+    ref = run(two_additions)
+    assert fused[2].dtype == bf and fused[1].dtype == torch.float32
+    for got, want in zip(fused, ref):   # the output, d x, d a and the weights' gradients
+        assert torch.equal(got, want)
 
 
 def test_rope_backward_is_the_transpose():
@@ -135,11 +177,12 @@ def test_fused_model_bf16_as_accurate_as_hf(arch_dirs, arch, precision):
     assert fused[1] <= 1.5 * hf[1] + 1e-3, (fused, hf)
 
 
-def test_saved_activation_bytes_per_layer(arch_dirs):
-    """Exactly what the docstring of fused_layers promises: the layer input and the residual after attention
-    in fp32, qkv, the attention output and gate/up in bf16, an RMSNorm scale per row for each of the two norms, and
-    one log-sum-exp per (segment, head, query slot)."""
-    tr = Trainer(make_cfg(arch_dirs["llama"], dtype="bf16", micro_batch_size=12))
+@pytest.mark.parametrize("recompute", [False, True])
+def test_saved_activation_bytes_per_layer(arch_dirs, recompute):
+    """Exactly what the docstring of fused_layers promises: the layer input in fp32; qkv, the attention output
+    before and after o_proj and (unless the MLP recomputes it) gate/up in bf16; an RMSNorm scale per row for each
+    of the two norms; and one log-sum-exp per (segment, head, query slot)."""
+    tr = Trainer(make_cfg(arch_dirs["llama"], dtype="bf16", micro_batch_size=12, recompute_mlp=recompute))
     layer = decoder_layers(tr.model)[0]
     seg = Segments.build(SPANS, N)
     x = torch.randn(1, N, 64, requires_grad=True)
@@ -156,8 +199,8 @@ def test_saved_activation_bytes_per_layer(arch_dirs):
         y = layer(x, attention_mask=seg.mask, position_ids=pos, position_embeddings=pe, slick_segments=seg)
     S, Lq = seg.q_index.shape
     hid, H, KVH, D, inter = 64, 4, 2, 16, 96
-    expect = (2 * N * hid * 4 + 2 * N * 4 + N * (H + 2 * KVH) * D * 2 + N * H * D * 2 + S * H * Lq * 4
-              + N * 2 * inter * 2)
+    expect = (N * hid * 4 + N * hid * 2 + 2 * N * 4 + N * (H + 2 * KVH) * D * 2 + N * H * D * 2 + S * H * Lq * 4
+              + (0 if recompute else N * 2 * inter * 2))
     assert sum(seen.values()) == expect
     y.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -124,13 +124,15 @@ def params_text(n: int) -> str:
 def activation_bytes_per_token(shape: ModelShape, t: Training) -> int:
     """Bytes a training forward keeps for backward per packed token (all layers, plus the embedding output,
     the final norm and the head's input). slick's fused layers (slick/train/fused_layers.py) keep per layer
-    the residual stream twice (fp32 under autocast), the qkv and attention outputs and the gate/up product
-    (dropped by --recompute-mlp); the HF layers keep about 3x that; whole-layer recomputation keeps the
-    layer inputs and one layer's worth."""
+    the residual stream once (fp32 under autocast), the qkv output, the attention output before and after
+    o_proj and the gate/up product (dropped by --recompute-mlp); the HF layers keep about 3x what the fused
+    ones kept with the residual stream twice; whole-layer recomputation keeps the layer inputs and one layer's
+    worth."""
     r = 2 if t.scheme == "bf16" else 4          # residual stream dtype: the weights' (fp32 under autocast)
     m = t.matmul_bytes
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    layer = 2 * r * shape.hidden + m * (q + 2 * kv) + m * q + 4 * shape.heads
+    residual = r + m if t.fused_layers else 2 * r
+    layer = residual * shape.hidden + m * (q + 2 * kv) + m * q + 4 * shape.heads
     if not t.recompute_mlp:
         layer += m * 2 * shape.intermediate
     if not t.fused_layers:
@@ -217,19 +219,36 @@ def lean_defaults_named(value: dict) -> list[str]:
             if any(k.startswith(f) for k in value)]
 
 
+def cpu_recomputes_mlp(machine: Machine, t: Training, unset: frozenset) -> bool:
+    """Whether MLP recomputation is on by default: on CPU, with slick's fused layers and without whole-layer
+    recomputation, when ``--recompute-mlp`` is unset. It changes no number (the same matmul on the same inputs),
+    keeps ~45% of the activations out of the memory the engine and the rest of the machine share, and costs
+    ~3% of a run's time there (``bench/results/memory_timeline.md``); on a GPU it stays a memory-short step."""
+    return ("recompute_mlp" in unset and machine.device == "cpu" and t.fused_layers
+            and not t.gradient_checkpointing)
+
+
+CPU_RECOMPUTE = ("MLP recomputation, the CPU default (the same numbers, ~45% less activation memory, ~3% more "
+                 "time; --no-recompute-mlp to keep the activations)")
+
+
 def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int], unset: frozenset) -> Choice:
-    """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: their defaults (fp32 moments,
-    MLP activations kept) when memory suffices; when it is short (:func:`short_of_memory` at the tokens that fit),
-    each of ``LEAN_STEPS`` in turn until it is not. MLP recomputation needs slick's fused layers, and a LoRA
-    trainer's few adapter moments are not worth narrowing. ``t``: the run's settings with the unset flags at their
-    defaults."""
+    """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: MLP recomputation on CPU
+    (:func:`cpu_recomputes_mlp`); the other defaults (fp32 moments, MLP activations kept on a GPU) when memory
+    suffices; when it is short (:func:`short_of_memory` at the tokens that fit), each of ``LEAN_STEPS`` in turn
+    until it is not. MLP recomputation needs slick's fused layers, and a LoRA trainer's few adapter moments are
+    not worth narrowing. ``t``: the run's settings with the unset flags at their defaults."""
     value = {f: LEAN_DEFAULTS[f] for f in LEAN_DEFAULTS if f in unset}
+    on_cpu = cpu_recomputes_mlp(machine, t, unset)
+    if on_cpu:
+        value["recompute_mlp"] = True
+        t = dataclasses.replace(t, recompute_mlp=True)
     before = fits = fitting_tokens(shape, machine, t)
     taken = []
     for sets, *what in LEAN_STEPS:
         if not short_of_memory(fits, max_seq):
             break
-        mine = {f: v for f, v in sets.items() if f in unset}
+        mine = {f: v for f, v in sets.items() if f in unset and value[f] != v}
         if not mine or ("recompute_mlp" in mine and not t.fused_layers) or ("exp_avg_dtype" in sets and t.frozen_base):
             continue
         value.update(mine)
@@ -238,15 +257,18 @@ def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optio
         fits = fitting_tokens(shape, machine, t)
         taken.append(what)
     facts = f"{before} tokens of activations fit beside the state" + (f", {fits} with them" if taken else "")
+    cpu = [CPU_RECOMPUTE] if on_cpu else []
     if not taken:
-        kept = lean_defaults_named(value)
+        kept = lean_defaults_named({f: v for f, v in value.items() if not (on_cpu and f == "recompute_mlp")})
         state = ("memory is short, and no lean setting left unset applies" if short_of_memory(before, max_seq)
                  else "memory suffices")
-        return Choice(value, f"auto: {', '.join(kept)} ({state}: {facts}); --exp-avg-dtype bf16 "
-                             f"--exp-avg-sq-dtype bf16 or --recompute-mlp to lower the peak")
-    return Choice(value, f"auto: {' and '.join(n for n, _, _ in taken)}, since memory is short: {facts} ("
-                         f"{'; '.join(f'{n}: {cost}' for n, cost, _ in taken)}); "
-                         f"{' '.join(undo for _, _, undo in taken)} to override")
+        lower = "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16" + ("" if on_cpu else " or --recompute-mlp")
+        head = f"{', '.join(kept)} ({state}: {facts})" if kept else f"{state}: {facts}"
+        return Choice(value, "auto: " + "; ".join([head, *cpu, f"{lower} to lower the peak"]))
+    return Choice(value, "auto: " + "; ".join([
+        f"{' and '.join(n for n, _, _ in taken)}, since memory is short: {facts} "
+        f"({'; '.join(f'{n}: {cost}' for n, cost, _ in taken)})",
+        f"{' '.join(undo for _, _, undo in taken)} to override", *cpu]))
 
 
 def fallback_micro_batch(why: str) -> Choice:

@@ -191,7 +191,8 @@ class TrainConfig:
                                         "budget sized from the model, the sequence lengths and the memory "
                                         "available, logged at start-up (docs/training.md, Automatic choices).")
     max_tokens_per_micro_batch: Optional[int] = F(None, "Pack micro-batches up to this many tokens instead of a sample "
-                                                  "count (slime: --use-dynamic-batch-size --max-tokens-per-gpu N; "
+                                                  "count, counted in the packed row (a prompt its samples share "
+                                                  "counts once; slime: --use-dynamic-batch-size --max-tokens-per-gpu N; "
                                                   "unset: sized automatically unless --micro-batch-size is given).")
     seed: int = F(1234, "Global random seed (python, numpy, torch), set once when the run starts.")
     dtype: str = F("auto", "Compute dtype for trainer and local engine: bf16 where the CPU/GPU supports it, else fp32.", choices=["auto", "bf16", "fp32"])
@@ -204,8 +205,9 @@ class TrainConfig:
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
     recompute_mlp: Optional[bool] = F(None, "Fused decoder layers: recompute each MLP's gate/up projection in "
                                       "backward instead of keeping it (~45% less activation memory, ~15% more trainer "
-                                      "FLOPs; the same values; docs/training.md). Unset: on only when memory is short "
-                                      "even with bf16 AdamW moments (chosen and logged at start-up).")
+                                      "FLOPs; the same values; docs/training.md). Unset: on for training on a CPU; on a "
+                                      "GPU only when memory is short even with bf16 AdamW moments (chosen and logged "
+                                      "at start-up).")
     disable_fused_layers: bool = F(False, "Run the HF decoder layers' own forward in training instead of slick's fused "
                                    "attention and MLP nodes (~3x the activation memory; docs/training.md).")
     logprob_chunk_size: int = F(128, "Tokens per chunk when computing logprobs/entropy from logits "

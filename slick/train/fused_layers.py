@@ -9,11 +9,12 @@ two :class:`torch.autograd.Function` nodes with their own backward:
 * :class:`AttentionBlock`: ``RMSNorm -> one qkv matmul -> (q/k RMSNorm) -> RoPE -> segment attention ->
   o_proj``. Saves the layer input, the qkv matmul output, the attention output and one log-sum-exp per
   query row; backward recomputes the norm, RoPE and the attention probabilities.
-* :class:`MLPBlock`: ``RMSNorm -> one gate/up matmul -> silu(gate) * up -> down``. Saves its input and the
-  gate/up output; backward recomputes the norm and the product.
+* :class:`MLPBlock`: ``the residual addition after attention -> RMSNorm -> one gate/up matmul -> silu(gate) * up
+  -> down -> the residual addition``. Saves the layer input (already saved by the attention block), the
+  attention block's output and the gate/up output; backward recomputes the addition, the norm and the product.
 
-That is ~14 KB per token per layer (the residual stream twice in fp32, qkv, attention output and gate/up in
-the matmul dtype). The residual additions stay ordinary autograd. The q/k/v and gate/up weights are
+That is ~13 KB per token per layer for SmolLM2 under autocast (the residual stream once in fp32; qkv, the
+attention output twice -- before and after ``o_proj`` -- and gate/up in the matmul dtype). The q/k/v and gate/up weights are
 concatenated (and cast) at every use, freed with the layer (``slick.train.casts``, ``cache=False``), so each block
 runs one large matmul instead of three or two small ones.
 
@@ -247,43 +248,64 @@ def _split_heads(qkv: torch.Tensor, H: int, K: int, D: int):
 
 
 class MLPBlock(torch.autograd.Function):
-    """``x [N, hidden] -> down(silu(gate(n)) * up(n))`` with ``n = rms_norm(x)``, in the matmul dtype.
+    """``(x, a) -> h + down(silu(gate(n)) * up(n))`` with ``h = x + a`` (the residual stream after attention:
+    the layer input plus the attention block's output) and ``n = rms_norm(h)``; the MLP in the matmul dtype.
 
-    ``recompute``: keep only ``x`` and the norm's scale, and recompute the gate/up product in backward (the same
-    matmul on the same inputs: bitwise the same values) -- ``--recompute-mlp``."""
-
-    @staticmethod
-    def forward(ctx, x, eps: float, dt: torch.dtype, recompute: bool, ln_w, wg, wu, wd):
-        n, r = rms_norm(x, ln_w, eps)
-        gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache=False))
-        g, u = gu.chunk(2, -1)
-        y = F.linear(F.silu(g) * u, cast_cat([wd], dt, cache=False))
-        ctx.args = (eps, dt)
-        ctx.save_for_backward(x, r, None if recompute else gu, ln_w, wg, wu, wd)
-        return y
+    It saves ``x``, which the attention block saves anyway, and ``a`` in the matmul dtype, instead of ``h`` in
+    the residual dtype, and recomputes ``h = x + a`` in backward: the same addition on the same inputs, so the
+    same values, at half the bytes of ``h`` under autocast. Backward hands ``x`` and ``a`` the gradients the two
+    residual additions would (``dh``; ``dh`` cast to ``a``'s dtype). ``recompute``: keep only the norm's scale
+    besides, and recompute the gate/up product in backward (the same matmul on the same inputs: bitwise the same
+    values) -- ``--recompute-mlp``."""
 
     @staticmethod
-    def backward(ctx, dy):
-        eps, dt = ctx.args
-        x, r, gu, ln_w, wg, wu, wd = ctx.saved_tensors
-        n = rms_norm(x, ln_w, eps)[0].to(dt)
-        if gu is None:
-            gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
-        dy = dy.to(dt)
-        g, u = gu.chunk(2, -1)
-        sg = F.silu(g)
-        g_wd = _mm_grad(dy, sg * u).to(wd.dtype)
-        da = torch.mm(dy, cast_cat([wd], dt, cache=False))
-        # in the matmul dtype, as autograd through the HF MLP computes it (silu_backward: fp32 inside)
-        dgu = torch.empty_like(gu)
-        dg, du = dgu.chunk(2, -1)
-        torch.mul(da, sg, out=du)
-        torch.mul(da, u, out=dg)
-        torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
-        dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache=False))
-        dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
-        g_wg, g_wu = _mm_grad(dg, n).to(wg.dtype), _mm_grad(du, n).to(wu.dtype)   # per weight, as in AttentionBlock
-        return (dx.to(x.dtype), None, None, None, g_ln.to(ln_w.dtype), g_wg, g_wu, g_wd)
+    def forward(ctx, x, a, eps: float, dt: torch.dtype, recompute: bool, ln_w, wg, wu, wd):
+        h = x + a
+        y, r, gu = mlp_forward(h, eps, dt, ln_w, wg, wu, wd)
+        ctx.args = (eps, dt, y.dtype)
+        ctx.save_for_backward(x, a, r, None if recompute else gu, ln_w, wg, wu, wd)
+        return h + y
+
+    @staticmethod
+    def backward(ctx, dout):
+        eps, dt, y_dtype = ctx.args
+        x, a, r, gu, ln_w, wg, wu, wd = ctx.saved_tensors
+        h = x + a
+        dx, *grads = mlp_backward(h, r, gu, dout.to(y_dtype), eps, dt, ln_w, wg, wu, wd)
+        dh = dout + dx.to(h.dtype)
+        return (dh.to(x.dtype), dh.to(a.dtype), None, None, None, *grads)
+
+
+def mlp_forward(h, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
+    """``(y, r, gu)``: the MLP's output ``down(silu(gate(n)) * up(n))`` with ``n = rms_norm(h)``, the norm's scale
+    and the gate/up product, in the matmul dtype ``dt``."""
+    n, r = rms_norm(h, ln_w, eps)
+    gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache=False))
+    g, u = gu.chunk(2, -1)
+    return F.linear(F.silu(g) * u, cast_cat([wd], dt, cache=False)), r, gu
+
+
+def mlp_backward(h, r, gu, dy, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
+    """``(dh, g_ln, g_wg, g_wu, g_wd)`` of :func:`mlp_forward` for the output gradient ``dy``; ``gu`` None:
+    recomputed (the same matmul on the same inputs)."""
+    n = rms_norm(h, ln_w, eps)[0].to(dt)
+    if gu is None:
+        gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
+    dy = dy.to(dt)
+    g, u = gu.chunk(2, -1)
+    sg = F.silu(g)
+    g_wd = _mm_grad(dy, sg * u).to(wd.dtype)
+    da = torch.mm(dy, cast_cat([wd], dt, cache=False))
+    # in the matmul dtype, as autograd through the HF MLP computes it (silu_backward: fp32 inside)
+    dgu = torch.empty_like(gu)
+    dg, du = dgu.chunk(2, -1)
+    torch.mul(da, sg, out=du)
+    torch.mul(da, u, out=dg)
+    torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
+    dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache=False))
+    dh, g_ln = rms_norm_backward(h, ln_w, r, dn)
+    g_wg, g_wu = _mm_grad(dg, n).to(wg.dtype), _mm_grad(du, n).to(wu.dtype)   # per weight, as in AttentionBlock
+    return dh, g_ln.to(ln_w.dtype), g_wg, g_wu, g_wd
 
 
 # ---------------------------------------------------------------------------------------------- the layers
@@ -315,10 +337,10 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     if spec.o_bias:
         params.append(attn.o_proj.bias)
     with torch.autocast(x.device.type, enabled=False):
-        h = x + AttentionBlock.apply(x, spec, *params)
         ln = self.post_attention_layernorm
-        h = h + MLPBlock.apply(h, ln.variance_epsilon, dt, self._slick_recompute_mlp, ln.weight,
-                               mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        h = MLPBlock.apply(x, AttentionBlock.apply(x, spec, *params), ln.variance_epsilon, dt,
+                           self._slick_recompute_mlp, ln.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
+                           mlp.down_proj.weight)
     return h.unsqueeze(0)
 
 

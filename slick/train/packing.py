@@ -25,13 +25,15 @@ def seq_tokens(sample) -> int:
 
 
 def split_micro_batches(samples: Sequence, micro_batch_size: int,
-                        max_tokens: Optional[int] = None) -> list[list[int]]:
+                        max_tokens: Optional[int] = None, shared_prompts: bool = False) -> list[list[int]]:
     """Group sample indices into micro-batches, keeping the given order.
 
     Without ``max_tokens``: consecutive runs of up to ``micro_batch_size`` samples. With ``max_tokens``:
     consecutive samples while the packed row stays within ``max_tokens`` tokens (a single longer sample
-    gets a micro-batch of its own). Samples with an empty response are left out (they have no tokens
-    to score); every other index appears exactly once.
+    gets a micro-batch of its own). ``shared_prompts``: the row is packed by :func:`pack_shared_prompts`, so
+    a sample whose prompt is already in the micro-batch adds only its response's tokens (:func:`row_tokens`
+    counts the same way). Samples with an empty response are left out (they have no tokens to score); every
+    other index appears exactly once.
     """
     if micro_batch_size <= 0:
         raise ValueError(f"micro_batch_size must be positive (got {micro_batch_size})")
@@ -39,23 +41,41 @@ def split_micro_batches(samples: Sequence, micro_batch_size: int,
         raise ValueError(f"max_tokens_per_micro_batch must be positive (got {max_tokens})")
     batches: list[list[int]] = []
     cur: list[int] = []
+    prompts: set[tuple] = set()
     cur_tokens = 0
     for i, s in enumerate(samples):
         n = seq_tokens(s)
         if n == 0:
             continue
+        shared = shared_prompts and tuple(s.prompt_ids) in prompts
         if max_tokens is not None:
-            full = cur and cur_tokens + n > max_tokens
+            full = cur and cur_tokens + (n - len(s.prompt_ids) if shared else n) > max_tokens
         else:
             full = len(cur) >= micro_batch_size
         if full:
             batches.append(cur)
-            cur, cur_tokens = [], 0
+            cur, cur_tokens, shared = [], 0, False
+            prompts.clear()
         cur.append(i)
-        cur_tokens += n
+        cur_tokens += n - len(s.prompt_ids) if shared else n
+        if shared_prompts:
+            prompts.add(tuple(s.prompt_ids))
     if cur:
         batches.append(cur)
     return batches
+
+
+def row_tokens(samples: Sequence, indices: Sequence[int], shared_prompts: bool = False) -> int:
+    """Tokens of the packed row of ``samples[indices]``: :func:`pack`'s, or :func:`pack_shared_prompts`' (each
+    distinct prompt once)."""
+    seen: set[tuple] = set()
+    total = 0
+    for i in indices:
+        s = samples[i]
+        key = tuple(s.prompt_ids)
+        total += seq_tokens(s) - (len(s.prompt_ids) if shared_prompts and key in seen else 0)
+        seen.add(key)
+    return total
 
 
 @dataclass

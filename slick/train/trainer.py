@@ -202,7 +202,8 @@ class Trainer:
         """
         def split(sub):
             return split_micro_batches(sub, self.cfg.micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
-                                       self.cfg.max_tokens_per_micro_batch)
+                                       self.cfg.max_tokens_per_micro_batch,
+                                       shared_prompts=not self.cfg.disable_prompt_sharing)
 
         if not self.fsdp:
             return [split(samples)]
