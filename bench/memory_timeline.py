@@ -27,7 +27,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.vs_trl import slick_argv  # noqa: E402
 
-DEFAULT_VARIANTS = ("defaults=;onednn-cache-1024=ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024;recompute-mlp=--recompute-mlp;"
+DEFAULT_VARIANTS = ("defaults=;onednn-cache-1024=ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024;no-recompute-mlp=--no-recompute-mlp;"
                     "tokens-2048=--max-tokens-per-micro-batch 2048;"
                     "bf16-moments=--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
 

@@ -11,18 +11,21 @@ import pytest
 import torch
 
 from slick.config import Config, parse_config
-from slick.config.auto import (LEAN_DEFAULTS, GiB, Machine, ModelShape, Training, activation_bytes_per_token,
-                               allocator_reason, lean_choice, micro_batch_tokens, offload_choice, state_bytes,
-                               threads_reason)
+from slick.config.auto import (FUSED_MODEL_TYPES, LEAN_DEFAULTS, GiB, Machine, ModelShape, Training,
+                               activation_bytes_per_token, allocator_reason, lean_choice, micro_batch_tokens,
+                               offload_choice, state_bytes, threads_reason)
 from slick.config.autoplan import offload_blockers
 from slick.config.plan import derive_plan
 from slick.config.validate import validate
 from slick.loop.threads import thread_split
+from slick.models.tiny import make_tiny_model
+from slick.train.fused_layers import FUSED_LAYERS
 from slick.train.trainer import DEFAULT_MICRO_BATCH_SIZE, Trainer
 from slick.types import Sample
 
-SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
-           "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "tie_word_embeddings": True}
+SMOLLM2 = {"model_type": "llama", "hidden_act": "silu", "hidden_size": 576, "num_hidden_layers": 30,
+           "vocab_size": 49152, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "head_dim": 64, "tie_word_embeddings": True}
 SHAPE = ModelShape.from_config(SMOLLM2)
 RELEASED = Training(engine_released=True)   # bf16 autocast, fused layers, fp32 moments, engine freed in steps
 
@@ -115,6 +118,26 @@ CPU_WORDS = ("MLP recomputation, the CPU default (the same numbers, ~45% less ac
 def test_mlp_recomputation_is_the_cpu_default(memory_gib, unset, value, words):
     c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2), RELEASED, None, frozenset(unset))
     assert (c.value, c.reason) == (value, words)
+
+
+@pytest.mark.parametrize("changes, fusable", [
+    ({}, True), ({"model_type": "qwen3"}, True), ({"model_type": "mistral", "hidden_act": "swish"}, True),
+    ({"model_type": "gpt2"}, False), ({"model_type": None}, False), ({"hidden_act": "gelu"}, False),
+    ({"mlp_bias": True}, False),
+])
+def test_model_shape_knows_whether_the_fused_layers_cover_it(changes, fusable):
+    assert ModelShape.from_config({**SMOLLM2, **changes}).fusable is fusable
+    # the model types are those of the fused layer classes
+    assert {f"{t}decoderlayer" for t in FUSED_MODEL_TYPES} == {name.lower() for name in FUSED_LAYERS}
+
+
+def test_a_model_the_fused_layers_do_not_cover_keeps_its_mlp_activations_and_trains(tmp_path):
+    model = make_tiny_model(tmp_path / "mb", mlp_bias=True)
+    cfg = parse_config(["--hf-checkpoint", str(model)], validate=False)
+    plan = derive_plan(cfg, "sync", [], Machine(32 * GiB, 2))
+    assert plan.recompute_mlp is False and "recomputation" not in " ".join(c.reason for c in plan.auto)
+    trainer = Trainer(plan.apply(cfg))
+    assert trainer.fused_layers == 0
 
 
 def test_no_cpu_recomputation_where_it_cannot_apply_or_is_given():

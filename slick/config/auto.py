@@ -52,6 +52,10 @@ class Choice:
     reason: str
 
 
+#: the ``model_type`` of the HF decoders whose layers slick's fused layers cover (their ``FUSED_LAYERS``)
+FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the memory of a decoder-only transformer depends on, read from its ``config.json``."""
@@ -63,16 +67,19 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     tied: bool = True
+    fusable: bool = True     # slick's fused decoder layers cover its layers (slick/train/fused_layers.py)
 
     @classmethod
     def from_config(cls, c: dict) -> "ModelShape":
         """From a HF ``config.json`` dict (Llama, Mistral, Qwen2/3 keys); KeyError names a missing key."""
         hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        fusable = (c.get("model_type") in FUSED_MODEL_TYPES and c.get("hidden_act", "silu") in ("silu", "swish")
+                   and not c.get("mlp_bias", False))
         return cls(hidden=hidden, layers=int(c["num_hidden_layers"]), vocab=int(c["vocab_size"]),
                    intermediate=int(c["intermediate_size"]), heads=heads,
                    kv_heads=int(c.get("num_key_value_heads") or heads),
                    head_dim=int(c.get("head_dim") or hidden // heads),
-                   tied=bool(c.get("tie_word_embeddings", False)))
+                   tied=bool(c.get("tie_word_embeddings", False)), fusable=fusable)
 
     @property
     def params(self) -> int:

@@ -2,6 +2,7 @@
 functions. ``slick.config.plan.derive_plan`` calls these only for flags the user left unset."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -75,6 +76,8 @@ def _sizing(cfg, offload: bool, checkpointing: bool, engine_in_process: bool, ma
     device = machine.device if machine else _device(cfg)
     machine = machine or machine_now(device)
     t = training_of(cfg, offload, checkpointing, engine_in_process, device)
+    if not shape.fusable:   # the layers run their HF forward
+        t = dataclasses.replace(t, fused_layers=False)
     max_seq = cfg.rollout_max_prompt_len + cfg.rollout_max_response_len if cfg.rollout_max_prompt_len else None
     return shape, machine, t, max_seq
 
