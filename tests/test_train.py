@@ -8,7 +8,7 @@ import torch
 from slick.config import Config
 from slick.config.validate import validate_config
 from slick.train.logprobs import chunked_logprobs, logprobs_from_logits
-from slick.train.packing import pack, pack_shared_prompts, row_tokens, split_micro_batches
+from slick.train.packing import pack, pack_shared_prompts, split_micro_batches
 from slick.train.trainer import Trainer
 from slick.types import Sample
 
@@ -79,9 +79,8 @@ def test_token_budget_counts_a_shared_prompt_once():
     assert split_micro_batches(s, 100, max_tokens=20) == [[0], [1], [2], [3], [4], [5]]
     shared = split_micro_batches(s, 100, max_tokens=20, shared_prompts=True)
     assert shared == [[0, 1], [2, 3], [4, 5]]
-    assert [row_tokens(s, mb, shared_prompts=True) for mb in shared] == [18, 16, 20]
-    assert [pack_shared_prompts(s, mb).num_tokens for mb in shared] == [18, 16, 20]
-    assert row_tokens(s, [0, 1]) == 28 == pack(s, [0, 1]).num_tokens
+    assert [pack_shared_prompts(s, mb).num_tokens for mb in shared] == [18, 16, 20]   # the rows, as counted
+    assert pack(s, [0, 1]).num_tokens == 28
     assert split_micro_batches(s, 100, max_tokens=40, shared_prompts=True) == [[0, 1, 2, 3], [4, 5]]   # 34, +20
 
 

@@ -14,9 +14,9 @@ two :class:`torch.autograd.Function` nodes with their own backward:
   attention block's output and the gate/up output; backward recomputes the addition, the norm and the product.
 
 That is ~13 KB per token per layer for SmolLM2 under autocast (the residual stream once in fp32; qkv, the
-attention output twice -- before and after ``o_proj`` -- and gate/up in the matmul dtype). The q/k/v and gate/up weights are
-concatenated (and cast) at every use, freed with the layer (``slick.train.casts``, ``cache=False``), so each block
-runs one large matmul instead of three or two small ones.
+attention output twice -- before and after ``o_proj`` -- and gate/up in the matmul dtype). The q/k/v and gate/up
+weights are concatenated (and cast) at every use, freed with the layer (``slick.train.casts``, ``cache=False``), so
+each block runs one large matmul instead of three or two small ones.
 
 The maths and dtypes follow the HF modules (RMSNorm in fp32 and ``weight * normed.to(input dtype)``,
 rotate-half RoPE, ``softmax`` of fp32 scores, ``silu(gate) * up`` in the matmul dtype); the only differences

@@ -31,9 +31,8 @@ def split_micro_batches(samples: Sequence, micro_batch_size: int,
     Without ``max_tokens``: consecutive runs of up to ``micro_batch_size`` samples. With ``max_tokens``:
     consecutive samples while the packed row stays within ``max_tokens`` tokens (a single longer sample
     gets a micro-batch of its own). ``shared_prompts``: the row is packed by :func:`pack_shared_prompts`, so
-    a sample whose prompt is already in the micro-batch adds only its response's tokens (:func:`row_tokens`
-    counts the same way). Samples with an empty response are left out (they have no tokens to score); every
-    other index appears exactly once.
+    a sample whose prompt is already in the micro-batch adds only its response's tokens. Samples with an empty
+    response are left out (they have no tokens to score); every other index appears exactly once.
     """
     if micro_batch_size <= 0:
         raise ValueError(f"micro_batch_size must be positive (got {micro_batch_size})")
@@ -41,41 +40,28 @@ def split_micro_batches(samples: Sequence, micro_batch_size: int,
         raise ValueError(f"max_tokens_per_micro_batch must be positive (got {max_tokens})")
     batches: list[list[int]] = []
     cur: list[int] = []
-    prompts: set[tuple] = set()
+    prompts: set[tuple] = set()   # the prompts in the current row (shared_prompts)
     cur_tokens = 0
     for i, s in enumerate(samples):
         n = seq_tokens(s)
         if n == 0:
             continue
-        shared = shared_prompts and tuple(s.prompt_ids) in prompts
+        key = tuple(s.prompt_ids)
+        add = n - len(key) if shared_prompts and key in prompts else n
         if max_tokens is not None:
-            full = cur and cur_tokens + (n - len(s.prompt_ids) if shared else n) > max_tokens
+            full = cur and cur_tokens + add > max_tokens
         else:
             full = len(cur) >= micro_batch_size
         if full:
             batches.append(cur)
-            cur, cur_tokens, shared = [], 0, False
+            cur, cur_tokens, add = [], 0, n
             prompts.clear()
         cur.append(i)
-        cur_tokens += n - len(s.prompt_ids) if shared else n
-        if shared_prompts:
-            prompts.add(tuple(s.prompt_ids))
+        cur_tokens += add
+        prompts.add(key)
     if cur:
         batches.append(cur)
     return batches
-
-
-def row_tokens(samples: Sequence, indices: Sequence[int], shared_prompts: bool = False) -> int:
-    """Tokens of the packed row of ``samples[indices]``: :func:`pack`'s, or :func:`pack_shared_prompts`' (each
-    distinct prompt once)."""
-    seen: set[tuple] = set()
-    total = 0
-    for i in indices:
-        s = samples[i]
-        key = tuple(s.prompt_ids)
-        total += seq_tokens(s) - (len(s.prompt_ids) if shared_prompts and key in seen else 0)
-        seen.add(key)
-    return total
 
 
 @dataclass
