@@ -375,3 +375,39 @@ def test_shared_prompt_prefix_is_computed_once(llama):
     for p, g in zip(prompts, outs):
         assert g.token_ids == hf_greedy(m, p, n)
         assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(m, p, g.token_ids, 1.0), atol=1e-4)
+
+
+@pytest.mark.parametrize("update_between", [False, True])
+def test_prompt_of_a_running_request_is_not_prefilled_again(llama, tmp_path, update_between):
+    """A request admitted while another with the same prompt runs copies that one's KV and logits (no prefill);
+    after a weight update the running request's KV is of the old weights, so the prompt is prefilled afresh.
+    Greedy outputs equal HF's for the weights they were generated with."""
+    d, m, eng = llama
+    new_dir, new_m = make_spiky_model(tmp_path / "other", "llama", seed=7) if update_between else (d, m)
+    prompt, n = eng.tokenizer.encode(PROMPTS[0]), 12
+    sp = SamplingParams(temperature=0, max_new_tokens=n, stop_token_ids=[])
+
+    async def late_pair():
+        first = asyncio.ensure_future(eng.generate(prompt, sp, rid="first"))
+        while len((eng.partial("first") or ([],))[0]) < 3:
+            await asyncio.sleep(0)
+        if update_between:
+            eng.update_weights_sync(path=str(new_dir))
+        before = eng.stats()
+        later = await asyncio.gather(eng.generate(prompt, sp), eng.generate(prompt, sp))
+        return before, eng.stats(), [await first, *later]
+
+    eos, eng.eos_ids = eng.eos_ids, []
+    try:
+        before, after, outs = run(late_pair())
+    finally:
+        eng.eos_ids = eos
+        eng.update_weights_sync(path=str(d))
+    reused = after["prompt_reused_tokens"] - before["prompt_reused_tokens"]
+    prefills = after["prefills"] - before["prefills"]
+    assert (reused, prefills) == ((0, 1) if update_between else (2 * len(prompt), 0))
+    want = hf_greedy(new_m, prompt, n)
+    assert hf_greedy(m, prompt, n) != want or not update_between
+    for g in outs[1:]:
+        assert g.token_ids == want
+        assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(new_m, prompt, g.token_ids, 1.0), atol=1e-4)

@@ -1,5 +1,6 @@
 """One step of LocalEngine's continuous batching: drop cancelled requests, admit queued ones into free KV-cache
-slots (identical prompts share one prefill, a prefix common to all is computed once), one batched decode step,
+slots (identical prompts share one prefill, a prompt identical to a running request's copies its KV and logits
+while the weights are the same, a prefix common to all is computed once), one batched decode step,
 sampling (grammar masks, top logprobs) and finishing.
 
 :class:`ContinuousBatching` is the scheduler half of :class:`slick.engine.local.LocalEngine`, which owns the
@@ -59,18 +60,26 @@ class ContinuousBatching:
         B0 = len(self._running)
         need = max(len(r.prompt) + r.max_new for r in self._running + new)
         self.cache.ensure(B0 + len(new), need)
+        donors = {tuple(r.prompt): i for i, r in enumerate(self._running) if r.prompt_logits is not None}
         self._running.extend(new)
         groups: dict[tuple, list[int]] = {}
         for k, r in enumerate(new):
             groups.setdefault(tuple(r.prompt), []).append(B0 + k)
-        uniq = list(groups.items())
+        logit_rows: dict[int, torch.Tensor] = {}
+        uniq = []
+        for p, slots in groups.items():
+            if p in donors:      # a running request has this prompt's KV and logits: copy, no forward
+                self.cache.broadcast(donors[p], slots, len(p))
+                logit_rows.update((s, self._running[donors[p]].prompt_logits) for s in slots)
+                self._counters["prompt_reused_tokens"] += len(p) * len(slots)
+            else:
+                uniq.append((p, slots))
         start = _shared_prefix([p for p, _ in uniq])
         if start:   # compute the common prefix once, in the first group's slot, and copy it to the others
             first = uniq[0][1][0]
             self._prefill([(uniq[0][0][:start], [first])])
             self.cache.broadcast(first, [slots[0] for _, slots in uniq[1:]], start)
             self._counters["prefix_reused_tokens"] += start * (len(uniq) - 1)
-        logit_rows: dict[int, torch.Tensor] = {}
         chunk: list = []
         for item in uniq + [None]:
             if item is not None:
@@ -78,6 +87,8 @@ class ContinuousBatching:
                 if not chunk or plen * (len(chunk) + 1) <= PREFILL_TOKEN_BUDGET:
                     chunk.append(item)
                     continue
+            if not chunk:
+                break
             logits = self._prefill(chunk, start)
             for row, (p, slots) in enumerate(chunk):
                 for s in slots[1:]:
@@ -85,9 +96,10 @@ class ContinuousBatching:
                 for s in slots:
                     logit_rows[s] = logits[row]
             chunk = [item] if item is not None else []
-        for r in new:
-            r.cached = len(r.prompt)
         slots = list(range(B0, B0 + len(new)))
+        for r, s in zip(new, slots):
+            r.cached = len(r.prompt)
+            r.prompt_logits = logit_rows[s]
         logits = torch.stack([logit_rows[s] for s in slots])
         self._sample_and_finish(logits, slots)
 

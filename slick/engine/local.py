@@ -188,6 +188,8 @@ class LocalEngine(ContinuousBatching):
             named = check_named(self.model.shapes, named_tensors, need)
         with self._between_steps():
             seen = self.model.copy_named(named, strict=True)
+            for r in self._running:          # their prompts' KV and logits are of the old weights
+                r.prompt_logits = None
             self._version = int(version) if version is not None else self._version + 1
         log.info("weights updated (%d tensors) -> version %d in %.2fs", len(seen), self._version,
                  time.perf_counter() - t0)
@@ -378,7 +380,7 @@ class LocalEngine(ContinuousBatching):
         return {"running": len(self._running), "queued": len(self._queue),
                 "generated_tokens_total": c["tokens"], "tokens_per_sec": tps,
                 "prefills": c["prefills"], "prefill_tokens": c["prefill_tokens"],
-                "prefix_reused_tokens": c["prefix_reused_tokens"],
+                "prefix_reused_tokens": c["prefix_reused_tokens"], "prompt_reused_tokens": c["prompt_reused_tokens"],
                 "decode_steps": c["decode_steps"], "requests_finished": c["finished"],
                 "aborted": c["aborted"], "weight_version": self._version, "paused": self._paused,
                 "kv_cache_bytes": self.cache.nbytes(), "max_running": self.max_running,
