@@ -168,7 +168,7 @@ def test_metrics_prometheus_text(server):
     before = _metrics(server.url)
     for key in ["slick_num_running_reqs", "slick_num_queue_reqs", "slick_generation_tokens_total",
                 "slick_gen_throughput", "slick_weight_version", "slick_prefill_tokens_total",
-                "slick_prefix_reused_tokens_total"]:
+                "slick_prefix_reused_tokens_total", "slick_prompt_reused_tokens_total"]:
         assert key in before
     st, out = call(server.url, "/generate", gen_body(n=5))
     after = _metrics(server.url)
