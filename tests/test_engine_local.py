@@ -411,3 +411,29 @@ def test_prompt_of_a_running_request_is_not_prefilled_again(llama, tmp_path, upd
     for g in outs[1:]:
         assert g.token_ids == want
         assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(new_m, prompt, g.token_ids, 1.0), atol=1e-4)
+
+
+def test_running_requests_keep_only_their_own_prompt_logits(llama):
+    """What a running request keeps for prompt reuse is its own [vocab] row, not a view that would keep its whole
+    admission chunk's logits alive."""
+    d, m, eng = llama
+    prompts = [eng.tokenizer.encode(t) for t in PROMPTS[:3]]
+    sp = SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=[])
+
+    async def peek():
+        tasks = [asyncio.ensure_future(eng.generate(p, sp, rid=f"own-{i}")) for i, p in enumerate(prompts)]
+        while len((eng.partial("own-0") or ([],))[0]) < 2:
+            await asyncio.sleep(0)
+        kept = [r.prompt_logits for r in eng._running]
+        await asyncio.gather(*tasks)
+        return kept
+
+    eos, eng.eos_ids = eng.eos_ids, []
+    try:
+        kept = run(peek())
+    finally:
+        eng.eos_ids = eos
+    assert len(kept) == 3
+    for t in kept:
+        assert t.shape == (eng.vocab_size,)
+        assert t.untyped_storage().nbytes() == eng.vocab_size * t.element_size()

@@ -93,8 +93,9 @@ class ContinuousBatching:
             for row, (p, slots) in enumerate(chunk):
                 for s in slots[1:]:
                     self.cache.copy(slots[0], s, len(p))
+                own = logits[row].clone()    # kept by the requests (prompt_logits): not a view of the chunk's
                 for s in slots:
-                    logit_rows[s] = logits[row]
+                    logit_rows[s] = own
             chunk = [item] if item is not None else []
         slots = list(range(B0, B0 + len(new)))
         for r, s in zip(new, slots):
