@@ -141,3 +141,19 @@ def test_async_start_up_checks_name_the_numbers(tiny_model_dir, prompts, tmp_pat
         make_cfg(tiny_model_dir, prompts, tmp_path / "run", async_weight_update="continue")
     # N = 1 with one optimizer step per rollout and TIS is fine
     make_async_cfg(tiny_model_dir, prompts, tmp_path / "run", max_staleness=1)
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_shared_cores_let_the_generation_finish_before_each_step(tiny_model_dir, prompts, tmp_path, threads):
+    """On a CPU with no thread flag the trainer and the engine share the cores: each step waits for the engine's
+    requests in flight (perf/trainer_yield_time); with --train-num-threads the cores are split and it does not."""
+    cfg = make_async_cfg(tiny_model_dir, prompts, tmp_path / "run", max_staleness=1, num_rollout=3,
+                         train_num_threads=threads)
+    asyncio.run(train_async(cfg))
+    metrics = [m for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "perf/step_time" in m]
+    assert len(metrics) == 3
+    yields = [m.get("perf/trainer_yield_time") for m in metrics]
+    if threads is None:
+        assert all(y is not None and 0.02 <= y < m["perf/step_time"] for y, m in zip(yields, metrics))
+    else:
+        assert yields == [None] * 3

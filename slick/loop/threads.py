@@ -7,6 +7,11 @@ while no request is in flight and its share while one is (:attr:`ThreadPolicy.sh
 :meth:`ThreadPolicy.train_budget`, asked by the in-process trainer before each micro-batch). The event loop's own
 thread (the in-process engine) runs with the rollout share, or with every core while the trainer waits
 (:meth:`ThreadPolicy.training`). The training thread starts with the training share (:meth:`ThreadPolicy.train_pool`).
+While they share cores, a step of ``slick train-async`` starts once the engine has no request in flight
+(``slick.loop.train_async``, ``perf/trainer_yield_time``): the next batch is generated with every core first,
+then the step trains with every core while those groups wait for their rewards or tools, the part of a rollout
+that needs no core. (A step decides its threads per micro-batch, and one micro-batch is common: starting it
+beside the engine's generation left it on its share for the whole step.) Thread flags split the cores instead.
 """
 from __future__ import annotations
 

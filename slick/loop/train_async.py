@@ -62,6 +62,9 @@ async def train_async(cfg) -> Run:
             metrics.update(run.manager.rollout_metrics(batch, producer.filtered - filtered, time.perf_counter() - last))
             last, filtered = time.perf_counter(), producer.filtered
             metrics.update(staleness_metrics(batch, run.version))
+            if run.threads.share_cores:      # one set of cores: the next batch is generated with all of them
+                # first, then the step takes them while those groups wait for rewards (slick/loop/threads.py)
+                metrics["perf/trainer_yield_time"] = await engine.wait_idle(cfg.async_timeout)
             with run.threads.training():     # the engine's share of the cores while the trainer runs
                 metrics.update(await run.train_off_loop(step, batch))
             done = step + 1
@@ -75,6 +78,8 @@ async def train_async(cfg) -> Run:
                 producer.weights_synced(done)
                 producer.resume()
                 metrics["perf/paused_time"] = engine.paused_time - paused0
+            metrics["perf/step_time"] = time.perf_counter() - t0    # as slick train's: evaluation and saving apart
+            metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
             if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
                 metrics.update(await run.evaluate())
             if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):
@@ -85,8 +90,6 @@ async def train_async(cfg) -> Run:
             metrics.update({"perf/rollout_idle_time": producer.take_idle_time(),
                             "rollout/resubmitted_requests": engine.resubmitted})
             metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
-            metrics["perf/step_time"] = time.perf_counter() - t0
-            metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
             run.log(metrics, done)
     finally:
         await producer.stop()

@@ -19,7 +19,8 @@ from slick.observe.metrics import METRICS_FILE, read_metrics, series
 TIME_ORDER = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time")
 STEP_TIME = "perf/step_time"
 # slick train-async: what the trainer (consumer) and the rollout side (producer) did in each step
-ACTIVITY = ("perf/train_time", "perf/trainer_idle_time", "perf/rollout_idle_time", "perf/paused_time")
+ACTIVITY = ("perf/train_time", "perf/trainer_idle_time", "perf/trainer_yield_time", "perf/rollout_idle_time",
+            "perf/paused_time")
 
 
 def _keys(rows: list[dict]) -> set[str]:

@@ -44,6 +44,9 @@ class InterruptibleEngine:
         self.engine, self.mode, self.timeout = engine, mode, float(timeout)
         self._ids = itertools.count()
         self._inflight: dict[str, str] = {}          # rid -> kind
+        self._idle = asyncio.Event()                  # set while nothing is in flight
+        self._idle.set()
+        self._started = 0                             # requests made so far
         self._resuming = asyncio.Event()
         self._resuming.set()                          # cleared while a resubmit-mode update runs
         self.resubmitted = 0                          # requests resubmitted after an update (metric)
@@ -64,10 +67,14 @@ class InterruptibleEngine:
                 await self._resuming.wait()
             rid_now = base if part == 0 else f"{base}.{part}"
             self._inflight[rid_now] = kind
+            self._idle.clear()
+            self._started += 1
             try:
                 gen = await self.engine.generate(acc.prompt(prompt_ids), acc.sampling(sampling), rid=rid_now)
             finally:
                 self._inflight.pop(rid_now, None)
+                if not self._inflight:
+                    self._idle.set()
             acc.add(gen)
             resubmit = (gen.finish_reason == "abort" and kind == "train" and not self._resuming.is_set()
                         and acc.left(sampling) > 0)
@@ -80,6 +87,26 @@ class InterruptibleEngine:
     def busy(self) -> bool:
         """Whether any request (of any kind) is in flight."""
         return bool(self._inflight)
+
+    async def wait_idle(self, timeout: float, settle: float = 0.02) -> float:
+        """Wait until no request is in flight and none has started for ``settle`` seconds (requests about to be
+        made, such as those of a group just admitted, get the time to start); at most ``timeout`` seconds, else a
+        TimeoutError naming what it waited for. Returns the seconds waited."""
+        t0 = time.perf_counter()
+
+        async def quiet():
+            while True:
+                await self._idle.wait()
+                started = self._started
+                await asyncio.sleep(settle)
+                if self._idle.is_set() and self._started == started:
+                    return
+        try:
+            await asyncio.wait_for(quiet(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"waited {timeout:.0f}s (--async-timeout) for the engine's {len(self._inflight)} "
+                               f"requests in flight to finish before a training step") from None
+        return time.perf_counter() - t0
 
     def inflight(self, kind: str = "train") -> int:
         return sum(1 for k in self._inflight.values() if k == kind)
