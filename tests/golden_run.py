@@ -71,7 +71,7 @@ PINNED = ["--lr", "1e-3", "--adam-beta1", "0.9", "--adam-beta2", "0.999", "--wei
           "--clip-grad", "1.0", "--eps-clip", "0.2", "--entropy-coef", "0.0", "--kl-coef", "0.0",
           "--rollout-temperature", "1.0", "--rollout-top-p", "1.0", "--rollout-top-k", "-1",
           "--dtype", "fp32", "--seed", "3", "--rollout-seed", "5", "--no-progress", "--no-rollout-store",
-          "--mismatch-probe-interval", "1"]
+          "--mismatch-probe-interval", "1", "--train-zero-advantage-samples"]
 
 
 def scenario_argv(name: str, work: Path) -> list[str]:

@@ -91,7 +91,10 @@ class LossInputs:
 
     ``logprobs`` carries the gradient; ``entropy`` may be None when ``entropy_coef`` is 0;
     ``old_logprobs=None`` means on-policy; ``rollout_logprobs`` are the engine's (for TIS);
-    ``num_samples``/``num_tokens`` are the *global* batch normalisers (see ``reduce``).
+    ``num_samples``/``num_tokens`` are the *global* batch normalisers (see ``reduce``);
+    ``metric_num_samples``/``metric_num_tokens``, when set, those of the samples the step trains on, for the
+    metrics that describe them (samples whose loss gradient is exactly zero were left out:
+    :class:`slick.algo.objective.WholeBatchLoss`).
     """
 
     logprobs: Tensor
@@ -103,6 +106,8 @@ class LossInputs:
     rollout_logprobs: Optional[Tensor] = None
     num_samples: Optional[float] = None
     num_tokens: Optional[float] = None
+    metric_num_samples: Optional[float] = None
+    metric_num_tokens: Optional[float] = None
 
     def __post_init__(self) -> None:
         shape = self.mask.shape

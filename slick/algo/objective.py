@@ -14,11 +14,18 @@
 Every metric is reduced the same way, so with global normalisers the metrics
 of the micro-batches also sum to the global value.
 
+Samples whose gradient is exactly zero (:func:`zero_gradient`: all advantages 0 and no entropy or KL term) need
+not be computed: :class:`WholeBatchLoss` trains on the others with the whole batch's normalisers (the same
+gradient), and the loop leaves them out unless ``--train-zero-advantage-samples`` (slick/loop/step.py).
+
 A custom loss (``--custom-loss-function-path``, resolved by the caller) has the
 same signature as :func:`compute_policy_objective`, ``fn(cfg, inputs: LossInputs)``,
 and returns ``(loss scalar Tensor, metrics dict[str, float])``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -51,12 +58,16 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
     def red(x: Tensor) -> Tensor:
         return reduce(x, mask, per_token, num_samples=num_samples, num_tokens=num_tokens)
 
+    def red_metric(x: Tensor) -> Tensor:   # means over the samples trained on (WholeBatchLoss), else like red
+        return reduce(x, mask, per_token, num_samples=_first(inputs.metric_num_samples, num_samples),
+                      num_tokens=_first(inputs.metric_num_tokens, num_tokens))
+
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     pg, clipped, neg_log_ratio = policy_terms(logprobs, old, advantages, mask, float(cfg.eps_clip), cfg.eps_clip_high,
                                               cfg.eps_clip_c, sequence_level=cfg.advantage_estimator == "gspo")
     metrics: dict[str, float] = {}
     if cfg.use_tis or cfg.use_mis:   # rollout correction (slick/algo/correction.py)
-        pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red, metrics)
+        pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red_metric, metrics)
 
     pg_loss = red(pg)
     loss = pg_loss
@@ -79,12 +90,43 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
     metrics.update(
         loss=float(loss.detach()),
         pg_loss=float(pg_loss.detach()),
-        pg_clipfrac=float(red(clipped)),
-        ppo_kl=float(red(neg_log_ratio)),
+        pg_clipfrac=float(red_metric(clipped)),
+        ppo_kl=float(red_metric(neg_log_ratio)),
         kl_loss=float(kl_loss.detach()),
-        entropy_loss=float(entropy_loss.detach()),
+        entropy_loss=0.0 if entropy is None else float(red_metric(entropy.detach().to(logprobs.dtype))),
     )
     return loss, metrics
+
+
+def zero_gradient(cfg: AlgoParams, advantages: Tensor) -> bool:
+    """True when :func:`compute_policy_objective`'s gradient for a sample with these per-token ``advantages`` is
+    exactly zero whatever the model predicts: every advantage is 0 (GRPO/RLOO/GSPO give a whole group 0 when its
+    rewards are equal), and the objective has no other term (``entropy_coef`` 0, no KL loss). The policy term
+    ``-A * ratio`` (clipped, times the TIS/MIS weights) is then 0 at every token."""
+    if float(cfg.entropy_coef) != 0.0 or (cfg.use_kl_loss and float(cfg.kl_loss_coef) != 0.0):
+        return False
+    return bool(torch.as_tensor(advantages).eq(0).all())
+
+
+@dataclass(frozen=True)
+class WholeBatchLoss:
+    """A loss function for a subset of a batch whose other samples add exactly zero to the loss and its gradient
+    (:func:`zero_gradient`): each call gets the *whole* batch's normalisers, so the accumulated gradient and the
+    ``loss``/``pg_loss`` metrics are the whole batch's, and the subset's own as the metric normalisers, so the
+    other metrics (clip fraction, KL to the old policy, entropy, TIS/MIS) are means over the samples trained on.
+    Picklable (Ray trainer ranks receive it)."""
+
+    loss_fn: Callable
+    num_samples: float
+    num_tokens: float
+
+    def __call__(self, inputs: LossInputs):
+        return self.loss_fn(replace(inputs, num_samples=self.num_samples, num_tokens=self.num_tokens,
+                                    metric_num_samples=inputs.num_samples, metric_num_tokens=inputs.num_tokens))
+
+
+def _first(a, b):
+    return b if a is None else a
 
 
 def _check_types(cfg, inputs) -> None:

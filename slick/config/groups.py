@@ -203,6 +203,11 @@ class TrainConfig:
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
     disable_prompt_sharing: bool = F(False, "Give every sample its own copy of the prompt in packed micro-batches "
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
+    train_zero_advantage_samples: bool = F(False, "Run the forward and backward of samples whose advantages are "
+                                           "all zero too (default: left out when the policy loss has no entropy or KL "
+                                           "term, since their gradient is exactly zero: a group whose samples all got "
+                                           "the same reward; the update is the same, the clip fraction, KL and "
+                                           "entropy metrics then describe the samples trained on; docs/training.md).")
     recompute_mlp: Optional[bool] = F(None, "Fused decoder layers: recompute each MLP's gate/up projection in "
                                       "backward instead of keeping it (~45% less activation memory, ~15% more trainer "
                                       "FLOPs; the same values; docs/training.md). Unset: on for training on a CPU; on a "

@@ -14,11 +14,11 @@ from slick.algo.batch import TrainBatch
 from slick.algo.distill import add_opd_terms, opd_metrics
 from slick.algo.sft import sft_objective
 from slick.config.sft_distill import is_sft
-from slick.algo.objective import compute_policy_objective
+from slick.algo.objective import WholeBatchLoss, compute_policy_objective, zero_gradient
 from slick.algo.sessions import check_session_estimator, session_heads, split_sessions, spread_session_advantages
 from slick.plugins import load_function
 from slick.train.critic import train_critic
-from slick.train.packing import pad
+from slick.train.packing import loss_mask, pad
 
 log = logging.getLogger(__name__)
 COUNTS = ("skipped_steps", "nonfinite_losses")  # summed over a step's optimizer steps; other metrics averaged
@@ -225,8 +225,10 @@ def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=N
         part = batch.slice(k * gbs, (k + 1) * gbs)
         if not len(part):
             break
-        m = trainer.train_step(part.samples, part.advantages, loss_fn,
+        part, part_loss = without_zero_gradients(cfg, loss_fn, part)
+        m = trainer.train_step(part.samples, part.advantages, part_loss,
                                old_logprobs=part.old_logprobs, ref_logprobs=part.ref_logprobs)
+        m["trained_samples"] = float(len(part))
         skipped = m["skipped_steps"] > 0
         for key in COUNTS:
             counts[key] += float(m.pop(key))
@@ -246,6 +248,28 @@ def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=N
     out["perf/logprob_time"] = t_logp  # extra forward passes (old / ref logprobs), when needed
     out["perf/train_time"] = time.perf_counter() - t0
     return out, batch
+
+
+def without_zero_gradients(cfg, loss_fn, part: TrainBatch) -> tuple[TrainBatch, object]:
+    """``part`` less its samples whose gradient is exactly zero (:func:`slick.algo.objective.zero_gradient`: e.g. a
+    GRPO group whose samples all got the same reward), and the loss over the rest with the whole part's
+    normalisers (:class:`WholeBatchLoss`): the same gradient without their forward and backward. ``part`` and
+    ``loss_fn`` unchanged with --train-zero-advantage-samples, with a loss other than the built-in policy
+    objective (a custom or SFT loss may read more than the advantages), or when nothing can be left out. When
+    every sample's gradient is zero, the shortest one stays, so that the optimizer still steps on a zero
+    gradient (weight decay, the moments' decay) exactly as it would over the whole part."""
+    builtin = isinstance(loss_fn, functools.partial) and loss_fn.func is compute_policy_objective
+    if cfg.train_zero_advantage_samples or not builtin or part.advantages is None:
+        return part, loss_fn
+    params = loss_fn.args[0]
+    keep = [i for i, a in enumerate(part.advantages) if not zero_gradient(params, a)]
+    if not keep:
+        nonempty = [i for i, t in enumerate(part.tokens) if t]
+        keep = [min(nonempty, key=lambda i: len(part.tokens[i]))] if nonempty else []
+    if not keep or len(keep) == len(part):
+        return part, loss_fn
+    num_tokens = sum(sum(loss_mask(s)) for s in part.samples)
+    return part.select(keep), WholeBatchLoss(loss_fn, float(len(part)), float(num_tokens))
 
 
 def _report_skipped(step: int, skipped_norms: list, applied: int, counts: dict, batch: TrainBatch) -> None:
