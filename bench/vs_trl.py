@@ -47,7 +47,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-TUNED_ARGS = "--micro-batch-size 64 --offload-rollout --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --recompute-mlp"
+TUNED_ARGS = "--exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --no-recompute-mlp"   # speed over memory
 
 
 def slick_argv(args, model_dir: Path, train: Path, test: Path, run_dir: Path, extra: str) -> list[str]:

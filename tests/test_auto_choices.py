@@ -93,31 +93,43 @@ def test_lean_settings_on_a_gpu_only_when_memory_is_short(memory_gib, value, wor
 
 
 RECOMPUTE = {**FP32, "recompute_mlp": True}
+CPU_LEAN = {**BF16_MOMENTS, "recompute_mlp": True}
+CPU_MOMENT_WORDS = ("bf16 AdamW moments, the CPU default for bf16 training (4 bytes less per parameter, stochastic "
+                    "rounding; --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 to keep fp32)")
 CPU_WORDS = ("MLP recomputation, the CPU default (the same numbers, ~45% less activation memory, ~3% more time; "
              "--no-recompute-mlp to keep the activations)")
 
 
 @pytest.mark.parametrize("memory_gib, unset, value, words", [
-    # recomputation frees 2 x 1536 x 2 bytes per layer and token (388,152 -> 203,832 bytes): 1930 -> 3677 tokens
-    (5, LEAN_DEFAULTS, RECOMPUTE,
-     f"auto: fp32 AdamW moments (memory suffices: 3677 tokens of activations fit beside the state); {CPU_WORDS}; "
-     f"--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 to lower the peak"),
-    # at 4.4 GiB 868 -> 1654 tokens: no longer short, so the moments stay fp32 (on a GPU they become bf16)
-    (4.4, LEAN_DEFAULTS, RECOMPUTE,
-     f"auto: fp32 AdamW moments (memory suffices: 1654 tokens of activations fit beside the state); {CPU_WORDS}; "
-     f"--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 to lower the peak"),
-    (3.5, LEAN_DEFAULTS, {**BF16_MOMENTS, "recompute_mlp": True},
-     f"auto: bf16 AdamW moments, since memory is short: 0 tokens of activations fit beside the state, 731 with them "
-     f"(bf16 AdamW moments: 4 bytes less per parameter, stochastic rounding); --exp-avg-dtype fp32 "
-     f"--exp-avg-sq-dtype fp32 to override; {CPU_WORDS}"),
+    # recomputation frees 2 x 1536 x 2 bytes per layer and token (388,152 -> 203,832 bytes) and bf16 moments
+    # 4 x 134,515,008 bytes of state: (0.8 x 5 GiB - 3.13 GiB + 0.54 GiB) / (203,832 x 1.25) = 5788 tokens
+    (5, LEAN_DEFAULTS, CPU_LEAN,
+     f"auto: memory suffices: 5788 tokens of activations fit beside the state; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
+    (4.4, LEAN_DEFAULTS, CPU_LEAN,
+     f"auto: memory suffices: 3765 tokens of activations fit beside the state; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
+    # 731 tokens even with both: short, and nothing is left to take
+    (3.5, LEAN_DEFAULTS, CPU_LEAN,
+     f"auto: memory is short, and no lean setting left unset applies: 731 tokens of activations fit beside the "
+     f"state; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
     # the moments given: the line says only what it chose
     (5, {"recompute_mlp"}, {"recompute_mlp": True},
      f"auto: memory suffices: 3677 tokens of activations fit beside the state; {CPU_WORDS}; --exp-avg-dtype bf16 "
      f"--exp-avg-sq-dtype bf16 to lower the peak"),
+    # one moment given: the other keeps fp32, as on a GPU
+    (5, {"exp_avg_sq_dtype", "recompute_mlp"}, {"exp_avg_sq_dtype": "fp32", "recompute_mlp": True},
+     f"auto: fp32 AdamW moments (memory suffices: 3677 tokens of activations fit beside the state); {CPU_WORDS}; "
+     f"--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 to lower the peak"),
 ])
-def test_mlp_recomputation_is_the_cpu_default(memory_gib, unset, value, words):
+def test_bf16_moments_and_mlp_recomputation_are_the_cpu_defaults(memory_gib, unset, value, words):
     c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2), RELEASED, None, frozenset(unset))
     assert (c.value, c.reason) == (value, words)
+
+
+def test_cpu_moments_stay_fp32_for_fp32_training_and_for_lora():
+    fp32 = Training(engine_released=True, matmul_bytes=4)
+    assert lean_choice(SHAPE, Machine(16 * GiB, 2), fp32, None, frozenset(LEAN_DEFAULTS)).value == RECOMPUTE
+    lora = Training(engine_released=True, frozen_base=True)
+    assert lean_choice(SHAPE, Machine(16 * GiB, 2), lora, None, frozenset(LEAN_DEFAULTS)).value == RECOMPUTE
 
 
 @pytest.mark.parametrize("changes, fusable", [
@@ -142,11 +154,12 @@ def test_a_model_the_fused_layers_do_not_cover_keeps_its_mlp_activations_and_tra
 
 def test_no_cpu_recomputation_where_it_cannot_apply_or_is_given():
     unfused = Training(engine_released=True, fused_layers=False)
-    assert lean_choice(SHAPE, Machine(16 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == FP32
+    assert lean_choice(SHAPE, Machine(16 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
     whole_layers = Training(engine_released=True, gradient_checkpointing=True)
-    assert lean_choice(SHAPE, Machine(5 * GiB, 2), whole_layers, None, frozenset(LEAN_DEFAULTS)).value == FP32
+    assert lean_choice(SHAPE, Machine(5 * GiB, 2), whole_layers, None, frozenset(LEAN_DEFAULTS)).value == \
+        BF16_MOMENTS
     c = lean_choice(SHAPE, Machine(5 * GiB, 2), RELEASED, None, frozenset({"exp_avg_dtype", "exp_avg_sq_dtype"}))
-    assert c.value == {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"} and "recomputation" not in c.reason
+    assert c.value == {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"} and "recomputation" not in c.reason
 
 
 def test_lean_choice_leaves_given_flags_and_what_cannot_apply():
@@ -243,7 +256,7 @@ def test_the_plan_holds_the_choices_and_the_config_is_left_as_given(tiny_model_d
     before = copy.deepcopy(cfg.to_dict())
     plan = _plan({"hf_checkpoint": str(tiny_model_dir)})
     assert (plan.max_tokens_per_micro_batch, plan.offload_rollout) == (4096, True)
-    assert [c.value for c in plan.auto] == [True, RECOMPUTE, 4096]
+    assert [c.value for c in plan.auto] == [True, CPU_LEAN, 4096]   # the tiny model trains in bf16 here
     resolved = plan.apply(cfg)
     assert (resolved.max_tokens_per_micro_batch, resolved.offload_rollout, resolved.micro_batch_size) == (
         4096, True, None)
@@ -286,7 +299,7 @@ def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog
         validate(Config.from_flat({"hf_checkpoint": str(tiny_model_dir)}), check_files=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto: ")]
     assert len(lines) == 3 and "freed while the trainer steps" in lines[0]
-    assert lines[1].startswith("auto: fp32 AdamW moments (memory suffices") and CPU_WORDS in lines[1]
+    assert lines[1].startswith("auto: memory suffices") and CPU_MOMENT_WORDS in lines[1] and CPU_WORDS in lines[1]
     assert "micro-batches of <= " in lines[2]
 
 

@@ -10,8 +10,9 @@ functions that decide take them as arguments, so tests give exact inputs and exp
 * **Micro-batches** (:func:`micro_batch_tokens`): packed to a token budget (``--max-tokens-per-micro-batch``)
   sized so that a step's activations fit the memory left beside the trainer's state, and at most
   :data:`SPEED_PLATEAU_TOKENS`, past which bigger micro-batches are no faster (docs/training.md).
-* **Lean settings** (:func:`lean_choice`): bf16 AdamW moments, then MLP recomputation, only when memory is short
-  (fp32 moments and kept activations otherwise: the faster and better-studied configuration).
+* **Lean settings** (:func:`lean_choice`): on a CPU, bf16 AdamW moments (bf16 training) and MLP recomputation by
+  default; on a GPU, bf16 moments, then MLP recomputation, only when memory is short (fp32 moments and kept
+  activations otherwise).
 * **The in-process engine's memory during a step** (:func:`offload_choice`): released whenever a weight sync
   follows the step (``--offload-rollout``), which rewrites every weight anyway.
 * **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.train.memory``);
@@ -235,17 +236,33 @@ def cpu_recomputes_mlp(machine: Machine, t: Training, unset: frozenset) -> bool:
             and not t.gradient_checkpointing)
 
 
+def cpu_narrows_moments(machine: Machine, t: Training, unset: frozenset) -> bool:
+    """Whether bf16 AdamW moments are the default: on CPU, training in bf16, neither moment's dtype given, a full
+    trainer (a LoRA trainer's few adapter moments are not worth narrowing). They hold 4 bytes less per parameter;
+    on ``bench/vs_trl.py``'s task their held-out curve stayed within one standard deviation of fp32 moments' at
+    every evaluation over 3 seeds (docs/training.md, "Where the memory goes"); on a GPU they stay a memory-short
+    step."""
+    return ({"exp_avg_dtype", "exp_avg_sq_dtype"} <= unset and machine.device == "cpu" and t.matmul_bytes == 2
+            and not t.frozen_base)
+
+
+CPU_MOMENTS = ("bf16 AdamW moments, the CPU default for bf16 training (4 bytes less per parameter, stochastic "
+               "rounding; --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 to keep fp32)")
 CPU_RECOMPUTE = ("MLP recomputation, the CPU default (the same numbers, ~45% less activation memory, ~3% more "
                  "time; --no-recompute-mlp to keep the activations)")
 
 
 def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int], unset: frozenset) -> Choice:
-    """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: MLP recomputation on CPU
-    (:func:`cpu_recomputes_mlp`); the other defaults (fp32 moments, MLP activations kept on a GPU) when memory
+    """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: on CPU bf16 moments
+    (:func:`cpu_narrows_moments`) and MLP recomputation (:func:`cpu_recomputes_mlp`); the other defaults (fp32 moments, MLP activations kept on a GPU) when memory
     suffices; when it is short (:func:`short_of_memory` at the tokens that fit), each of ``LEAN_STEPS`` in turn
     until it is not. MLP recomputation needs slick's fused layers, and a LoRA trainer's few adapter moments are
     not worth narrowing. ``t``: the run's settings with the unset flags at their defaults."""
     value = {f: LEAN_DEFAULTS[f] for f in LEAN_DEFAULTS if f in unset}
+    moments = cpu_narrows_moments(machine, t, unset)
+    if moments:
+        value.update(exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16")
+        t = dataclasses.replace(t, exp_avg_bytes=2, exp_avg_sq_bytes=2)
     on_cpu = cpu_recomputes_mlp(machine, t, unset)
     if on_cpu:
         value["recompute_mlp"] = True
@@ -264,14 +281,17 @@ def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optio
         fits = fitting_tokens(shape, machine, t)
         taken.append(what)
     facts = f"{before} tokens of activations fit beside the state" + (f", {fits} with them" if taken else "")
-    cpu = [CPU_RECOMPUTE] if on_cpu else []
+    cpu = ([CPU_MOMENTS] if moments else []) + ([CPU_RECOMPUTE] if on_cpu else [])
     if not taken:
-        kept = lean_defaults_named({f: v for f, v in value.items() if not (on_cpu and f == "recompute_mlp")})
+        kept = lean_defaults_named({f: v for f, v in value.items() if not (on_cpu and f == "recompute_mlp")
+                                    and not (moments and f.startswith("exp_avg"))})
         state = ("memory is short, and no lean setting left unset applies" if short_of_memory(before, max_seq)
                  else "memory suffices")
-        lower = "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16" + ("" if on_cpu else " or --recompute-mlp")
+        lower = [flags for flags, done in (("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", moments),
+                                           ("--recompute-mlp", on_cpu)) if not done]
         head = f"{', '.join(kept)} ({state}: {facts})" if kept else f"{state}: {facts}"
-        return Choice(value, "auto: " + "; ".join([head, *cpu, f"{lower} to lower the peak"]))
+        return Choice(value, "auto: " + "; ".join([head, *cpu] + ([f"{' or '.join(lower)} to lower the peak"]
+                                                                   if lower else [])))
     return Choice(value, "auto: " + "; ".join([
         f"{' and '.join(n for n, _, _ in taken)}, since memory is short: {facts} "
         f"({'; '.join(f'{n}: {cost}' for n, cost, _ in taken)})",

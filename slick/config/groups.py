@@ -178,8 +178,9 @@ class TrainConfig:
     weight_decay: float = F(0.0, "AdamW weight decay of the matrices (biases and norm weights do not decay, as in "
                                  "Megatron and Hugging Face's Trainer).")
     exp_avg_dtype: Optional[str] = F(None, "AdamW first moment (exp_avg) storage: fp32, or bf16 with stochastic "
-                                     "rounding (2 bytes less per parameter; docs/training.md). Unset: fp32, or bf16 "
-                                     "when memory is short (chosen and logged at start-up).", choices=["fp32", "bf16"])
+                                     "rounding (2 bytes less per parameter; docs/training.md). Unset: bf16 when a CPU "
+                                     "trains in bf16; otherwise fp32, or bf16 when memory is short (chosen and logged "
+                                     "at start-up).", choices=["fp32", "bf16"])
     exp_avg_sq_dtype: Optional[str] = F(None, "AdamW second moment (exp_avg_sq) storage: fp32, or bf16 with "
                                         "stochastic rounding (2 bytes less per parameter). Unset: as --exp-avg-dtype's "
                                         "automatic choice.", choices=["fp32", "bf16"])
