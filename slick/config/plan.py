@@ -15,8 +15,9 @@ the flag of the same name:
 * ``max_tokens_per_micro_batch``: unset with ``--micro-batch-size`` unset too, a token budget sized from the
   model, the sequence lengths and the memory available (``slick.config.auto``);
 * ``offload_rollout``: unset (neither ``--offload-rollout`` nor ``--no-offload-rollout``), on wherever it can apply;
-* ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``recompute_mlp``: unset, MLP recomputation on a CPU, fp32 moments (and
-  on a GPU kept MLP activations) unless memory is short (``slick.config.auto.lean_choice``).
+* ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``recompute_mlp``: unset, MLP recomputation and (bf16 training) bf16
+  moments on a CPU; on a GPU fp32 moments and kept MLP activations unless memory is short
+  (``slick.config.auto.lean_choice``).
 
 ``auto`` keeps the automatic choices with the line each logs (what and why), once the config is valid.
 """
