@@ -254,10 +254,11 @@ CPU_RECOMPUTE = ("MLP recomputation, the CPU default (the same numbers, ~45% les
 
 def lean_choice(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int], unset: frozenset) -> Choice:
     """The flags of ``LEAN_DEFAULTS`` the user left unset (``unset``), as {field: value}: on CPU bf16 moments
-    (:func:`cpu_narrows_moments`) and MLP recomputation (:func:`cpu_recomputes_mlp`); the other defaults (fp32 moments, MLP activations kept on a GPU) when memory
-    suffices; when it is short (:func:`short_of_memory` at the tokens that fit), each of ``LEAN_STEPS`` in turn
-    until it is not. MLP recomputation needs slick's fused layers, and a LoRA trainer's few adapter moments are
-    not worth narrowing. ``t``: the run's settings with the unset flags at their defaults."""
+    (:func:`cpu_narrows_moments`) and MLP recomputation (:func:`cpu_recomputes_mlp`); the other defaults (fp32
+    moments, MLP activations kept on a GPU) when memory suffices; when it is short (:func:`short_of_memory` at the
+    tokens that fit), each of ``LEAN_STEPS`` in turn until it is not. MLP recomputation needs slick's fused
+    layers, and a LoRA trainer's few adapter moments are not worth narrowing. ``t``: the run's settings with the
+    unset flags at their defaults."""
     value = {f: LEAN_DEFAULTS[f] for f in LEAN_DEFAULTS if f in unset}
     moments = cpu_narrows_moments(machine, t, unset)
     if moments:
