@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from slick.config import Config, parse_config
+from slick.cluster.engine_actor import engine_kwargs
 from slick.config.auto import (FUSED_MODEL_TYPES, LEAN_DEFAULTS, GiB, Machine, ModelShape, Training,
-                               activation_bytes_per_token, allocator_reason, lean_choice, micro_batch_tokens,
-                               offload_choice, state_bytes, threads_reason)
+                               activation_bytes_per_token, allocator_reason, engine_slots, lean_choice,
+                               micro_batch_tokens, offload_choice, state_bytes, threads_reason)
+from slick.config.config import ConfigError
 from slick.config.autoplan import offload_blockers
 from slick.config.plan import derive_plan
 from slick.config.validate import validate
@@ -174,6 +176,40 @@ def test_lean_choice_leaves_given_flags_and_what_cannot_apply():
     assert lean_choice(SHAPE, Machine(5 * GiB, 2, "cuda"), RELEASED, 2048, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
 
 
+@pytest.mark.parametrize("memory_gib, bf16, slots, why", [
+    (16, True, 256, "more gain little per byte of KV cache"),
+    # beside: 0.8 x 8 GiB - (18 x 134,515,008 fp32 trainer and bf16 engine weights + 132,120,576 head + 1 GiB)
+    # = 3,244,815,129.6 bytes; half of it / (23,040 KV bytes per token x 304 tokens) = 231.6
+    (8, True, 231, "what 50% of the 3.0 GiB left beside the trainer's state and the engine's weights holds"),
+    # fp32: 20 x params of weights, a 188,743,680-byte head, 46,080 KV bytes per token: 1,459,581,004.8 / 14,008,320
+    (8, False, 104, "what 50% of the 2.7 GiB left beside"),
+    (4, True, 1, "memory is short: the trainer's state and the engine's weights leave no room for more"),
+])
+def test_engine_slots_exact(memory_gib, bf16, slots, why):
+    c = engine_slots(SHAPE, Machine(memory_gib * GiB, 2), Training(matmul_bytes=2 if bf16 else 4), 304)
+    assert c.value == slots
+    assert c.reason.startswith(f"auto: the engine decodes up to {slots} sequence{'s' * (slots > 1)} at once ({why}")
+    assert c.reason.endswith(f"at 304 tokens each); --engine-max-running to override")
+
+
+def test_engine_slots_in_the_plan_and_what_overrides_or_refuses_them(tiny_model_dir):
+    base = {"hf_checkpoint": str(tiny_model_dir)}
+    plan = _plan(base)
+    assert plan.engine_max_running == 256 and any(c.value == 256 and "engine decodes" in c.reason for c in plan.auto)
+    cfg, _ = validate(Config.from_flat(base), check_files=False)
+    assert engine_kwargs(cfg)["max_running"] == 256                          # what the engine is built with
+    for flags, slots in (({"engine_max_running": 32}, 32), ({"sglang": {"max_running_requests": "3"}}, 3)):
+        plan = _plan({**base, **flags})
+        assert plan.engine_max_running == slots and not any("engine decodes" in c.reason for c in plan.auto)
+    # servers slick does not size: nothing chosen, and the flag is refused with what they take instead
+    assert _plan({**base, "rollout_engine": "vllm"}).engine_max_running is None
+    with pytest.raises(ConfigError, match="--engine-max-running sizes slick's own engine, but --rollout-engine vllm "
+                                          "servers run their own: drop it .*--vllm-max-num-seqs N"):
+        validate(Config.from_flat({**base, "rollout_engine": "vllm", "engine_max_running": 8}), check_files=False)
+    with pytest.raises(ConfigError, match=r"--engine-max-running must be >= 1 \(got 0\)"):
+        validate(Config.from_flat({**base, "engine_max_running": 0}), check_files=False)
+
+
 def test_offload_choice_and_what_blocks_it():
     assert offload_choice([]).value is True
     assert "--no-offload-rollout" in offload_choice([]).reason
@@ -256,7 +292,7 @@ def test_the_plan_holds_the_choices_and_the_config_is_left_as_given(tiny_model_d
     before = copy.deepcopy(cfg.to_dict())
     plan = _plan({"hf_checkpoint": str(tiny_model_dir)})
     assert (plan.max_tokens_per_micro_batch, plan.offload_rollout) == (4096, True)
-    assert [c.value for c in plan.auto] == [True, CPU_LEAN, 4096]   # the tiny model trains in bf16 here
+    assert [c.value for c in plan.auto] == [True, 256, CPU_LEAN, 4096]   # the tiny model trains in bf16 here
     resolved = plan.apply(cfg)
     assert (resolved.max_tokens_per_micro_batch, resolved.offload_rollout, resolved.micro_batch_size) == (
         4096, True, None)
@@ -298,9 +334,10 @@ def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog
     with caplog.at_level(logging.INFO, logger="slick"):
         validate(Config.from_flat({"hf_checkpoint": str(tiny_model_dir)}), check_files=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto: ")]
-    assert len(lines) == 3 and "freed while the trainer steps" in lines[0]
-    assert lines[1].startswith("auto: memory suffices") and CPU_MOMENT_WORDS in lines[1] and CPU_WORDS in lines[1]
-    assert "micro-batches of <= " in lines[2]
+    assert len(lines) == 4 and "freed while the trainer steps" in lines[0]
+    assert lines[1].startswith("auto: the engine decodes up to ")
+    assert lines[2].startswith("auto: memory suffices") and CPU_MOMENT_WORDS in lines[2] and CPU_WORDS in lines[2]
+    assert "micro-batches of <= " in lines[3]
 
 
 def test_the_plan_takes_the_lean_settings_when_memory_is_short_and_a_flag_still_wins(tiny_model_dir):

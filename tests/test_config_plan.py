@@ -20,24 +20,26 @@ ALGO = Path(__file__).resolve().parents[1] / "slick" / "algo"
 
 # the lean settings a plan resolves when memory cannot be sized (no model here): fp32 moments, MLP activations kept
 FP32 = {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "recompute_mlp": False}
+# ... and the sequences slick's own engine decodes at once (64 when memory cannot be sized; none for servers at a URL)
+FP32_64 = {**FP32, "engine_max_running": 64}
 
 # (flags, driver, the plan expected)
 CASES = [
-    ({}, "sync", Plan(8 * 8, 1, "colocated", 0, False, offload_rollout=True, **FP32)),
+    ({}, "sync", Plan(8 * 8, 1, "colocated", 0, False, offload_rollout=True, **FP32_64)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "global_batch_size": 4}, "sync",
-     Plan(4, 2, "colocated", 0, False, offload_rollout=True, **FP32)),
+     Plan(4, 2, "colocated", 0, False, offload_rollout=True, **FP32_64)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "update_weights_interval": 3},
-     "sync", Plan(4, 2, "colocated", 4, False, offload_rollout=True, **FP32)),
+     "sync", Plan(4, 2, "colocated", 4, False, offload_rollout=True, **FP32_64)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "update_weights_interval": 3,
-      "max_staleness": 7}, "sync", Plan(4, 2, "colocated", 7, False, offload_rollout=True, **FP32)),
+      "max_staleness": 7}, "sync", Plan(4, 2, "colocated", 7, False, offload_rollout=True, **FP32_64)),
     ({"rollout_engine": "http", "rollout_urls": ["http://127.0.0.1:1"]}, "sync",
      Plan(64, 1, "disk", 0, False, offload_rollout=False, **FP32)),
-    ({"weight_transport": "disk"}, "sync", Plan(64, 1, "disk", 0, False, offload_rollout=True, **FP32)),
-    ({"recompute_activations": True}, "sync", Plan(64, 1, "colocated", 0, True, offload_rollout=True, **FP32)),       # Megatron's recompute
+    ({"weight_transport": "disk"}, "sync", Plan(64, 1, "disk", 0, False, offload_rollout=True, **FP32_64)),
+    ({"recompute_activations": True}, "sync", Plan(64, 1, "colocated", 0, True, offload_rollout=True, **FP32_64)),       # Megatron's recompute
     ({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
-      "sequence_parallel": True}, "sync", Plan(64, 1, "colocated", 0, True, offload_rollout=True, **FP32)),
+      "sequence_parallel": True}, "sync", Plan(64, 1, "colocated", 0, True, offload_rollout=True, **FP32_64)),
     ({"rollout_batch_size": 2, "n_samples_per_prompt": 4, "max_staleness": 1, "use_tis": True,
-      "update_weights_interval": 1}, "async", Plan(8, 1, "colocated", 1, False, offload_rollout=False, **FP32)),
+      "update_weights_interval": 1}, "async", Plan(8, 1, "colocated", 1, False, offload_rollout=False, **FP32_64)),
 ]
 
 

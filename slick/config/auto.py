@@ -13,6 +13,8 @@ functions that decide take them as arguments, so tests give exact inputs and exp
 * **Lean settings** (:func:`lean_choice`): on a CPU, bf16 AdamW moments (bf16 training) and MLP recomputation by
   default; on a GPU, bf16 moments, then MLP recomputation, only when memory is short (fp32 moments and kept
   activations otherwise).
+* **Sequences the engine decodes at once** (:func:`engine_slots`): up to :data:`ENGINE_SLOTS`, fewer when their
+  KV cache would not fit half the memory left beside the trainer's state (``--engine-max-running``).
 * **The in-process engine's memory during a step** (:func:`offload_choice`): released whenever a weight sync
   follows the step (``--offload-rollout``), which rewrites every weight anyway.
 * **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.train.memory``);
@@ -44,6 +46,11 @@ ACTIVATION_HEADROOM = 1.25
 BUDGET_STEP = 128      # budgets are whole multiples of this many tokens
 SHORT_MEMORY_TOKENS = 1024   # a budget below this is said to be short of memory, with what lowers the need
 FALLBACK_MICRO_BATCH_SIZE = 8   # samples per micro-batch when no budget is sized (the Trainer's default too)
+#: sequences slick's engine decodes at once by default: 400 questions at T=1 on a 2-core CPU take 1.26x less time
+#: at 256 than at 64 for 4x the KV cache, 400 slots another 1.1x for 1.6x more (bench/results/engine_slots.md)
+ENGINE_SLOTS = 256
+FALLBACK_ENGINE_SLOTS = 64      # when the memory cannot be sized
+KV_SHARE = 0.5                  # of the memory left beside the state, what the engine's KV cache may fill
 
 
 @dataclass(frozen=True)
@@ -165,13 +172,37 @@ def state_bytes(shape: ModelShape, t: Training) -> int:
     ref = p * (2 if t.matmul_bytes == 2 else 4) if t.has_ref else 0
     engine = 0
     if t.engine_in_process and not t.engine_released:
-        kv = shape.layers * 2 * shape.kv_heads * shape.head_dim * t.matmul_bytes * t.engine_tokens
-        engine = p * t.matmul_bytes + kv
+        engine = p * t.matmul_bytes + kv_bytes_per_token(shape, t.matmul_bytes) * t.engine_tokens
     head = shape.vocab * shape.hidden * t.matmul_bytes + 3 * t.logprob_chunk * shape.vocab * 4
     return trainer + ref + engine + head + RUNTIME_BYTES
 
 
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """Bytes of the engine's KV cache per token of a running sequence (keys and values of every layer)."""
+    return shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+
+
 # ------------------------------------------------------------------------------------------ the choices
+def engine_slots(shape: ModelShape, machine: Machine, t: Training, seq: int) -> Choice:
+    """``--engine-max-running``: :data:`ENGINE_SLOTS` sequences at once, or as many as fit when their KV cache
+    at ``seq`` tokens each would fill more than :data:`KV_SHARE` of the memory left beside the whole trainer's
+    state and the engine's weights (at least 1). The cache grows by need, so short sequences hold less."""
+    per_seq = kv_bytes_per_token(shape, t.matmul_bytes) * seq
+    beside = MEMORY_SHARE * machine.memory - state_bytes(shape, dataclasses.replace(
+        t, engine_in_process=True, engine_released=False, engine_tokens=0, ranks=1))
+    fits = int(max(beside, 0) * KV_SHARE // per_seq)
+    slots = max(1, min(ENGINE_SLOTS, fits))
+    if fits >= ENGINE_SLOTS:
+        why = "more gain little per byte of KV cache"
+    elif fits:
+        why = f"what {KV_SHARE:.0%} of the {gib(beside)} left beside the trainer's state and the engine's weights holds"
+    else:
+        why = "memory is short: the trainer's state and the engine's weights leave no room for more"
+    return Choice(slots, f"auto: the engine decodes up to {slots} sequence{'s' * (slots > 1)} at once ({why}; its KV "
+                         f"cache grows by need, to {gib(slots * per_seq)} at {seq} tokens each); --engine-max-running "
+                         f"to override")
+
+
 def micro_batch_tokens(shape: ModelShape, machine: Machine, t: Training, max_seq: Optional[int],
                        max_response: int) -> Choice:
     """The token budget of a packed micro-batch (``--max-tokens-per-micro-batch``): what the memory left

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
-from slick.config.auto import (LEAN_DEFAULTS, Choice, Machine, ModelShape, Training, fallback_micro_batch, lean_choice,
-                               lean_defaults_named, machine_now, micro_batch_tokens, offload_choice)
+from slick.config.auto import (FALLBACK_ENGINE_SLOTS, LEAN_DEFAULTS, Choice, Machine, ModelShape, Training,
+                               engine_slots, fallback_micro_batch, lean_choice, lean_defaults_named, machine_now,
+                               micro_batch_tokens, offload_choice)
 from slick.models.check import read_model_config
+from slick.serve.sglang_args import engine_options
 
 _DEBUG_FLAGS = ("debug_rollout_only", "debug_train_only", "load_debug_rollout_data")
 
@@ -41,7 +43,7 @@ def training_of(cfg, offload: bool, checkpointing: bool, engine_in_process: bool
         bf16 = device == "cuda" or cpu_has_fast_bf16()
     else:
         bf16 = cfg.dtype == "bf16"
-    seq = (cfg.rollout_max_prompt_len or 256) + cfg.rollout_max_response_len
+    seq = engine_sequence(cfg)
     lora = bool(getattr(cfg, "lora_rank", None) or getattr(cfg, "lora_load", None))   # PEFT: HF layers, frozen base
     return Training(
         matmul_bytes=2 if bf16 else 4, scheme=cfg.train_precision if bf16 else "fp32",
@@ -52,7 +54,38 @@ def training_of(cfg, offload: bool, checkpointing: bool, engine_in_process: bool
         has_ref=bool((cfg.use_kl_loss and cfg.kl_loss_coef > 0) or cfg.kl_coef > 0),
         critic=cfg.advantage_estimator == "ppo" and not cfg.debug_rollout_only,
         engine_in_process=engine_in_process, engine_released=bool(offload),
-        engine_tokens=cfg.engine_max_running * seq, ranks=trainer_ranks(cfg) if uses_ray(cfg) else 1)
+        engine_tokens=(cfg.engine_max_running or FALLBACK_ENGINE_SLOTS) * seq, ranks=trainer_ranks(cfg) if uses_ray(cfg) else 1)
+
+
+def engine_sequence(cfg) -> int:
+    """The longest sequence the engine is planned for: --rollout-max-prompt-len (256 when unbounded) plus the
+    longer of the rollout's and the evaluation's response lengths."""
+    response = max(cfg.rollout_max_response_len, cfg.eval_max_response_len or 0)
+    return (cfg.rollout_max_prompt_len or 256) + response
+
+
+def runs_own_engine(cfg) -> bool:
+    """slick's own engine generates: in process, in `slick serve` workers it launches, or in engine actors on Ray
+    (not vLLM or SGLang servers, nor servers already running at --rollout-urls)."""
+    return cfg.rollout_engine == "local" or (cfg.rollout_engine == "http" and not cfg.rollout_urls)
+
+
+def engine_slots_choice(cfg, offload: bool, checkpointing: bool, engine_in_process: bool,
+                        machine: Optional[Machine] = None) -> Choice:
+    """--engine-max-running for a run that leaves it unset: :func:`slick.config.auto.engine_slots` for this run, or
+    ``FALLBACK_ENGINE_SLOTS`` when its memory cannot be sized (``--sglang-max-running-requests`` N: N, not logged)."""
+    try:
+        given = engine_options(dict(cfg.sglang or {}))[0].get("max_running")
+    except ValueError:   # the engine's start-up names the flag and its value
+        given = None
+    if given is not None:
+        return Choice(given, "")
+    sizing = _sizing(cfg, offload, checkpointing, engine_in_process, machine)
+    if isinstance(sizing, str):
+        return Choice(FALLBACK_ENGINE_SLOTS, f"auto: the engine decodes up to {FALLBACK_ENGINE_SLOTS} sequences at "
+                                             f"once ({sizing}); --engine-max-running to override")
+    shape, machine, t, _ = sizing
+    return engine_slots(shape, machine, t, engine_sequence(cfg))
 
 
 def _device(cfg) -> str:

@@ -7,8 +7,14 @@ SERVER_ENGINES = ("vllm", "sglang")
 
 
 def server_engine_problems(cfg, p: list[str]) -> None:
-    """--rollout-engine vllm|sglang, --vllm-* and the flags they cannot combine with."""
+    """--rollout-engine vllm|sglang, --vllm-*, --engine-max-running and the flags they cannot combine with."""
     engine = cfg.rollout_engine
+    if cfg.engine_max_running is not None and cfg.engine_max_running < 1:
+        p.append(f"--engine-max-running must be >= 1 (got {cfg.engine_max_running})")
+    if cfg.engine_max_running is not None and (engine in SERVER_ENGINES or cfg.rollout_urls):
+        whose = f"--rollout-engine {engine} servers" if engine in SERVER_ENGINES else "the servers at --rollout-urls"
+        p.append(f"--engine-max-running sizes slick's own engine, but {whose} run their own: drop it (vLLM servers "
+                 f"slick launches take --vllm-max-num-seqs N, SGLang's --sglang-max-running-requests N)")
     if cfg.vllm and engine != "vllm":
         p.append(f"--vllm-* options ({', '.join('--vllm-' + k.replace('_', '-') for k in cfg.vllm)}) go to vLLM "
                  f"servers slick launches, but --rollout-engine is {engine}: add --rollout-engine vllm or drop them")

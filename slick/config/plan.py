@@ -14,6 +14,8 @@ the flag of the same name:
   ``--recompute-granularity``) turn it on;
 * ``max_tokens_per_micro_batch``: unset with ``--micro-batch-size`` unset too, a token budget sized from the
   model, the sequence lengths and the memory available (``slick.config.auto``);
+* ``engine_max_running``: unset, where slick's own engine generates, up to 256 sequences at once, fewer when
+  their KV cache would not fit the memory (``slick.config.auto.engine_slots``);
 * ``offload_rollout``: unset (neither ``--offload-rollout`` nor ``--no-offload-rollout``), on wherever it can apply;
 * ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``recompute_mlp``: unset, MLP recomputation and (bf16 training) bf16
   moments on a CPU; on a GPU fp32 moments and kept MLP activations unless memory is short
@@ -30,7 +32,8 @@ from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
 from slick.config.auto import LEAN_DEFAULTS, Choice, Machine
-from slick.config.autoplan import lean_settings_choice, micro_batch_choice, offload_rollout_choice
+from slick.config.autoplan import (engine_slots_choice, lean_settings_choice, micro_batch_choice,
+                                   offload_rollout_choice, runs_own_engine)
 from slick.config.config import Config
 from slick.config.megatron import recompute_requested
 
@@ -47,6 +50,7 @@ class Plan:
     exp_avg_dtype: Optional[str] = None
     exp_avg_sq_dtype: Optional[str] = None
     recompute_mlp: Optional[bool] = None
+    engine_max_running: Optional[int] = None
     # the automatic choices made (slick.config.auto.Choice: value and the line logged); not a flag
     auto: tuple = dataclasses.field(default=(), compare=False, repr=False, metadata={"flag": False})
 
@@ -129,11 +133,15 @@ def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional
         auto.append(offload_rollout_choice(cfg, driver, num_engine_actors(cfg)))
         offload = auto[-1].value
     in_process = engines_share_trainer_process(cfg)
+    cfg = copy.deepcopy(cfg)              # a copy with each choice made, for the choices after it
+    if cfg.engine_max_running is None and runs_own_engine(cfg):
+        slots = engine_slots_choice(cfg, offload, checkpointing, in_process, machine)
+        auto += [slots] if slots.reason else []
+        cfg.engine_max_running = slots.value
     lean = {f: getattr(cfg, f) for f in LEAN_DEFAULTS}
     if None in lean.values():
         auto.append(lean_settings_choice(cfg, offload, checkpointing, in_process, machine))
         lean.update(auto[-1].value)
-        cfg = copy.deepcopy(cfg)          # a copy with the lean settings, for the micro-batch budget
         for name, value in lean.items():
             setattr(cfg, name, value)
     tokens = cfg.max_tokens_per_micro_batch
@@ -142,4 +150,5 @@ def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional
         tokens = auto[-1].value
     return Plan(global_batch_size=gbs, num_steps_per_rollout=steps, weight_transport=transport,
                 max_staleness=staleness, gradient_checkpointing=checkpointing,
-                max_tokens_per_micro_batch=tokens, offload_rollout=offload, auto=tuple(auto), **lean)
+                max_tokens_per_micro_batch=tokens, offload_rollout=offload, engine_max_running=cfg.engine_max_running,
+                auto=tuple(auto), **lean)

@@ -199,14 +199,16 @@ def _log_path(prefix: str, log_dir: Optional[str]) -> str:
 
 
 def launch_workers(hf_checkpoint: str, n: int, *, dtype: str = "auto", host: str = "127.0.0.1",
-                   base_port: Optional[int] = None, api_key: Optional[str] = None, max_running: int = 64,
+                   base_port: Optional[int] = None, api_key: Optional[str] = None, max_running: Optional[int] = None,
                    extra_args: Optional[list[str]] = None, startup_timeout: float = 300.0,
                    log_dir: Optional[str] = None, threads: Optional[int] = None) -> list[WorkerProcess]:
     """Start ``n`` ``slick serve`` subprocesses (in parallel) and wait until each answers /health.
 
     Each worker gets ``OMP_NUM_THREADS = threads or cores // n`` unless the caller's environment sets it
     (``threads``: a replacement for one of several workers gets the share the first ones got).
-    Ports are ``base_port + i`` when given, else free ports picked by the OS. On any failure every
+    ``max_running``: each worker's ``--max-running`` (None: `slick serve`'s default, or the
+    ``--sglang-max-running-requests`` of ``extra_args``). Ports are ``base_port + i`` when given, else free ports
+    picked by the OS. On any failure every
     started worker is stopped and a RuntimeError carrying the worker's log tail is raised.
     """
     if n < 1:
@@ -222,7 +224,9 @@ def launch_workers(hf_checkpoint: str, n: int, *, dtype: str = "auto", host: str
         for i in range(n):
             port = base_port + i if base_port else free_port(host)
             cmd = [sys.executable, "-m", "slick.cli", "serve", "--hf-checkpoint", str(hf_checkpoint),
-                   "--host", host, "--port", str(port), "--dtype", dtype, "--max-running", str(max_running)]
+                   "--host", host, "--port", str(port), "--dtype", dtype]
+            if max_running is not None:
+                cmd += ["--max-running", str(max_running)]
             if api_key:
                 cmd += ["--api-key", api_key]
             cmd += list(extra_args or [])

@@ -145,7 +145,7 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     if cfg.rollout_engine in ("vllm", "sglang"):
         return _server_engines(cfg, weight_dir)
     sglang = dict(cfg.sglang or {})
-    options, unknown = engine_options(sglang)
+    _, unknown = engine_options(sglang)
     if sglang and cfg.rollout_engine == "http" and cfg.rollout_urls:
         log.warning("--sglang-* options %s have no effect: the engines at --rollout-urls are already running",
                     sorted(sglang))
@@ -154,9 +154,7 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     if cluster is not None and cluster.layout is not None and cluster.layout.num_engines:
         return _ray_engines(cfg, cluster, trainer, weight_dir)
     if cfg.rollout_engine == "local":
-        kwargs = dict(dtype=cfg.dtype, device=cfg.device, max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
-        kwargs.update(options)
-        eng = LocalEngine(cfg.hf_checkpoint, **kwargs)
+        eng = LocalEngine(cfg.hf_checkpoint, **engine_kwargs(cfg))
         return EngineSet(eng, "tensors")
     procs, urls, relaunch = [], list(cfg.rollout_urls), None
     if not urls:
