@@ -232,6 +232,42 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tmp_path):
     assert moved > 1e-4                              # the step really moved the weights
 
 
+def step_then_none(tr, cfg, samples):
+    """:func:`one_step`, then a train_step on no sample (every gradient zero: slick.loop.step leaves them all out)."""
+    from slick.algo import AlgoParams
+    from slick.algo.objective import compute_policy_objective
+
+    first = one_step(tr, cfg, samples)["weights"]
+    m = tr.train_step([], [], functools.partial(compute_policy_objective, AlgoParams.from_config(cfg)))
+    return {"first": first, "metrics": m, "weights": {n: w.clone() for n, w in tr.named_weights()},
+            "version": tr.version}
+
+
+def _rank_step_then_none(rank, world, model_dir):
+    from slick.train.trainer import Trainer
+
+    cfg = cfg_for(model_dir)
+    return step_then_none(Trainer(cfg), cfg, batch())
+
+
+@pytest.mark.slow
+def test_a_step_on_no_sample_steps_every_rank_on_a_zero_gradient(tiny_model_dir, tmp_path):
+    """Every rank runs the same one-token zero backward (FSDP's collectives match) and AdamW steps on a zero
+    gradient: its moments carry the first step on, as in one process."""
+    from slick.train.trainer import Trainer
+
+    ranks = run_ranks(_rank_step_then_none, 2, (str(tiny_model_dir),), tmp_path)
+    cfg = cfg_for(tiny_model_dir)
+    want = step_then_none(Trainer(cfg), cfg, batch())
+    for r in [want] + ranks:
+        m = r["metrics"]
+        assert (m["grad_norm"], m["tokens"], m["loss"], m["skipped_steps"], r["version"]) == (0.0, 0.0, 0.0, 0.0, 2)
+        for n, t in want["weights"].items():   # fp32 summation order, carried through two AdamW steps
+            assert float((r["weights"][n] - t).abs().max()) <= 3e-5, n
+        # the second step moved every rank's weights (AdamW's moments, not the zero gradient), well past that
+        assert max(float((r["weights"][n] - r["first"][n]).abs().max()) for n in want["weights"]) > 5e-4
+
+
 # ---------------------------------------------------------------- faults
 def _rank_fault(rank, world, model_dir, mode):
     from slick.train.trainer import Trainer

@@ -91,13 +91,15 @@ def _trained(tiny_model_dir, rewards_per_step, **kw):
 
 def test_training_without_the_zero_gradient_samples_gives_the_whole_batch_update(tiny_model_dir):
     """Step 0: the first prompt's two samples got the same reward (advantages 0), so 2 of 4 samples train.
-    Step 1: every reward equal: one sample trains, and AdamW still steps on the zero gradient (its moments carry
-    step 0's update on), exactly as over the whole batch; not stepping would leave the weights unchanged."""
+    Step 1: every reward equal: no sample is computed, and AdamW still steps on the exact zero gradient (its
+    moments carry step 0's update on), exactly as over the whole batch; not stepping would leave the weights
+    unchanged."""
     steps = [[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     w_all, m_all = _trained(tiny_model_dir, steps, train_zero_advantage_samples=True)
     w_skip, m_skip = _trained(tiny_model_dir, steps)
     assert [m["train/trained_samples"] for m in m_all] == [4.0, 4.0]
-    assert [m["train/trained_samples"] for m in m_skip] == [2.0, 1.0]
+    assert [m["train/trained_samples"] for m in m_skip] == [2.0, 0.0]
+    assert m_skip[1]["train/tokens"] == 0.0                     # no sample computed
     # AdamW divides by the gradient's scale, so rounding in near-zero gradient entries moves weights by up to
     # ~0.5% of one step (lr 1e-3); the gradient norm, which a wrong normaliser would scale, is compared tightly
     for n in w_all:

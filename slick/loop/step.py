@@ -238,10 +238,10 @@ def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=N
             applied.append(m)
     if skipped_norms:
         _report_skipped(step, skipped_norms, len(applied), counts, batch)
-    metrics: dict = {}
-    for m in applied:  # average over the applied optimizer steps
-        for key, v in m.items():
-            metrics[key] = metrics.get(key, 0.0) + float(v) / len(applied)
+    metrics: dict = {}   # each key's mean over the applied optimizer steps that report it
+    for key in dict.fromkeys(k for m in applied for k in m):
+        values = [float(m[key]) for m in applied if key in m]
+        metrics[key] = sum(values) / len(values)
     out = {f"train/{k}": v for k, v in {**metrics, **counts}.items()}
     out.update(critic_metrics)
     out.update(opd)
@@ -256,17 +256,14 @@ def without_zero_gradients(cfg, loss_fn, part: TrainBatch) -> tuple[TrainBatch, 
     normalisers (:class:`WholeBatchLoss`): the same gradient without their forward and backward. ``part`` and
     ``loss_fn`` unchanged with --train-zero-advantage-samples, with a loss other than the built-in policy
     objective (a custom or SFT loss may read more than the advantages), or when nothing can be left out. When
-    every sample's gradient is zero, the shortest one stays, so that the optimizer still steps on a zero
-    gradient (weight decay, the moments' decay) exactly as it would over the whole part."""
+    every sample's gradient is zero, none is left: the trainer steps on an exact zero gradient (weight decay,
+    the moments' decay) as it would over the whole part."""
     builtin = isinstance(loss_fn, functools.partial) and loss_fn.func is compute_policy_objective
     if cfg.train_zero_advantage_samples or not builtin or part.advantages is None:
         return part, loss_fn
     params = loss_fn.args[0]
     keep = [i for i, a in enumerate(part.advantages) if not zero_gradient(params, a)]
-    if not keep:
-        nonempty = [i for i, t in enumerate(part.tokens) if t]
-        keep = [min(nonempty, key=lambda i: len(part.tokens[i]))] if nonempty else []
-    if not keep or len(keep) == len(part):
+    if len(keep) == len(part):
         return part, loss_fn
     num_tokens = sum(sum(loss_mask(s)) for s in part.samples)
     return part.select(keep), WholeBatchLoss(loss_fn, float(len(part)), float(num_tokens))

@@ -306,7 +306,8 @@ class Trainer:
 
     def forward_backward(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
                          old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
-        """Zero the gradients, then forward + backward every packed micro-batch of ``samples``.
+        """Zero the gradients, then forward + backward every packed micro-batch of ``samples`` (none: every
+        gradient is exactly zero, and the optimizer step that follows steps on that).
 
         Leaves the accumulated global-batch gradient in the optimizer's parameters' ``.grad`` (fp32 master
         copies in the bf16 scheme). Returns the metrics of :meth:`train_step` minus the optimizer ones, plus
@@ -346,6 +347,10 @@ class Trainer:
                 for k, v in (metrics or {}).items():
                     if k != LOSS_KEY:
                         sums[k] = sums.get(k, 0.0) + float(v)
+            if not any(plan):   # no sample (every gradient is zero): one token's zero backward gives each weight a
+                self._pad_pass(self._fwd, backward=True)    # zero gradient, so the optimizer steps as on one
+                if self.scheme == "bf16" and not self.fsdp:
+                    self._accumulate_master_grads()
         elapsed = time.perf_counter() - t0
         if self.fsdp:   # additive metrics summed over ranks, times maxed: the same dict on every rank
             totals = [total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over]
