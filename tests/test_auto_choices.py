@@ -190,6 +190,10 @@ def test_engine_slots_exact(memory_gib, bf16, slots, why):
     assert c.value == slots
     assert c.reason.startswith(f"auto: the engine decodes up to {slots} sequence{'s' * (slots > 1)} at once ({why}")
     assert c.reason.endswith(f"at 304 tokens each); --engine-max-running to override")
+    # slick train-async: at most 64, still fewer when memory is short
+    beside = engine_slots(SHAPE, Machine(memory_gib * GiB, 2), Training(matmul_bytes=2 if bf16 else 4), 304, True)
+    assert beside.value == min(slots, 64)
+    assert ("slow the trainer stepping beside the engine" in beside.reason) == (slots >= 64)
 
 
 def test_engine_slots_in_the_plan_and_what_overrides_or_refuses_them(tiny_model_dir):
@@ -198,6 +202,7 @@ def test_engine_slots_in_the_plan_and_what_overrides_or_refuses_them(tiny_model_
     assert plan.engine_max_running == 256 and any(c.value == 256 and "engine decodes" in c.reason for c in plan.auto)
     cfg, _ = validate(Config.from_flat(base), check_files=False)
     assert engine_kwargs(cfg)["max_running"] == 256                          # what the engine is built with
+    assert _plan({**base, "max_staleness": 1}, driver="async").engine_max_running == 64
     for flags, slots in (({"engine_max_running": 32}, 32), ({"sglang": {"max_running_requests": "3"}}, 3)):
         plan = _plan({**base, **flags})
         assert plan.engine_max_running == slots and not any("engine decodes" in c.reason for c in plan.auto)

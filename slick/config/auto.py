@@ -13,8 +13,9 @@ functions that decide take them as arguments, so tests give exact inputs and exp
 * **Lean settings** (:func:`lean_choice`): on a CPU, bf16 AdamW moments (bf16 training) and MLP recomputation by
   default; on a GPU, bf16 moments, then MLP recomputation, only when memory is short (fp32 moments and kept
   activations otherwise).
-* **Sequences the engine decodes at once** (:func:`engine_slots`): up to :data:`ENGINE_SLOTS`, fewer when their
-  KV cache would not fit half the memory left beside the trainer's state (``--engine-max-running``).
+* **Sequences the engine decodes at once** (:func:`engine_slots`): up to :data:`ENGINE_SLOTS` (64 in slick
+  train-async), fewer when their KV cache would not fit half the memory left beside the trainer's state
+  (``--engine-max-running``).
 * **The in-process engine's memory during a step** (:func:`offload_choice`): released whenever a weight sync
   follows the step (``--offload-rollout``), which rewrites every weight anyway.
 * **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.train.memory``);
@@ -49,6 +50,9 @@ FALLBACK_MICRO_BATCH_SIZE = 8   # samples per micro-batch when no budget is size
 #: sequences slick's engine decodes at once by default: 400 questions at T=1 on a 2-core CPU take 1.26x less time
 #: at 256 than at 64 for 4x the KV cache, 400 slots another 1.1x for 1.6x more (bench/results/engine_slots.md)
 ENGINE_SLOTS = 256
+#: ... and while the trainer steps beside it (slick train-async): bench/async.py's trainer took 26 s instead of 20
+#: over 10 steps beside 256 slots (two rollout steps decoding at once), and train-async fell to 0.81x of slick train
+OVERLAP_ENGINE_SLOTS = 64
 FALLBACK_ENGINE_SLOTS = 64      # when the memory cannot be sized
 KV_SHARE = 0.5                  # of the memory left beside the state, what the engine's KV cache may fill
 
@@ -183,16 +187,20 @@ def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ the choices
-def engine_slots(shape: ModelShape, machine: Machine, t: Training, seq: int) -> Choice:
-    """``--engine-max-running``: :data:`ENGINE_SLOTS` sequences at once, or as many as fit when their KV cache
-    at ``seq`` tokens each would fill more than :data:`KV_SHARE` of the memory left beside the whole trainer's
-    state and the engine's weights (at least 1). The cache grows by need, so short sequences hold less."""
+def engine_slots(shape: ModelShape, machine: Machine, t: Training, seq: int, overlap: bool = False) -> Choice:
+    """``--engine-max-running``: :data:`ENGINE_SLOTS` sequences at once (:data:`OVERLAP_ENGINE_SLOTS` when the
+    engine decodes while the trainer steps, ``overlap``), or as many as fit when their KV cache at ``seq`` tokens
+    each would fill more than :data:`KV_SHARE` of the memory left beside the whole trainer's state and the engine's
+    weights (at least 1). The cache grows by need, so short sequences hold less."""
     per_seq = kv_bytes_per_token(shape, t.matmul_bytes) * seq
     beside = MEMORY_SHARE * machine.memory - state_bytes(shape, dataclasses.replace(
         t, engine_in_process=True, engine_released=False, engine_tokens=0, ranks=1))
     fits = int(max(beside, 0) * KV_SHARE // per_seq)
-    slots = max(1, min(ENGINE_SLOTS, fits))
-    if fits >= ENGINE_SLOTS:
+    most = OVERLAP_ENGINE_SLOTS if overlap else ENGINE_SLOTS
+    slots = max(1, min(most, fits))
+    if fits >= most and overlap:
+        why = "slick train-async: more at once slow the trainer stepping beside the engine"
+    elif fits >= most:
         why = "more gain little per byte of KV cache"
     elif fits:
         why = f"what {KV_SHARE:.0%} of the {gib(beside)} left beside the trainer's state and the engine's weights holds"

@@ -70,9 +70,10 @@ def runs_own_engine(cfg) -> bool:
     return cfg.rollout_engine == "local" or (cfg.rollout_engine == "http" and not cfg.rollout_urls)
 
 
-def engine_slots_choice(cfg, offload: bool, checkpointing: bool, engine_in_process: bool,
+def engine_slots_choice(cfg, driver: str, offload: bool, checkpointing: bool, engine_in_process: bool,
                         machine: Optional[Machine] = None) -> Choice:
-    """--engine-max-running for a run that leaves it unset: :func:`slick.config.auto.engine_slots` for this run, or
+    """--engine-max-running for a run of ``driver`` ("sync" or "async") that leaves it unset:
+    :func:`slick.config.auto.engine_slots` for this run, or
     ``FALLBACK_ENGINE_SLOTS`` when its memory cannot be sized (``--sglang-max-running-requests`` N: N, not logged)."""
     try:
         given = engine_options(dict(cfg.sglang or {}))[0].get("max_running")
@@ -85,7 +86,7 @@ def engine_slots_choice(cfg, offload: bool, checkpointing: bool, engine_in_proce
         return Choice(FALLBACK_ENGINE_SLOTS, f"auto: the engine decodes up to {FALLBACK_ENGINE_SLOTS} sequences at "
                                              f"once ({sizing}); --engine-max-running to override")
     shape, machine, t, _ = sizing
-    return engine_slots(shape, machine, t, engine_sequence(cfg))
+    return engine_slots(shape, machine, t, engine_sequence(cfg), overlap=driver == "async")
 
 
 def _device(cfg) -> str:

@@ -14,8 +14,8 @@ the flag of the same name:
   ``--recompute-granularity``) turn it on;
 * ``max_tokens_per_micro_batch``: unset with ``--micro-batch-size`` unset too, a token budget sized from the
   model, the sequence lengths and the memory available (``slick.config.auto``);
-* ``engine_max_running``: unset, where slick's own engine generates, up to 256 sequences at once, fewer when
-  their KV cache would not fit the memory (``slick.config.auto.engine_slots``);
+* ``engine_max_running``: unset, where slick's own engine generates, up to 256 sequences at once (64 in slick
+  train-async), fewer when their KV cache would not fit the memory (``slick.config.auto.engine_slots``);
 * ``offload_rollout``: unset (neither ``--offload-rollout`` nor ``--no-offload-rollout``), on wherever it can apply;
 * ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``recompute_mlp``: unset, MLP recomputation and (bf16 training) bf16
   moments on a CPU; on a GPU fp32 moments and kept MLP activations unless memory is short
@@ -135,7 +135,7 @@ def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional
     in_process = engines_share_trainer_process(cfg)
     cfg = copy.deepcopy(cfg)              # a copy with each choice made, for the choices after it
     if cfg.engine_max_running is None and runs_own_engine(cfg):
-        slots = engine_slots_choice(cfg, offload, checkpointing, in_process, machine)
+        slots = engine_slots_choice(cfg, driver, offload, checkpointing, in_process, machine)
         auto += [slots] if slots.reason else []
         cfg.engine_max_running = slots.value
     lean = {f: getattr(cfg, f) for f in LEAN_DEFAULTS}
