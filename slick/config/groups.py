@@ -59,8 +59,9 @@ class RolloutConfig:
     rollout_concurrency: int = F(256, "Maximum in-flight generate requests.")
     rollout_timeout: float = F(600.0, "Per-request timeout in seconds for HTTP engines.")
     engine_max_running: Optional[int] = F(None, "Most sequences slick's own engine decodes at once (default: "
-                                          "automatic, up to 256, fewer when their KV cache would not fit the memory; "
-                                          "vLLM: --vllm-max-num-seqs, SGLang: --sglang-max-running-requests).")
+                                          "automatic, up to 256 (64 in slick train-async), fewer when their KV "
+                                          "cache would not fit the memory; vLLM: --vllm-max-num-seqs, SGLang: "
+                                          "--sglang-max-running-requests).")
     max_staleness: int = F(0, "Maximum policy-version lag of trained samples (0 = synchronous). slick train: "
                            "the buffer's bound; slick train-async: no token is more than N versions older than "
                            "the trainer at the optimizer step that uses it (docs/async.md).")
