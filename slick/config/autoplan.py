@@ -54,7 +54,8 @@ def training_of(cfg, offload: bool, checkpointing: bool, engine_in_process: bool
         has_ref=bool((cfg.use_kl_loss and cfg.kl_loss_coef > 0) or cfg.kl_coef > 0),
         critic=cfg.advantage_estimator == "ppo" and not cfg.debug_rollout_only,
         engine_in_process=engine_in_process, engine_released=bool(offload),
-        engine_tokens=(cfg.engine_max_running or FALLBACK_ENGINE_SLOTS) * seq, ranks=trainer_ranks(cfg) if uses_ray(cfg) else 1)
+        engine_tokens=(cfg.engine_max_running or FALLBACK_ENGINE_SLOTS) * seq,
+        ranks=trainer_ranks(cfg) if uses_ray(cfg) else 1)
 
 
 def engine_sequence(cfg) -> int:
