@@ -210,6 +210,14 @@ class Run:
             return {}
         return {"perf/offload_freed_mb": await self.engines.engine.release_memory() / 2**20}
 
+    @property
+    def evaluates_beside_rollout(self) -> bool:
+        """Whether an evaluation may run while the next rollout generates on the same engine (`slick train`
+        overlaps them): the built-in rollout without a dynamic-sampling filter, which never aborts the engine's
+        other requests (over-sampling aborts every request left when the batch is full)."""
+        return (self.manager is not None and self.rollout_fn is None and self.manager.filter_fn is None
+                and not is_sft(self.cfg))
+
     async def evaluate(self) -> dict:
         if self.eval_sets and is_sft(self.cfg):   # held-out chats: loss and token accuracy (slick/loop/sft_inputs.py)
             return await asyncio.get_running_loop().run_in_executor(self.train_pool, evaluate_sft, self.trainer,

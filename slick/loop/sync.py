@@ -1,4 +1,9 @@
-"""`slick train`: synchronous RL. rollout -> buffer -> advantages + train -> weight sync -> eval/save/log.
+"""`slick train`: synchronous RL. rollout -> buffer -> advantages + train -> weight sync -> save/eval/log.
+
+The held-out evaluation of step n's weights runs beside step n + 1's rollout (the engines hold the same weights
+for both, and decode them in the same batches); step n is logged, with its evaluation, once that is done. Where
+the rollout may abort the engine's requests (a dynamic-sampling filter) or is not the engine's (a custom rollout
+function, SFT), and after the last step, the evaluation runs on its own (``Run.evaluates_beside_rollout``).
 
 Synchronous training is the buffer with max_staleness 0: every sample taken for step n was generated
 by the weights of step n (``--update-weights-interval k > 1`` lets the engines lag k - 1 rollout steps
@@ -32,13 +37,19 @@ def due(step: int, interval, last: int) -> bool:
 
 async def train(cfg) -> Run:
     run = Run(cfg)
+    held = None   # an evaluation held to run beside the next rollout (evaluate, start_held, log_held)
     try:
         await run.start()
         if run.start_step == 0 and run.eval_sets:
-            run.log(await run.evaluate(), 0)
+            held = await evaluate(run, 0, {}, beside=run.start_step < run.num_steps)
         for step in range(run.start_step, run.num_steps):
             t0 = time.perf_counter()
-            groups, metrics = await run.rollout(step)
+            rollout = asyncio.ensure_future(run.rollout(step))
+            held = start_held(held)                # after the rollout: the engine's queue serves the rollout first
+            groups, metrics = await rollout
+            t_held = time.perf_counter()
+            held = await log_held(run, held)
+            t0 += time.perf_counter() - t_held     # perf/step_time leaves out the evaluation, as it always did
             if cfg.load_debug_rollout_data:  # a replay is trained on as saved, whatever policy generated it
                 batch = groups
             else:
@@ -61,16 +72,46 @@ async def train(cfg) -> Run:
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
             done = step + 1
-            if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
-                metrics.update(await run.evaluate())
             # checkpoints every --save-interval and after the last step; --save-hf exports with each
             # checkpoint, or after the last step only when there is no --save
             if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):
                 run.save(done)
-            run.log(metrics, done)
+            if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
+                held = await evaluate(run, done, metrics, beside=done < run.num_steps)
+            else:
+                run.log(metrics, done)
     finally:
+        if held is not None and held[0] is not None:   # the run ended early (an error, SIGTERM): so does its evaluation
+            held[0].cancel()
+            await asyncio.gather(held[0], return_exceptions=True)
         await run.close()
     return run
+
+
+async def evaluate(run: Run, step: int, metrics: dict, beside: bool):
+    """The held-out evaluation of the weights after ``step``. With ``beside`` (a rollout follows) and where the
+    rollout allows it (``Run.evaluates_beside_rollout``) it is held, ``(None, run.evaluate, step, metrics)``: the
+    loop starts it once the next rollout has started (:func:`start_held`) and logs ``step`` with it
+    (:func:`log_held`). Otherwise it runs now and ``step`` is logged with its ``metrics``; returns None."""
+    held = (None, run.evaluate, step, metrics)
+    if beside and run.evaluates_beside_rollout:
+        return held
+    return await log_held(run, start_held(held))
+
+
+def start_held(held):
+    """Start a held evaluation (None: nothing held)."""
+    if held is None:
+        return None
+    _, fn, step, metrics = held
+    return asyncio.ensure_future(fn()), fn, step, metrics
+
+
+async def log_held(run: Run, held) -> None:
+    """Wait for a started held evaluation (or None) and log its step's metrics with it; returns None."""
+    if held is not None:
+        task, _, step, metrics = held
+        run.log({**metrics, **await task}, step)
 
 
 def main(argv=None, prog: str = "slick train", defaults: Optional[dict] = None) -> int:

@@ -88,10 +88,11 @@ class RolloutManager:
         register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
         self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer)  # --max-turns > 1 / --tool-path / env
         self.on_generated = on_generated   # called with each group's newly generated samples
-        self.pending: set[int] = set()       # indices of the samples being generated now
+        self.pending: set[int] = set()       # indices of the training samples being generated now
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams, evaluation: bool = False) -> Sample:
-        self.pending.add(sample.index)       # named when an engine dies (slick/engines/fault.py)
+        mine = set() if evaluation else {sample.index}   # an evaluation's indices overlap the rollout's
+        self.pending |= mine                 # named when an engine dies (slick/factory/engines.py)
         try:
             if self.slime is not None:
                 return await self.slime(sample, sampling, evaluation)
@@ -101,7 +102,7 @@ class RolloutManager:
                 return await self.multiturn.generate(self.cfg, sample, sampling, self.engine)
             return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
         finally:
-            self.pending.discard(sample.index)
+            self.pending -= mine
 
     async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
         """Generate every unfinished sample of a group concurrently, then score the group.
