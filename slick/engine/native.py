@@ -6,89 +6,41 @@ replaces those with two: an RMSNorm, and RoPE + KV-cache write + attention for a
 OpenMP loop (torch's flash-attention kernel spends ~250 us per layer on 96 tiny (sequence, head) problems;
 this loop takes a fraction of that). Both work on fp32 and bf16 storage with fp32 arithmetic.
 
-The library is built with the system C++ compiler (``$CXX`` or ``c++``; ``-O3 -march=native -fopenmp``) into
-``$SLICK_CACHE/native`` (default ``~/.cache/slick/native``), keyed by the source, the compiler and the CPU
-flags, written to a temporary name and renamed. Where there is no compiler, the build fails, or
-``SLICK_NATIVE=0``, :func:`load` returns ``None`` and the engine keeps its pure-torch path (same results
-within rounding). The build takes about a second.
+The library is built and cached by :mod:`slick.native_build` (the system C++ compiler, ``$CXX`` or ``c++``,
+into ``$SLICK_CACHE/native``). Where there is no compiler, the build fails, or ``SLICK_NATIVE=0``, :func:`load`
+returns ``None`` and the engine keeps its pure-torch path (same results within rounding). The build takes about
+a second.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-log = logging.getLogger("slick.engine")
+from slick.native_build import build_library, cache_dir, enabled, load_library  # noqa: F401 - cache_dir: re-exported
 
 SOURCE = Path(__file__).with_name("csrc") / "decode.cpp"
 _lock = threading.Lock()
-_cached: dict[str, Optional["NativeKernels"]] = {}
-
-
-def cache_dir() -> Path:
-    """Where built libraries live: ``$SLICK_CACHE/native`` or ``~/.cache/slick/native``."""
-    root = os.environ.get("SLICK_CACHE") or str(Path.home() / ".cache" / "slick")
-    return Path(root) / "native"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
+_cached: dict[int, "NativeKernels"] = {}
 
 
 def build(cc: str, march: str = "native") -> Path:
     """Compile ``csrc/decode.cpp`` for ``-march=<march>`` (unless cached) and return the library's path."""
-    src = SOURCE.read_text()
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join((src, ver, _cpu_flags(), march)).encode()).hexdigest()[:16]
-    out = cache_dir() / f"slick_decode-{key}.so"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        cmd = [cc, "-std=c++17", "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return build_library(SOURCE, "slick_decode", cc, march)
 
 
 def load() -> Optional["NativeKernels"]:
     """The kernels, built if needed; ``None`` where they are unavailable (see the module doc)."""
-    if os.environ.get("SLICK_NATIVE", "1").lower() in ("0", "false", "no", "off"):
+    if not enabled():
         return None
-    cc = os.environ.get("CXX") or "c++"
-    with _lock:
-        if cc not in _cached:
-            _cached[cc] = None
-            if shutil.which(cc) is None:
-                log.info("no C++ compiler (%s) found: LocalEngine uses its pure-torch decode path", cc)
-            else:
-                try:
-                    _cached[cc] = NativeKernels(ctypes.CDLL(str(build(cc))))
-                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                    log.warning("native decode kernels unavailable, using the pure-torch path: %s", e)
-        return _cached[cc]
+    lib = load_library(SOURCE, "slick_decode", "LocalEngine uses its pure-torch decode path")
+    with _lock:    # one binding per library (each compiler builds its own)
+        if lib is not None and id(lib) not in _cached:
+            _cached[id(lib)] = NativeKernels(lib)
+        return _cached[id(lib)] if lib is not None else None
 
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
