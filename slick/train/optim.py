@@ -28,6 +28,8 @@ from typing import Iterable
 
 import torch
 
+from slick.train import native_adamw
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _SLICE = 1 << 20          # elements per fused-kernel call: its fp32 copies of the moments stay small
 _TABLE = 2 * _SLICE       # random 16-bit dither values; a slice reads _SLICE of them from a random offset
@@ -53,8 +55,6 @@ def make_adamw(params: Iterable[torch.Tensor], cfg, lr: float) -> torch.optim.Op
     first, second = cfg.exp_avg_dtype or "fp32", cfg.exp_avg_sq_dtype or "fp32"   # unset: fp32 (the plan resolves it)
     if first == "fp32" and second == "fp32":
         return torch.optim.AdamW(groups, fused=True, **kw)
-    from slick.train import native_adamw
-
     both_bf16 = first == second == "bf16"
     return LowPrecisionAdamW(groups, exp_avg_dtype=DTYPES[first], exp_avg_sq_dtype=DTYPES[second], seed=cfg.seed,
                              native=native_adamw.load() if both_bf16 else None, **kw)
