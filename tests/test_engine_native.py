@@ -18,20 +18,15 @@ from slick.engine import native
 from slick.engine.local import LocalEngine
 from slick.types import SamplingParams
 
+from .native_required import require
 from .stats import assert_frequencies
 from .test_engine_local import PROMPTS, hf_greedy, hf_logprobs, make_spiky_model
 
 K = native.load()
-# CI has a compiler: there (.ci/run sets SLICK_REQUIRE_NATIVE=1) missing kernels fail the tests instead of skipping
-REQUIRE_NATIVE = os.environ.get("SLICK_REQUIRE_NATIVE", "0") == "1"
 
 
 def skip_without_kernels():
-    if K is None:
-        why = "native kernels not built (no C++ compiler, a failed build, or SLICK_NATIVE=0)"
-        if REQUIRE_NATIVE:
-            pytest.fail(f"{why}, and SLICK_REQUIRE_NATIVE=1 requires them")
-        pytest.skip(why)
+    require(K, "native kernels")
 
 
 @pytest.fixture(scope="module", params=["native", "generic"])

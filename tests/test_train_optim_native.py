@@ -1,7 +1,5 @@
 """slick.train.native_adamw: the one-pass AdamW kernel with bf16 moments agrees with LowPrecisionAdamW's torch
 path (same update to fp32 rounding, same stochastic rounding with the same dither), and make_adamw uses it."""
-import os
-
 import pytest
 import torch
 
@@ -9,20 +7,15 @@ from slick.config import Config
 from slick.config.validate import validate_config
 from slick.train import native_adamw
 from slick.train.optim import LowPrecisionAdamW, make_adamw
+from tests.native_required import require
 from tests.test_train_optim import _params, _run
 
 K = native_adamw.load()
-REQUIRE_NATIVE = os.environ.get("SLICK_REQUIRE_NATIVE", "0") == "1"   # CI has a compiler (.ci/run)
 
 
 @pytest.fixture()
 def kernel():
-    if K is None:
-        why = "native AdamW not built (no C++ compiler, a failed build, or SLICK_NATIVE=0)"
-        if REQUIRE_NATIVE:
-            pytest.fail(f"{why}, and SLICK_REQUIRE_NATIVE=1 requires it")
-        pytest.skip(why)
-    return K
+    return require(K, "native AdamW")
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
