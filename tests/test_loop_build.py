@@ -86,6 +86,9 @@ def test_thread_split_and_policy():
     assert (shared.train_budget(engine_busy=True), shared.train_budget(engine_busy=False)) == (2, 4)
     fixed = dataclasses.replace(shared, share_cores=False)
     assert fixed.train_budget(True) is None and fixed.train_budget(False) is None
+    # a thread's OpenMP workers end with its phase when one team takes every core: in turn or shared, not split
+    assert shared.releases_workers and dataclasses.replace(fixed, take_turns=True).releases_workers
+    assert not fixed.releases_workers
 
 
 @pytest.fixture()

@@ -9,8 +9,9 @@ the same (the engine's module doc measured it).
 
 :func:`release_openmp_workers` ends the calling thread's workers (``omp_pause_resource_all``, which in
 libgomp frees only the calling thread's pool); the next parallel region starts them again (microseconds).
-A thread calls it when its phase ends, so that only the phase running now has a team. Phases that overlap
-(``slick train-async``) split the cores instead (``slick.loop.threads``) and never call it. Only
+A thread calls it when its phase ends, so that only the phase running now has a team: in ``slick train``, and in
+``slick train-async`` when the trainer takes every core while the engine waits (``ThreadPolicy.releases_workers``,
+``slick.loop.threads``; with thread flags the phases split the cores and never call it). Only
 libgomp (torch's Linux CPU builds) is handled; elsewhere this does nothing.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CPU threads of a run's phases: how the cores are split between rollout and training, in one place.
 
 ``slick train`` runs its phases in turn: each gets every core, and on a CPU each thread ends its OpenMP workers
-when its phase is over (:attr:`ThreadPolicy.take_turns`, ``slick.loop.omp``). ``slick train-async`` overlaps them:
+when its phase is over (:attr:`ThreadPolicy.take_turns`, :attr:`ThreadPolicy.releases_workers`, ``slick.loop.omp``). ``slick train-async`` overlaps them:
 on a CPU they split the cores (:func:`thread_split`), and when no thread flag is given the trainer takes every core
 while no request is in flight and its share while one is (:attr:`ThreadPolicy.share_cores`,
 :meth:`ThreadPolicy.train_budget`, asked by the in-process trainer before each micro-batch). The event loop's own
@@ -11,7 +11,8 @@ While they share cores, a step of ``slick train-async`` starts once the engine h
 (``slick.loop.train_async``, ``perf/trainer_yield_time``): the next batch is generated with every core first,
 then the step trains with every core while those groups wait for their rewards or tools, the part of a rollout
 that needs no core. (A step decides its threads per micro-batch, and one micro-batch is common: starting it
-beside the engine's generation left it on its share for the whole step.) Thread flags split the cores instead.
+beside the engine's generation left it on its share for the whole step.) Each thread then ends its OpenMP workers
+after its phase too, as in ``slick train``. Thread flags split the cores instead.
 """
 from __future__ import annotations
 
@@ -53,6 +54,13 @@ class ThreadPolicy:
         train, rollout = thread_split(cfg, overlap, device_is_cpu, cores)
         share = overlap and device_is_cpu and not (cfg.train_num_threads or cfg.rollout_num_threads)
         return cls(cores, train, rollout, take_turns=device_is_cpu and not overlap, share_cores=share)
+
+    @property
+    def releases_workers(self) -> bool:
+        """Each thread ends its OpenMP workers when its phase is over (``slick.loop.omp``): whenever one thread's
+        team takes every core, in turn (:attr:`take_turns`) or while the other waits (:attr:`share_cores`). Two
+        teams alive on every core shorten libgomp's spin-wait for both."""
+        return self.take_turns or self.share_cores
 
     def train_budget(self, engine_busy: bool) -> Optional[int]:
         """Threads for the trainer's next micro-batch: its share while a request is in flight, every core while
