@@ -121,3 +121,27 @@ def test_entry_points_re_execute_themselves_with_tcmalloc(tmp_path):
     assert _preload(tmp_path, SLICK_TCMALLOC_PRELOADED="1")["tcmalloc"] is False
     failed = _preload(tmp_path, SLICK_ALLOCATOR="tcmalloc", SLICK_TCMALLOC_PRELOADED="1")
     assert failed["error"] == "SLICK_ALLOCATOR=tcmalloc: LD_PRELOAD='' did not load it", failed
+
+
+def test_own_memory_moves_memory_mapped_weights_into_the_process(tiny_model_dir):
+    """safetensors' weights loaded in their own dtype are views of the file's memory map; own_memory copies exactly
+    those (values and ties kept), and the trainer's trained weights are its own."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slick.train.memory import own_memory
+    from slick.train.trainer import Trainer
+    from tests.test_train import make_cfg
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    params = list(model.parameters())
+    mapped = [p for p in params if not p.untyped_storage().resizable()]
+    assert mapped, "the tiny model's fp32 safetensors should load memory-mapped"
+    before = [p.detach().clone() for p in params]
+    assert own_memory(params) == sum(p.numel() * 4 for p in mapped)
+    assert all(p.untyped_storage().resizable() for p in params)
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert model.lm_head.weight is model.model.embed_tokens.weight or not model.config.tie_word_embeddings
+    assert own_memory(params) == 0
+    tr = Trainer(make_cfg(tiny_model_dir, dtype="fp32"))
+    assert all(p.untyped_storage().resizable() for p in tr.master)

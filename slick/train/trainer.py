@@ -35,7 +35,7 @@ from slick.models.tokenizer import load_tokenizer
 from slick.train import dist as D
 from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
-from slick.train.memory import tune_cpu_allocator
+from slick.train.memory import own_memory, tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, make_mesh, reshard, shard, total_norm
 from slick.train import fsdp_lora, trainer_io
@@ -93,6 +93,7 @@ class Trainer:
             weight_dtype = self.dtype
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
+        own_memory(p for p in self.model.parameters() if p.requires_grad)   # not the file's pages (train/memory.py)
         use_segments(self.model)
         self.lora = attach_lora(self.model, cfg, self.model_path)   # PEFT adapters (slick.train.lora) or None
         self.fused_layers = 0 if cfg.disable_fused_layers or self.lora else fuse_decoder_layers(
