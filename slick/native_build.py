@@ -2,8 +2,8 @@
 system compiler and loaded with ctypes.
 
 :func:`load_library` compiles ``source`` with ``$CXX`` (default ``c++``; ``-std=c++17 -O3 -march=native
--fopenmp``) into ``$SLICK_CACHE/native`` (default ``~/.cache/slick/native``), keyed by the source, the compiler's
-version and the CPU flags, written to a temporary name and renamed, and returns the loaded library. Where there is
+-fopenmp``, plus the caller's flags) into ``$SLICK_CACHE/native`` (default ``~/.cache/slick/native``), keyed by
+the source, the compiler's version, the CPU flags and the compiler flags, written to a temporary name and renamed, and returns the loaded library. Where there is
 no compiler, the build fails, or ``SLICK_NATIVE=0``, it returns ``None`` and the caller keeps its pure-torch path.
 Users: the engine's decode kernels (``slick/engine/native.py``) and the trainer's AdamW with bf16 moments
 (``slick/train/native_adamw.py``).
@@ -43,11 +43,12 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def build_library(source: Path, name: str, cc: str, march: str = "native") -> Path:
-    """Compile ``source`` for ``-march=<march>`` (unless cached) and return the library's path."""
+def build_library(source: Path, name: str, cc: str, march: str = "native", flags: tuple[str, ...] = ()) -> Path:
+    """Compile ``source`` for ``-march=<march>`` with the extra compiler ``flags`` (unless cached) and return the
+    library's path."""
     src = source.read_text()
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join((src, ver, _cpu_flags(), march)).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((src, ver, _cpu_flags(), march, *flags)).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.is_file():
         return out
@@ -55,7 +56,8 @@ def build_library(source: Path, name: str, cc: str, march: str = "native") -> Pa
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, "-std=c++17", "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", str(source), "-o", tmp]
+        cmd = [cc, "-std=c++17", "-O3", f"-march={march}", "-fopenmp", *flags, "-shared", "-fPIC", str(source), "-o",
+               tmp]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr.strip()[-2000:]}")
@@ -71,9 +73,9 @@ def enabled() -> bool:
     return os.environ.get("SLICK_NATIVE", "1").lower() not in ("0", "false", "no", "off")
 
 
-def load_library(source: Path, name: str, fallback: str) -> Optional[ctypes.CDLL]:
-    """``source`` built (once per process and compiler) and loaded, or None, logged once with ``fallback`` (what
-    runs instead), where native kernels are off or cannot be built."""
+def load_library(source: Path, name: str, fallback: str, flags: tuple[str, ...] = ()) -> Optional[ctypes.CDLL]:
+    """``source`` built (once per process and compiler, with the extra compiler ``flags``) and loaded, or None,
+    logged once with ``fallback`` (what runs instead), where native kernels are off or cannot be built."""
     if not enabled():
         return None
     cc = os.environ.get("CXX") or "c++"
@@ -85,7 +87,7 @@ def load_library(source: Path, name: str, fallback: str) -> Optional[ctypes.CDLL
                 log.info("no C++ compiler (%s) found: %s", cc, fallback)
             else:
                 try:
-                    _loaded[key] = ctypes.CDLL(str(build_library(source, name, cc)))
+                    _loaded[key] = ctypes.CDLL(str(build_library(source, name, cc, flags=flags)))
                 except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                     log.warning("native kernels %s unavailable (%s): %s", name, e, fallback)
         return _loaded[key]

@@ -57,5 +57,6 @@ class NativeAdamW:
 
 def load() -> Optional[NativeAdamW]:
     """The kernel, built if needed, or None (no compiler, a failed build, ``SLICK_NATIVE=0``)."""
-    lib = load_library(SOURCE, "slick_adamw", "AdamW with bf16 moments runs its torch path")
+    # no errno from sqrt (of a moment, never negative): the update loop vectorizes
+    lib = load_library(SOURCE, "slick_adamw", "AdamW with bf16 moments runs its torch path", flags=("-fno-math-errno",))
     return NativeAdamW(lib) if lib is not None else None
