@@ -19,7 +19,7 @@ from tests.test_train_shared_prompts import grouped_samples
 V, H, N = 300, 24, 37
 
 
-def _inputs(seed=0, bias=False, dtype=torch.float32):
+def _inputs(seed=0, bias=False, dtype=torch.float32, n=N):
     g = torch.Generator().manual_seed(seed)
     head = torch.nn.Linear(H, V, bias=bias)
     with torch.no_grad():
@@ -27,11 +27,11 @@ def _inputs(seed=0, bias=False, dtype=torch.float32):
         if bias:
             head.bias.copy_(torch.randn(V, generator=g))
     head = head.to(dtype)
-    h = (torch.randn(N, H, generator=g) * 1.5).to(dtype).requires_grad_(True)
-    tgt = torch.randint(0, V, (N,), generator=g)
-    w_lp = torch.randn(N, generator=g)
+    h = (torch.randn(n, H, generator=g) * 1.5).to(dtype).requires_grad_(True)
+    tgt = torch.randint(0, V, (n,), generator=g)
+    w_lp = torch.randn(n, generator=g)
     w_lp[::4] = 0.0                    # a loss mask with zeros
-    w_ent = torch.randn(N, generator=g)
+    w_ent = torch.randn(n, generator=g)
     w_ent[1::3] = 0.0
     return head, h, tgt, w_lp, w_ent
 
@@ -68,6 +68,21 @@ def test_fused_equals_reference_fp32(temperature, entropy_grad, chunk, softcap, 
         again = _run(True, head, h, tgt, w_lp, w_ent * 0, temperature, entropy_grad, chunk, softcap, False)
         for a, b in zip(got[3], again[3]):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("chunk", [100, 1024, 3000])
+def test_weight_gradient_over_groups_of_chunks_equals_reference(chunk):
+    """Backward adds the lm head's weight gradient once per group of chunks (WGRAD_ROWS positions, whole chunks):
+    2,500 positions in chunks of 100 make groups of 1,100, 1,100 and 300; of 1,024 one chunk per group; of 3,000 a
+    single chunk."""
+    from slick.train.logprobs import WGRAD_ROWS
+
+    assert WGRAD_ROWS < 2500 // 2
+    head, h, tgt, w_lp, w_ent = _inputs(seed=2, bias=True, n=2500)
+    ref = _run(False, head, h, tgt, w_lp, w_ent, 0.8, True, chunk, None, False)
+    got = _run(True, head, h, tgt, w_lp, w_ent, 0.8, True, chunk, None, False)
+    for a, b in zip(got[3], ref[3]):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), ((a - b).abs().max(), b.abs().max())
 
 
 @pytest.mark.parametrize("scheme", ["autocast", "bf16"])

@@ -20,8 +20,6 @@ async def probe_mismatch(engine, trainer, samples: Sequence, n: int, k: int,
     response; ``in_trainer(fn, *args)`` runs ``fn`` on the trainer's thread."""
     if n <= 0 or not hasattr(engine, "prompt_top_logprobs"):
         return {}
-    if await in_trainer(trainer.candidate_logprobs, [0], []) is None:   # a one-token sequence: nothing to score
-        return {}                                                          # unless the trainer does not offer it
     kls: list[float] = []
     for s in [s for s in samples if s.response_ids][:n]:
         ids = list(s.prompt_ids) + list(s.response_ids)
@@ -29,6 +27,8 @@ async def probe_mismatch(engine, trainer, samples: Sequence, n: int, k: int,
         first = len(s.prompt_ids) - 1                            # the position that predicts the first response token
         cands = [[] if i < first else list(top[i]) for i in range(len(top))]
         mine = await in_trainer(trainer.candidate_logprobs, ids, cands)
+        if mine is None:                                         # the trainer does not offer it (a sharded rank)
+            return {}
         kls += [coarse_kl(top[i], mine[i]) for i in range(first, len(top))]
     if not kls:
         return {}

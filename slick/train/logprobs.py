@@ -10,7 +10,10 @@ backward recomputes one chunk's logits at a time and writes ``d loss / d logits`
 
     dz = g_lp * (onehot(target) - p) - g_ent * p * (log p + entropy)      # log p + entropy = z - E_p[z]
 
-then two matmuls give the chunk's hidden-state gradient and add its lm-head weight gradient. Compared with
+then a matmul gives the chunk's hidden-state gradient; ``d loss / d logits`` of up to ``WGRAD_ROWS`` positions
+(whole chunks, in the matmul dtype) is kept so that one matmul per group adds the lm-head weight gradient (a
+[vocab, hidden] product and its fp32 accumulation per chunk of 128 cost SmolLM2's backward over 2,000 positions
+0.78 s against 0.52 s per group of 1,024). Compared with
 activation checkpointing of the plain ops, no softmax/log-softmax intermediates are saved, the chunk is not
 re-run through autograd, and the weight is cast to the matmul dtype once per call, not once per chunk.
 ``logprobs_from_logits`` is the plain reference the tests compare against.
@@ -24,6 +27,8 @@ import torch.nn.functional as F
 
 from slick.fastmath import exp, logsumexp
 from slick.train.casts import cast as _cast
+
+WGRAD_ROWS = 1024   # positions per lm-head weight-gradient matmul in backward (a [rows, vocab] buffer in bf16)
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -115,6 +120,11 @@ class FusedLogprobEntropy(torch.autograd.Function):
         dh = torch.empty(n, h.shape[1], dtype=dt, device=h.device) if need_h else None
         dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
         db = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None
+        # d loss / d logits of up to `rows` positions (whole chunks) in the matmul dtype: one weight-gradient
+        # matmul per group of chunks, not per chunk (each adds a [V, H] product into dw)
+        rows = min(n, max(chunk_size, -(-WGRAD_ROWS // chunk_size) * chunk_size))
+        dz_rows = torch.empty(rows, w.shape[0], dtype=dt, device=h.device)
+        g0 = 0   # first position of the group in dz_rows
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 sl = slice(s, s + chunk_size)
@@ -139,15 +149,19 @@ class FusedLogprobEntropy(torch.autograd.Function):
                     dz.div_(temperature)
                 if th is not None:
                     dz.mul_(1.0 - th * th)
-                dzc = dz.to(dt)
+                dzc = dz_rows[s - g0:s - g0 + hc.shape[0]]
+                dzc.copy_(dz)
                 del dz
                 if need_h:
                     torch.mm(dzc, w, out=dh[sl])
-                if need_w:
-                    dw.add_(torch.mm(dzc.t(), hc))
                 if need_b:
                     db.add_(dzc.float().sum(0))
-                del dzc
+                end = s + hc.shape[0]
+                if need_w and (end - g0 + chunk_size > rows or end == n):   # the group is full (or the last)
+                    dw.add_(torch.mm(dz_rows[:end - g0].t(), h[g0:end]))
+                if end - g0 + chunk_size > rows:
+                    g0 = end
+        del dz_rows
         return (dh.to(hidden.dtype) if need_h else None, dw.to(weight.dtype) if need_w else None,
                 db.to(bias.dtype) if need_b else None, None, None, None, None, None, None)
 

@@ -230,6 +230,15 @@ class Trainer:
         if backward:
             (lps[0].sum() * 0.0).backward()
 
+    def _zero_gradients(self) -> None:
+        """Give every trained weight an exact zero gradient: zeros in one process; under FSDP one token's zero
+        backward, whose collectives every rank must run."""
+        if self.fsdp:
+            self._pad_pass(self._fwd, backward=True)
+            return
+        for m in self.master:
+            m.grad = torch.zeros_like(m)
+
     def _collective(self, what: str):
         return D.named_errors(what) if self.fsdp else contextlib.nullcontext()
 
@@ -348,10 +357,8 @@ class Trainer:
                 for k, v in (metrics or {}).items():
                     if k != LOSS_KEY:
                         sums[k] = sums.get(k, 0.0) + float(v)
-            if not any(plan):   # no sample (every gradient is zero): one token's zero backward gives each weight a
-                self._pad_pass(self._fwd, backward=True)    # zero gradient, so the optimizer steps as on one
-                if self.scheme == "bf16" and not self.fsdp:
-                    self._accumulate_master_grads()
+            if not any(plan):   # no sample: every gradient is exactly zero, and the optimizer steps on that
+                self._zero_gradients()
         elapsed = time.perf_counter() - t0
         if self.fsdp:   # additive metrics summed over ranks, times maxed: the same dict on every rank
             totals = [total_loss, tokens, nonfinite, diff_sum, diff_n, diff_over]
