@@ -4,7 +4,8 @@ system compiler and loaded with ctypes.
 :func:`load_library` compiles ``source`` with ``$CXX`` (default ``c++``; ``-std=c++17 -O3 -march=native
 -fopenmp``, plus the caller's flags) into ``$SLICK_CACHE/native`` (default ``~/.cache/slick/native``), keyed by
 the source, the compiler's version, the CPU flags and the compiler flags, written to a temporary name and
-renamed, and returns the loaded library. Where there is no compiler, the build fails, or ``SLICK_NATIVE=0``, it returns ``None`` and the caller keeps its pure-torch path.
+renamed, and returns the loaded library. Where there is no compiler, the build fails, or ``SLICK_NATIVE=0``, it
+returns ``None`` and the caller keeps its pure-torch path.
 Users: the engine's decode kernels (``slick/engine/native.py``) and the trainer's AdamW with bf16 moments
 (``slick/train/native_adamw.py``).
 """

@@ -7,7 +7,8 @@ the fp32 weight and gradient and the bf16 moments once and writes them once (20 
 SmolLM2-135M step takes 0.085 s in the kernel, the whole ``step()`` 0.10 s, on a 2-core AMX Xeon (the loop must
 vectorize: it is built with ``-fno-math-errno``). It applies the same update in fp32 and the same stochastic
 rounding, with the same dither values (each slice's offsets are drawn by the caller, in the torch path's order),
-so the two paths agree to fp32 rounding (``tests/test_train_optim.py``). Built by :mod:`slick.native_build`; :func:`load` returns None where it cannot be (the torch path runs then).
+so the two paths agree to fp32 rounding (``tests/test_train_optim.py``). Built by :mod:`slick.native_build`;
+:func:`load` returns None where it cannot be (the torch path runs then).
 """
 from __future__ import annotations
 
