@@ -141,8 +141,8 @@ class Run:
     async def train_off_loop(self, step: int, groups) -> dict:
         """:meth:`train` on the training thread; the event loop keeps serving the engine meanwhile. When the
         phases take turns on a CPU or share its cores, each thread ends its OpenMP workers when its phase is over
-        (:attr:`ThreadPolicy.releases_workers`). With --use-opd the
-        teacher scores the samples first (:meth:`score_teacher`)."""
+        (:attr:`ThreadPolicy.releases_workers`). With --use-opd the teacher scores the samples first
+        (:meth:`score_teacher`)."""
         teacher, metrics = await self.score_teacher(groups)
         if not self.threads.releases_workers:
             metrics.update(await asyncio.get_running_loop().run_in_executor(self.train_pool, self.train, step,

@@ -59,5 +59,6 @@ class NativeAdamW:
 def load() -> Optional[NativeAdamW]:
     """The kernel, built if needed, or None (no compiler, a failed build, ``SLICK_NATIVE=0``)."""
     # no errno from sqrt (of a moment, never negative): the update loop vectorizes
-    lib = load_library(SOURCE, "slick_adamw", "AdamW with bf16 moments runs its torch path", flags=("-fno-math-errno",))
+    lib = load_library(SOURCE, "slick_adamw", "AdamW with bf16 moments runs its torch path",
+                       flags=("-fno-math-errno",))
     return NativeAdamW(lib) if lib is not None else None
