@@ -3,7 +3,8 @@
 ``slick train`` runs its phases in turn: each gets every core, and on a CPU each thread ends its OpenMP workers
 when its phase is over (:attr:`ThreadPolicy.take_turns`, :attr:`ThreadPolicy.releases_workers`,
 ``slick.loop.omp``). ``slick train-async`` overlaps them: on a CPU they split the cores (:func:`thread_split`),
-and when no thread flag is given the trainer takes every core while no request is in flight and its share while one is (:attr:`ThreadPolicy.share_cores`,
+and when no thread flag is given the trainer takes every core while no request is in flight and its share while
+one is (:attr:`ThreadPolicy.share_cores`,
 :meth:`ThreadPolicy.train_budget`, asked by the in-process trainer before each micro-batch). The event loop's own
 thread (the in-process engine) runs with the rollout share, or with every core while the trainer waits
 (:meth:`ThreadPolicy.training`). The training thread starts with the training share (:meth:`ThreadPolicy.train_pool`).
