@@ -160,8 +160,11 @@ def saved_bytes(tr: Trainer, samples, idx: list[int]) -> tuple[int, int]:
 def saved_bytes_per_token(tr: Trainer, samples) -> float:
     """Activation bytes per packed token: the difference of two micro-batches' saved bytes (one and two prompt
     groups) over their difference in tokens, so that what does not grow with tokens (weight casts) drops out."""
-    half = len(samples) // 2
-    (b1, t1), (b2, t2) = saved_bytes(tr, samples, list(range(half // 2))), saved_bytes(tr, samples, list(range(half)))
+    if len(samples) < 2:   # no two sizes to difference
+        return float("nan")
+    small = max(1, len(samples) // 4)
+    big = max(small + 1, len(samples) // 2)
+    (b1, t1), (b2, t2) = saved_bytes(tr, samples, list(range(small))), saved_bytes(tr, samples, list(range(big)))
     return (b2 - b1) / max(t2 - t1, 1)
 
 
