@@ -38,7 +38,9 @@ import torch.nn.functional as F
 from slick.fastmath import exp_, logsumexp
 from slick.train.attention import Segments
 from slick.train.casts import cast_cat
+from slick.train import native_norm
 from slick.train.logprobs import _matmul_dtype
+from slick.train.native_norm import NativeNorm
 
 FUSED_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 
@@ -56,8 +58,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
     return w * (xa * r).to(x.dtype), r
 
 
+def rms_norm_to(x: torch.Tensor, w: torch.Tensor, eps: float, dt: torch.dtype):
+    """:func:`rms_norm` with its output in the matmul dtype ``dt``: ``(n in dt, r)``; one native pass where the
+    kernel applies (``slick.train.native_norm``)."""
+    if NativeNorm.applies(x, w, dt) and (k := native_norm.get()) is not None:
+        return k.forward(x, w, eps)
+    n, r = rms_norm(x, w, eps)
+    return n.to(dt), r
+
+
 def rms_norm_backward(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, dy: torch.Tensor):
-    """``(dx, dw)`` of :func:`rms_norm` (fp32; roundings are treated as identities, as autograd does)."""
+    """``(dx, dw)`` of :func:`rms_norm` (fp32; roundings are treated as identities, as autograd does); one
+    native pass for an fp32 ``x`` and a bf16 ``dy`` where the kernel applies (``slick.train.native_norm``)."""
+    if dy.dtype == torch.bfloat16 and NativeNorm.applies(x, w, dy.dtype) and (k := native_norm.get()) is not None:
+        return k.backward(x, w, r, dy)
     xhat = x.to(r.dtype) * r
     dxhat = dy.to(r.dtype) * w.to(r.dtype)
     dx = r * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
@@ -184,10 +198,10 @@ class AttentionBlock(torch.autograd.Function):
     def forward(ctx, x, spec: AttentionSpec, *params):
         ln_w, wq, wk, wv, bq, bk, bv, qn_w, kn_w, wo, bo = _unpack(spec, params)
         dt, H, K, D = spec.dtype, spec.heads, spec.kv_heads, spec.head_dim
-        n, r = rms_norm(x, ln_w, spec.eps)
+        n, r = rms_norm_to(x, ln_w, spec.eps, dt)
         w_qkv = cast_cat([wq, wk, wv], dt, cache=False)
         b_qkv = cast_cat([bq, bk, bv], dt, cache=False) if spec.qkv_bias else None
-        qkv = F.linear(n.to(dt), w_qkv, b_qkv)
+        qkv = F.linear(n, w_qkv, b_qkv)
         q, k, v = _split_heads(qkv, H, K, D)
         rq = rk = None
         if spec.qk_norm:
@@ -223,7 +237,7 @@ class AttentionBlock(torch.autograd.Function):
             g_qn, g_kn = g_qn.to(qn_w.dtype), g_kn.to(kn_w.dtype)
         N = x.shape[0]
         dqkv = torch.cat([dq.reshape(N, -1), dk.reshape(N, -1), dv.reshape(N, -1)], -1).to(dt)
-        n = rms_norm(x, ln_w, spec.eps)[0].to(dt)
+        n = rms_norm_to(x, ln_w, spec.eps, dt)[0]
         dn = torch.mm(dqkv, cast_cat([wq, wk, wv], dt, cache=False))
         dx, g_ln = rms_norm_backward(x, ln_w, r, dn)
         sizes = [H * D, K * D, K * D]
@@ -279,8 +293,8 @@ class MLPBlock(torch.autograd.Function):
 def mlp_forward(h, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
     """``(y, r, gu)``: the MLP's output ``down(silu(gate(n)) * up(n))`` with ``n = rms_norm(h)``, the norm's scale
     and the gate/up product, in the matmul dtype ``dt``."""
-    n, r = rms_norm(h, ln_w, eps)
-    gu = F.linear(n.to(dt), cast_cat([wg, wu], dt, cache=False))
+    n, r = rms_norm_to(h, ln_w, eps, dt)
+    gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
     g, u = gu.chunk(2, -1)
     return F.linear(F.silu(g) * u, cast_cat([wd], dt, cache=False)), r, gu
 
@@ -288,7 +302,7 @@ def mlp_forward(h, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
 def mlp_backward(h, r, gu, dy, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
     """``(dh, g_ln, g_wg, g_wu, g_wd)`` of :func:`mlp_forward` for the output gradient ``dy``; ``gu`` None:
     recomputed (the same matmul on the same inputs)."""
-    n = rms_norm(h, ln_w, eps)[0].to(dt)
+    n = rms_norm_to(h, ln_w, eps, dt)[0]
     if gu is None:
         gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
     dy = dy.to(dt)

@@ -6,15 +6,8 @@ never updated. ``Trainer.compute_logprobs(samples, "teacher")`` runs it on the s
 """
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
-
 from slick.models.tokenizer import load_tokenizer
-from slick.train import dist as D
-from slick.train.attention import use_segments
-from slick.train.fsdp import LogprobForward, decoder_layers, shard
-from slick.train.fused_layers import fuse_decoder_layers
+from slick.train.frozen import load_frozen
 
 
 class TokenizerMismatch(ValueError):
@@ -42,23 +35,9 @@ def check_same_tokenizer(student_path: str, teacher_path: str) -> None:
                                     "distillation needs one tokenizer")
 
 
-def load_teacher(trainer) -> Optional[LogprobForward]:
-    """The teacher's logprob forward for ``trainer`` (its cfg, device, dtype, mesh), or None without one."""
-    cfg = trainer.cfg
-    if not wants_teacher(cfg):
-        return None
-    from transformers import AutoModelForCausalLM
-
-    dtype = torch.bfloat16 if trainer.dtype == torch.bfloat16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(cfg.opd_teacher_load, dtype=dtype,
-                                                 attn_implementation="sdpa").to(trainer.device)
-    use_segments(model)
-    if not cfg.disable_fused_layers:
-        fuse_decoder_layers(decoder_layers(model))
-    model.config.use_cache = False
-    model.eval().requires_grad_(False)
-    trainer.teacher_model = model
-    if trainer.fsdp:
-        with D.named_errors("sharding the teacher model"):
-            return shard(model, trainer.mesh)
-    return LogprobForward(model)
+def load_teacher(trainer):
+    """``(teacher model, its logprob forward)`` for ``trainer`` (``slick.train.frozen``), or ``(None, None)``
+    without ``--use-opd`` and a trainer-side teacher."""
+    if not wants_teacher(trainer.cfg):
+        return None, None
+    return load_frozen(trainer.cfg.opd_teacher_load, trainer, "the teacher model")

@@ -39,6 +39,7 @@ from slick.train.memory import own_memory, tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, make_mesh, reshard, shard, total_norm
 from slick.train import fsdp_lora, trainer_io
+from slick.train.frozen import load_frozen
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
 from slick.train.lr import lr_factor_from_config
@@ -127,29 +128,10 @@ class Trainer:
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
         self.thread_budget = thread_budget   # () -> CPU threads for the next micro-batch or None (loop/threads.py)
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
-        self.ref_model, self._ref_fwd = None, None
+        self.ref_model, self._ref_fwd = None, None   # the KL terms' frozen reference (slick/train/frozen.py)
         if self.has_ref and self.lora is None:   # LoRA's reference: the base, adapters disabled
-            self.ref_model, self._ref_fwd = self._load_reference()
-        self.teacher_model = None
-        self._teacher_fwd = load_teacher(self)   # --use-opd: the frozen teacher (slick/train/teacher.py), or None
-
-    def _load_reference(self):
-        """The frozen reference policy for the KL terms (``--ref-load``, else the policy's checkpoint) and its
-        logprob forward: bf16 when the policy computes in bf16, sharded like the policy on ranks (no optimizer)."""
-        from transformers import AutoModelForCausalLM
-
-        ref_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
-        ref = AutoModelForCausalLM.from_pretrained(self.cfg.ref_load or self.model_path, dtype=ref_dtype,
-                                                   attn_implementation="sdpa").to(self.device)
-        use_segments(ref)
-        if not self.cfg.disable_fused_layers:
-            fuse_decoder_layers(decoder_layers(ref))
-        ref.config.use_cache = False
-        ref.eval().requires_grad_(False)
-        if not self.fsdp:
-            return ref, LogprobForward(ref)
-        with D.named_errors("sharding the reference model"):
-            return ref, shard(ref, self.mesh)
+            self.ref_model, self._ref_fwd = load_frozen(cfg.ref_load or self.model_path, self, "the reference model")
+        self.teacher_model, self._teacher_fwd = load_teacher(self)   # --use-opd (slick/train/teacher.py), or None
 
     # ------------------------------------------------------------------ properties
     @property
