@@ -7,7 +7,7 @@ the source, the compiler's version, the CPU flags and the compiler flags, writte
 renamed, and returns the loaded library. Where there is no compiler, the build fails, or ``SLICK_NATIVE=0``, it
 returns ``None`` and the caller keeps its pure-torch path.
 Users: the engine's decode kernels (``slick/engine/native.py``), the trainer's AdamW with bf16 moments
-(``slick/train/native_adamw.py``) and its RMSNorm (``slick/train/native_norm.py``).
+(``slick/train/native_adamw.py``) and its RMSNorm and logprob chunks (``slick/train/native_fused.py``).
 """
 from __future__ import annotations
 

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from slick.fastmath import exp_, logsumexp
 from slick.train.attention import Segments
 from slick.train.casts import cast_cat
-from slick.train import native_norm
+from slick.train import native_fused
 from slick.train.logprobs import _matmul_dtype
-from slick.train.native_norm import NativeNorm
+from slick.train.native_fused import NativeFused
 
 FUSED_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 
@@ -60,18 +60,18 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
 
 def rms_norm_to(x: torch.Tensor, w: torch.Tensor, eps: float, dt: torch.dtype):
     """:func:`rms_norm` with its output in the matmul dtype ``dt``: ``(n in dt, r)``; one native pass where the
-    kernel applies (``slick.train.native_norm``)."""
-    if NativeNorm.applies(x, w, dt) and (k := native_norm.get()) is not None:
-        return k.forward(x, w, eps)
+    kernel applies (``slick.train.native_fused``)."""
+    if NativeFused.applies(x, w, dt) and (k := native_fused.get()) is not None:
+        return k.norm_forward(x, w, eps)
     n, r = rms_norm(x, w, eps)
     return n.to(dt), r
 
 
 def rms_norm_backward(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, dy: torch.Tensor):
     """``(dx, dw)`` of :func:`rms_norm` (fp32; roundings are treated as identities, as autograd does); one
-    native pass for an fp32 ``x`` and a bf16 ``dy`` where the kernel applies (``slick.train.native_norm``)."""
-    if dy.dtype == torch.bfloat16 and NativeNorm.applies(x, w, dy.dtype) and (k := native_norm.get()) is not None:
-        return k.backward(x, w, r, dy)
+    native pass for an fp32 ``x`` and a bf16 ``dy`` where the kernel applies (``slick.train.native_fused``)."""
+    if dy.dtype == torch.bfloat16 and NativeFused.applies(x, w, dy.dtype) and (k := native_fused.get()) is not None:
+        return k.norm_backward(x, w, r, dy)
     xhat = x.to(r.dtype) * r
     dxhat = dy.to(r.dtype) * w.to(r.dtype)
     dx = r * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))

@@ -13,7 +13,8 @@ backward recomputes one chunk's logits at a time and writes ``d loss / d logits`
 then a matmul gives the chunk's hidden-state gradient; ``d loss / d logits`` of up to ``WGRAD_ROWS`` positions
 (whole chunks, in the matmul dtype) is kept so that one matmul per group adds the lm-head weight gradient (a
 [vocab, hidden] product and its fp32 accumulation per chunk of 128 cost SmolLM2's backward over 2,000 positions
-0.78 s against 0.52 s per group of 1,024). Compared with
+0.78 s against 0.52 s per group of 1,024). On the CPU with bf16 logits, a chunk's log-sum-exp, logprobs and
+entropy, and its ``dz``, are each one native pass over its logits (``slick.train.native_fused``). Compared with
 activation checkpointing of the plain ops, no softmax/log-softmax intermediates are saved, the chunk is not
 re-run through autograd, and the weight is cast to the matmul dtype once per call, not once per chunk.
 ``logprobs_from_logits`` is the plain reference the tests compare against.
@@ -26,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from slick.fastmath import exp, logsumexp
+from slick.train import native_fused
 from slick.train.casts import cast as _cast
+from slick.train.native_fused import NativeFused
 
 WGRAD_ROWS = 1024   # positions per lm-head weight-gradient matmul in backward (a [rows, vocab] buffer in bf16)
 
@@ -72,6 +75,35 @@ def _scaled_logits(h, w, b, temperature, softcap):
     return z, th
 
 
+def _native(h: torch.Tensor, dt: torch.dtype, softcap) -> Optional[NativeFused]:
+    """The native logprob kernels where they cover the chunks (``slick.train.native_fused``), else None."""
+    return native_fused.get() if NativeFused.logprobs_apply(h, dt, softcap) else None
+
+
+def _logit_gradient(hc, w, b, targets, lse, ent, g_lp, g_ent, temperature, softcap, out) -> None:
+    """Write d loss / d logits of one chunk into ``out`` (its rows of the matmul-dtype buffer), recomputing the
+    chunk's logits: ``dz = -p * (g_lp + g_ent * (z - E[z])) + g_lp * onehot(target)`` with ``z - E[z] = log p +
+    entropy``, built in z's buffer (``g_lp`` / ``g_ent`` None: no such term; ``ent`` is read with ``g_ent``)."""
+    z, th = _scaled_logits(hc, w, b, temperature, softcap)
+    logp = z.sub_(lse.unsqueeze(-1))
+    p = exp(logp)
+    if g_ent is not None:
+        logp.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1))
+        if g_lp is not None:
+            logp.add_(g_lp.unsqueeze(-1))
+        dz = logp.mul_(p).neg_()
+    else:
+        dz = p.mul_(g_lp.unsqueeze(-1)).neg_()
+    del p
+    if g_lp is not None:
+        dz.scatter_add_(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))
+    if temperature != 1.0:
+        dz.div_(temperature)
+    if th is not None:
+        dz.mul_(1.0 - th * th)
+    out.copy_(dz)
+
+
 class FusedLogprobEntropy(torch.autograd.Function):
     """``(hidden [n,H], weight [V,H], bias [V]|None, targets [n]) -> (logprob [n], entropy [n])``, fp32, chunked.
 
@@ -87,9 +119,14 @@ class FusedLogprobEntropy(torch.autograd.Function):
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse = torch.empty_like(lp)
         ent = torch.empty_like(lp) if with_entropy else None
+        native = _native(h, dt, softcap)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 sl = slice(s, s + chunk_size)
+                if native is not None:   # one pass over the bf16 logits (slick.train.native_fused)
+                    native.logprob_forward(F.linear(h[sl], w, b), targets[sl], temperature, lse[sl], lp[sl],
+                                           ent[sl] if with_entropy else None)
+                    continue
                 z, _ = _scaled_logits(h[sl], w, b, temperature, softcap)
                 lse[sl] = logsumexp(z, dim=-1)
                 logp = z.sub_(lse[sl].unsqueeze(-1))          # log p, in z's buffer
@@ -125,33 +162,20 @@ class FusedLogprobEntropy(torch.autograd.Function):
         rows = min(n, max(chunk_size, -(-WGRAD_ROWS // chunk_size) * chunk_size))
         dz_rows = torch.empty(rows, w.shape[0], dtype=dt, device=h.device)
         g0 = 0   # first position of the group in dz_rows
+        native = _native(h, dt, softcap)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 sl = slice(s, s + chunk_size)
                 hc = h[sl]
-                z, th = _scaled_logits(hc, w, b, temperature, softcap)
-                logp = z.sub_(lse[sl].unsqueeze(-1))
-                p = exp(logp)
-                # dz = -p * (g_lp + g_ent * (z - E[z])) + g_lp * onehot(target), with z - E[z] = log p + entropy,
-                # built in z's buffer
-                if g_ent is not None:
-                    logp.add_(ent[sl].unsqueeze(-1)).mul_(g_ent[sl].unsqueeze(-1))
-                    if g_lp is not None:
-                        logp.add_(g_lp[sl].unsqueeze(-1))
-                    dz = logp.mul_(p).neg_()
-                else:
-                    dz = p.mul_(g_lp[sl].unsqueeze(-1)).neg_()
-                del p
-                if g_lp is not None:
-                    idx = targets[sl].unsqueeze(-1)
-                    dz.scatter_add_(-1, idx, g_lp[sl].unsqueeze(-1))
-                if temperature != 1.0:
-                    dz.div_(temperature)
-                if th is not None:
-                    dz.mul_(1.0 - th * th)
                 dzc = dz_rows[s - g0:s - g0 + hc.shape[0]]
-                dzc.copy_(dz)
-                del dz
+                if native is not None:   # d loss / d logits in one pass, into the group's rows
+                    native.logprob_backward(F.linear(hc, w, b), targets[sl], temperature, lse[sl],
+                                            None if g_ent is None else ent[sl], None if g_lp is None else g_lp[sl],
+                                            None if g_ent is None else g_ent[sl], dzc)
+                else:
+                    _logit_gradient(hc, w, b, targets[sl], lse[sl], None if g_ent is None else ent[sl],
+                                    None if g_lp is None else g_lp[sl], None if g_ent is None else g_ent[sl],
+                                    temperature, softcap, dzc)
                 if need_h:
                     torch.mm(dzc, w, out=dh[sl])
                 if need_b:

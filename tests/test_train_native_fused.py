@@ -1,19 +1,19 @@
-"""slick.train.native_norm: the trainer's one-pass RMSNorm kernels agree with the torch functions of
-slick.train.fused_layers (forward in bf16, backward in fp32, to fp32 rounding), and the fused layers use them
+"""slick.train.native_fused: the trainer's one-pass RMSNorm and logprob kernels agree with the torch paths of
+slick.train.fused_layers and slick.train.logprobs (to fp32 rounding, bf16 results to bf16 rounding), and are used
 exactly where they apply."""
 import pytest
 import torch
 
-from slick.train import fused_layers, native_norm
+from slick.train import fused_layers, native_fused
 from slick.train.fused_layers import rms_norm, rms_norm_backward, rms_norm_to
 from tests.native_required import require
 
-K = native_norm.get()
+K = native_fused.get()
 
 
 @pytest.fixture()
 def kernel():
-    return require(K, "native RMSNorm")
+    return require(K, "native fused kernels")
 
 
 def _inputs(n=301, h=576, seed=0):
@@ -35,7 +35,7 @@ def _reference_backward(x, w, r, dy):
 def test_forward_equals_the_torch_norm_cast_to_bf16(kernel):
     x, w, _ = _inputs()
     n_ref, r_ref = rms_norm(x, w, 1e-5)
-    n, r = kernel.forward(x, w, 1e-5)
+    n, r = kernel.norm_forward(x, w, 1e-5)
     assert n.dtype == torch.bfloat16 and n.shape == x.shape and r.shape == (x.shape[0], 1)
     assert float(((r - r_ref).abs() / r_ref).max()) < 1e-6
     # r may differ in its last bit (the sum of squares runs in another order): a product then rounds to the
@@ -51,7 +51,7 @@ def test_forward_equals_the_torch_norm_cast_to_bf16(kernel):
 def test_backward_equals_the_formula_in_float64(kernel):
     x, w, dy = _inputs()
     r = rms_norm(x, w, 1e-5)[1]
-    dx, dw = kernel.backward(x, w, r, dy)
+    dx, dw = kernel.norm_backward(x, w, r, dy)
     dx_ref, dw_ref = _reference_backward(x, w, r, dy)
     assert dx.dtype == dw.dtype == torch.float32
     # per row, to fp32 rounding of the row's largest term
@@ -60,23 +60,23 @@ def test_backward_equals_the_formula_in_float64(kernel):
     # dw sums 301 rows of very different scales: to fp32 rounding of the sum of magnitudes
     mag = (dy.double() * x.double() * r.double()).abs().sum(0)
     assert float(((dw.double() - dw_ref).abs() / mag).max()) < 1e-5
-    again = kernel.backward(x, w, r, dy)
+    again = kernel.norm_backward(x, w, r, dy)
     assert torch.equal(again[0], dx) and torch.equal(again[1], dw)     # one thread count: the same bits
 
 
 def test_the_fused_layers_use_the_kernels_only_where_they_apply(kernel, monkeypatch):
     x, w, dy = _inputs(n=64, h=64)
     calls = []
-    real = native_norm.get
+    real = native_fused.get
 
     def counting():
         calls.append(1)
         return real()
-    monkeypatch.setattr(native_norm, "get", counting)
+    monkeypatch.setattr(native_fused, "get", counting)
     n, r = rms_norm_to(x, w, 1e-5, torch.bfloat16)
     dx, dw = rms_norm_backward(x, w, r, dy)
-    assert len(calls) == 2 and torch.equal(n, kernel.forward(x, w, 1e-5)[0])
-    assert torch.equal(dx, kernel.backward(x, w, r, dy)[0])
+    assert len(calls) == 2 and torch.equal(n, kernel.norm_forward(x, w, 1e-5)[0])
+    assert torch.equal(dx, kernel.norm_backward(x, w, r, dy)[0])
     # float64 (the gradient checks), fp32 output gradients (q/k norms) and 3-D inputs keep the torch path
     x64, w64 = x.double(), w.double()
     n64, r64 = rms_norm_to(x64, w64, 1e-5, torch.float64)
@@ -100,10 +100,71 @@ def test_a_fused_layer_step_matches_the_torch_norms(kernel, monkeypatch):
         y.backward(torch.ones_like(y))
         return y.detach(), xx.grad, [p.grad for p in ps]
     y1, gx1, gp1 = run()
-    monkeypatch.setattr(native_norm, "get", lambda: None)
+    monkeypatch.setattr(native_fused, "get", lambda: None)
     y0, gx0, gp0 = run()
     assert not torch.equal(gx0, torch.zeros_like(gx0))
     assert torch.allclose(y1, y0, rtol=2e-2, atol=2e-2)
     assert torch.allclose(gx1, gx0, rtol=2e-2, atol=2e-2)
     for g1, g0 in zip(gp1, gp0):
         assert torch.allclose(g1, g0, rtol=2e-2, atol=2e-2 * float(g0.abs().max()))
+
+
+def _logprob_run(h, head, targets, temperature, g_lp, g_ent, native: bool, monkeypatch):
+    """Logprobs, entropies and the gradients of ``g_lp . lp + g_ent . ent`` through chunked_logprobs (chunks of
+    16: several weight-gradient groups), with the native kernels or the torch path."""
+    from slick.train import logprobs
+
+    if not native:
+        monkeypatch.setattr(native_fused, "get", lambda: None)
+    hh = h.clone().requires_grad_(True)
+    head.weight.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, ent = logprobs.chunked_logprobs(hh, head, targets, temperature, 16, True, g_ent is not None)
+    ((lp * g_lp).sum() + ((ent * g_ent).sum() if g_ent is not None else 0)).backward()
+    monkeypatch.undo()
+    return lp.detach(), ent.detach(), hh.grad, head.weight.grad.clone()
+
+
+@pytest.mark.parametrize("temperature,entropy", [(1.0, True), (0.7, True), (1.0, False)])
+def test_logprob_chunks_agree_with_the_torch_path(kernel, monkeypatch, temperature, entropy):
+    g = torch.Generator().manual_seed(1)
+    n, H, V = 70, 32, 1000
+    h = torch.randn(n, H, generator=g)
+    head = torch.nn.Linear(H, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=g) * 0.3)
+    targets = torch.randint(0, V, (n,), generator=g)
+    g_lp = torch.randn(n, generator=g)
+    g_ent = torch.randn(n, generator=g) * 0.1 if entropy else None
+    calls = []
+    real = native_fused.get
+    monkeypatch.setattr(native_fused, "get", lambda: calls.append(1) or real())
+    nat = _logprob_run(h, head, targets, temperature, g_lp, g_ent, True, monkeypatch)
+    assert len(calls) == 2                                # forward and backward took the kernels
+    ref = _logprob_run(h, head, targets, temperature, g_lp, g_ent, False, monkeypatch)
+    lp, ent, dh, dw = nat
+    assert float((lp - ref[0]).abs().max()) < 1e-4 and float((ent - ref[1]).abs().max()) < 1e-4
+    # the bf16 logit gradient may round the other way where fp32 rounding moved a value: to bf16 rounding
+    assert float((dh - ref[2]).abs().max()) <= 1e-2 * float(ref[2].abs().max())
+    assert float((dw - ref[3]).abs().max()) <= 1e-2 * float(ref[3].abs().max())
+    assert float(ref[2].abs().max()) > 0 and float(ref[3].abs().max()) > 0
+
+
+def test_logprob_kernels_by_hand(kernel):
+    """One row of three logits [0, ln 2, ln 4] (p = 1/7, 2/7, 4/7): lse = ln 7, lp of the last = ln(4/7), entropy
+    = -sum p ln p; the gradient of lp[target] alone is onehot - p."""
+    import math
+
+    z = torch.tensor([[0.0, math.log(2), math.log(4)]]).to(torch.bfloat16)
+    zf = z.float()
+    t = torch.tensor([2])
+    lse, lp, ent = torch.empty(1), torch.empty(1), torch.empty(1)
+    kernel.logprob_forward(z, t, 1.0, lse, lp, ent)
+    p = torch.softmax(zf[0], -1)
+    assert float(lse) == pytest.approx(float(torch.logsumexp(zf[0], -1)), abs=2e-6)
+    assert float(lp) == pytest.approx(float(zf[0, 2] - torch.logsumexp(zf[0], -1)), abs=2e-6)
+    assert float(ent) == pytest.approx(float(-(p * p.log()).sum()), abs=2e-6)
+    dz = torch.empty(1, 3, dtype=torch.bfloat16)
+    kernel.logprob_backward(z, t, 1.0, lse, None, torch.ones(1), None, dz)
+    want = (torch.nn.functional.one_hot(t, 3)[0] - p).to(torch.bfloat16)
+    assert torch.equal(dz[0], want)

@@ -1,10 +1,12 @@
-"""Benchmark: the trainer's RMSNorm, torch against the native kernels (``slick/train/native_norm.py``), alone and
-inside whole train steps, side by side in one invocation.
+"""Benchmark: the trainer's RMSNorm and logprob chunks, torch against the native kernels
+(``slick/train/native_fused.py``), alone and inside whole train steps, side by side in one invocation.
 
-    .venv/bin/python bench/native_norm.py [--steps 4] [--tokens 2277] [--out bench/results/native_norm.json]
+    .venv/bin/python bench/native_fused.py [--steps 4] [--tokens 2277] [--out bench/results/native_fused.json]
 
-Kernels: SmolLM2's hidden size (576), ``--tokens`` rows of an fp32 residual, bf16 output gradient: the forward
-with its bf16 cast and the backward, median of 30 calls each. Steps: ``bench/step_profile.py``'s batch (SmolLM2-135M's
+Kernels: SmolLM2's hidden size (576), ``--tokens`` rows of an fp32 residual, bf16 output gradient: the norm's
+forward with its bf16 cast and its backward, median of 30 calls each; the lm head's logprobs and entropy over
+1,425 positions (the step's response tokens) of SmolLM2's vocabulary in chunks of 128, forward and backward, best
+of 5. Steps: ``bench/step_profile.py``'s batch (SmolLM2-135M's
 shapes with random weights, 8 prompts x 8 samples, responses of 12-48 tokens, the trainer ``slick train`` builds
 with no flags), the step timed with the native norms and with the torch ones in alternation, ``--steps`` each;
 best and median. Prints a table and writes JSON.
@@ -27,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.step_profile import build, make_batch, smollm2_shaped  # noqa: E402
 from bench.trainer import loss_fn  # noqa: E402
-from slick.train import native_norm  # noqa: E402
+from slick.train import native_fused  # noqa: E402
 from slick.train.fused_layers import rms_norm, rms_norm_backward  # noqa: E402
+from slick.train.logprobs import chunked_logprobs  # noqa: E402
 
 
 def median_ms(fn, n: int = 30) -> float:
@@ -42,35 +45,52 @@ def median_ms(fn, n: int = 30) -> float:
     return statistics.median(ts) * 1e3
 
 
-def torch_norms():
-    """A context in which the fused layers take the torch path (``native_norm.get`` returns None)."""
+def torch_paths():
+    """A context in which the trainer takes its torch paths (``native_fused.get`` returns None)."""
     class Off:
         def __enter__(self):
-            self.get, native_norm.get = native_norm.get, lambda: None
+            self.get, native_fused.get = native_fused.get, lambda: None
 
         def __exit__(self, *exc):
-            native_norm.get = self.get
+            native_fused.get = self.get
     return Off()
+
+
+def logprob_seconds(n: int = 1425, hidden: int = 576, vocab: int = 49152) -> float:
+    """Best of 5: chunked_logprobs forward and backward (logprob and entropy terms) over ``n`` positions."""
+    h = torch.randn(n, hidden).requires_grad_(True)
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    targets = torch.randint(0, vocab, (n,))
+    ts = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp, ent = chunked_logprobs(h, head, targets, 1.0, 128, True, True)
+        (lp.sum() + 0.01 * ent.sum()).backward()
+        ts.append(time.perf_counter() - t0)
+    return min(ts[1:])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=2277)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "native_norm.json"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "native_fused.json"))
     a = ap.parse_args(argv)
-    k = native_norm.get()
+    k = native_fused.get()
     if k is None:
-        ap.error("the native RMSNorm kernels are not available here (no compiler, or SLICK_NATIVE=0)")
+        ap.error("the native kernels are not available here (no compiler, or SLICK_NATIVE=0)")
     torch.manual_seed(0)
     x, w = torch.randn(a.tokens, 576), torch.randn(576)
     dy = torch.randn(a.tokens, 576).to(torch.bfloat16)
     r = rms_norm(x, w, 1e-5)[1]
     kernels = {"forward": (median_ms(lambda: rms_norm(x, w, 1e-5)[0].to(torch.bfloat16)),
-                           median_ms(lambda: k.forward(x, w, 1e-5)))}
-    with torch_norms():
+                           median_ms(lambda: k.norm_forward(x, w, 1e-5)))}
+    with torch_paths():
         t_bwd = median_ms(lambda: rms_norm_backward(x, w, r, dy))
+        t_lp = logprob_seconds() * 1e3
     kernels["backward"] = (t_bwd, median_ms(lambda: rms_norm_backward(x, w, r, dy)))
+    kernels["logprobs"] = (t_lp, logprob_seconds() * 1e3)
 
     with tempfile.TemporaryDirectory() as work:
         model_dir = smollm2_shaped(Path(work) / "model")
@@ -79,18 +99,21 @@ def main(argv=None) -> int:
     adv = [torch.randn(len(s.response_ids)) for s in samples]
     steps: dict[str, list[float]] = {"torch": [], "native": []}
     tr.train_step(samples, adv, loss_fn)      # warm-up: AdamW's state, first touch of the heap
-    with torch_norms():
+    with torch_paths():
         tr.train_step(samples, adv, loss_fn)
     for _ in range(a.steps):
-        with torch_norms():
+        with torch_paths():
             steps["torch"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
         steps["native"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
     tokens = int(tr.train_step(samples, adv, loss_fn)["tokens"])
-    lines = [f"RMSNorm, torch vs native, {torch.get_num_threads()} threads, load average at the end "
+    lines = [f"RMSNorm and logprob chunks, torch vs native, {torch.get_num_threads()} threads, load average at the end "
              f"{os.getloadavg()[0]:.2f}", "",
              "| what | torch | native | speed-up |", "|---|---|---|---|"]
     for name, (t, n) in kernels.items():
-        lines.append(f"| {name}, [{a.tokens}, 576] fp32 (ms, median of 30) | {t:.3f} | {n:.3f} | {t / n:.2f}x |")
+        what = (f"RMSNorm {name}, [{a.tokens}, 576] fp32 (ms, median of 30)" if name != "logprobs" else
+                "logprobs + entropy, forward and backward, 1,425 positions x 49,152 (ms, best of 5)")
+        lines.append(f"| {what} | {t:.1f} | {n:.1f} | {t / n:.2f}x |" if name == "logprobs" else
+                     f"| {what} | {t:.3f} | {n:.3f} | {t / n:.2f}x |")
     for stat, f in (("best", min), ("median", statistics.median)):
         t, n = f(steps["torch"]), f(steps["native"])
         lines.append(f"| train step, {tokens} packed tokens, SmolLM2-135M shapes (s, {stat} of {a.steps}) | {t:.3f} | "
