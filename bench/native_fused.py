@@ -1,10 +1,11 @@
-"""Benchmark: the trainer's RMSNorm and logprob chunks, torch against the native kernels
-(``slick/train/native_fused.py``), alone and inside whole train steps, side by side in one invocation.
+"""Benchmark: the trainer's elementwise kernels (RMSNorm, RoPE, SwiGLU, logprob chunks), torch against the native
+ones (``slick/train/native_fused.py``), alone and inside whole train steps, side by side in one invocation.
 
     .venv/bin/python bench/native_fused.py [--steps 4] [--tokens 2277] [--out bench/results/native_fused.json]
 
-Kernels: SmolLM2's hidden size (576), ``--tokens`` rows of an fp32 residual, bf16 output gradient: the norm's
-forward with its bf16 cast and its backward, median of 30 calls each; the lm head's logprobs and entropy over
+Kernels, SmolLM2's shapes over ``--tokens`` rows, median of 30 calls each: the norm's forward with its bf16 cast
+and its backward (fp32 residual, bf16 output gradient), RoPE of the 9 query heads forward (bf16 view of the qkv
+rows) and backward (fp32), the SwiGLU product forward and backward (bf16 gate/up of 2 x 1,536); the lm head's logprobs and entropy over
 1,425 positions (the step's response tokens) of SmolLM2's vocabulary in chunks of 128, forward and backward, best
 of 5. Steps: ``bench/step_profile.py``'s batch (SmolLM2-135M's
 shapes with random weights, 8 prompts x 8 samples, responses of 12-48 tokens, the trainer ``slick train`` builds
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from bench.step_profile import build, make_batch, smollm2_shaped  # noqa: E402
 from bench.trainer import loss_fn  # noqa: E402
 from slick.train import native_fused  # noqa: E402
-from slick.train.fused_layers import rms_norm, rms_norm_backward  # noqa: E402
+from slick.train.fused_layers import rms_norm, rms_norm_backward, rope, rope_backward  # noqa: E402
 from slick.train.logprobs import chunked_logprobs  # noqa: E402
 
 
@@ -54,6 +55,21 @@ def torch_paths():
         def __exit__(self, *exc):
             native_fused.get = self.get
     return Off()
+
+
+def swiglu_torch(gu: torch.Tensor, da=None):
+    """mlp_forward's / mlp_backward's torch path for the SwiGLU product (and its gradients with ``da``)."""
+    g, u = gu.chunk(2, -1)
+    sg = torch.nn.functional.silu(g)
+    h = sg * u
+    if da is None:
+        return h
+    dgu = torch.empty_like(gu)
+    dg, du = dgu.chunk(2, -1)
+    torch.mul(da, sg, out=du)
+    torch.mul(da, u, out=dg)
+    torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
+    return h, dgu
 
 
 def logprob_seconds(n: int = 1425, hidden: int = 576, vocab: int = 49152) -> float:
@@ -90,6 +106,17 @@ def main(argv=None) -> int:
         t_bwd = median_ms(lambda: rms_norm_backward(x, w, r, dy))
         t_lp = logprob_seconds() * 1e3
     kernels["backward"] = (t_bwd, median_ms(lambda: rms_norm_backward(x, w, r, dy)))
+    q = torch.randn(a.tokens, 15 * 64).to(torch.bfloat16)[:, :9 * 64].view(a.tokens, 9, 64)
+    ang = torch.randn(a.tokens, 1, 64)
+    cos, sin, gq = ang.cos(), ang.sin(), torch.randn(a.tokens, 9, 64)
+    with torch_paths():
+        t_rope_b = median_ms(lambda: rope_backward(gq, cos, sin))
+    kernels["RoPE forward"] = (median_ms(lambda: rope(q, cos, sin).to(torch.bfloat16)),
+                               median_ms(lambda: k.rope_forward(q, cos, sin)))
+    kernels["RoPE backward"] = (t_rope_b, median_ms(lambda: k.rope_backward(gq, cos, sin)))
+    gu, da = torch.randn(a.tokens, 2 * 1536).to(torch.bfloat16), torch.randn(a.tokens, 1536).to(torch.bfloat16)
+    kernels["SwiGLU forward"] = (median_ms(lambda: swiglu_torch(gu)), median_ms(lambda: k.swiglu_forward(gu)))
+    kernels["SwiGLU backward"] = (median_ms(lambda: swiglu_torch(gu, da)), median_ms(lambda: k.swiglu_backward(gu, da)))
     kernels["logprobs"] = (t_lp, logprob_seconds() * 1e3)
 
     with tempfile.TemporaryDirectory() as work:
@@ -106,12 +133,14 @@ def main(argv=None) -> int:
             steps["torch"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
         steps["native"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
     tokens = int(tr.train_step(samples, adv, loss_fn)["tokens"])
-    lines = [f"RMSNorm and logprob chunks, torch vs native, {torch.get_num_threads()} threads, load average at the end "
+    lines = [f"The trainer's elementwise kernels, torch vs native, {torch.get_num_threads()} threads, load average at the end "
              f"{os.getloadavg()[0]:.2f}", "",
              "| what | torch | native | speed-up |", "|---|---|---|---|"]
     for name, (t, n) in kernels.items():
-        what = (f"RMSNorm {name}, [{a.tokens}, 576] fp32 (ms, median of 30)" if name != "logprobs" else
-                "logprobs + entropy, forward and backward, 1,425 positions x 49,152 (ms, best of 5)")
+        what = {"forward": f"RMSNorm forward, [{a.tokens}, 576] (ms, median of 30)",
+                "backward": f"RMSNorm backward, [{a.tokens}, 576] (ms, median of 30)",
+                "logprobs": "logprobs + entropy, forward and backward, 1,425 positions x 49,152 (ms, best of 5)"
+                }.get(name, f"{name}, {a.tokens} rows (ms, median of 30)")
         lines.append(f"| {what} | {t:.1f} | {n:.1f} | {t / n:.2f}x |" if name == "logprobs" else
                      f"| {what} | {t:.3f} | {n:.3f} | {t / n:.2f}x |")
     for stat, f in (("best", min), ("median", statistics.median)):

@@ -168,3 +168,75 @@ def test_logprob_kernels_by_hand(kernel):
     kernel.logprob_backward(z, t, 1.0, lse, None, torch.ones(1), None, dz)
     want = (torch.nn.functional.one_hot(t, 3)[0] - p).to(torch.bfloat16)
     assert torch.equal(dz[0], want)
+
+
+def test_swiglu_kernels_round_as_torch_does(kernel):
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(2)
+    N, I = 37, 96
+    gu = (torch.randn(N, 2 * I, generator=g) * 4).to(torch.bfloat16)
+    gu[0, :4] = torch.tensor([0.0, -30.0, 30.0, 1e-3])
+    da = torch.randn(N, I, generator=g).to(torch.bfloat16)
+    gate, up = gu.chunk(2, -1)
+    sg = F.silu(gate)
+    want_h, want_du = sg * up, da * sg
+    want_dg = torch.ops.aten.silu_backward(da * up, gate)
+    h = kernel.swiglu_forward(gu)
+    h2, dgu = kernel.swiglu_backward(gu, da)
+    dg, du = dgu.chunk(2, -1)
+    for got, want in ((h, want_h), (h2, want_h), (du, want_du), (dg, want_dg)):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        differ = got != want
+        # exp is a polynomial here: a value may round to the other bf16 neighbour, by one ulp, rarely
+        assert float(differ.float().mean()) < 2e-3
+        assert bool(((got.float() - want.float()).abs()[differ] <= want.float().abs()[differ] * 2.0 ** -7 * 1.01).all())
+
+
+def test_the_mlp_uses_the_swiglu_kernels(kernel, monkeypatch):
+    """mlp_forward / mlp_backward with the native SwiGLU equal the torch path's outputs and gradients (bf16)."""
+    from slick.train.fused_layers import mlp_backward, mlp_forward
+
+    g = torch.Generator().manual_seed(3)
+    H, I, N = 64, 96, 40
+    h = torch.randn(N, H, generator=g)
+    ws = [torch.randn(H, generator=g), torch.randn(I, H, generator=g) * 0.2, torch.randn(I, H, generator=g) * 0.2,
+          torch.randn(H, I, generator=g) * 0.2]
+    dy = torch.randn(N, H, generator=g)
+    y1, r1, gu1 = mlp_forward(h, 1e-5, torch.bfloat16, *ws)
+    b1 = mlp_backward(h, r1, None, dy, 1e-5, torch.bfloat16, *ws)
+    monkeypatch.setattr(native_fused, "get", lambda: None)
+    y0, r0, gu0 = mlp_forward(h, 1e-5, torch.bfloat16, *ws)
+    b0 = mlp_backward(h, r0, None, dy, 1e-5, torch.bfloat16, *ws)
+    assert torch.equal(gu1, gu0) or float((gu1.float() - gu0.float()).abs().max()) < 0.05
+    assert torch.allclose(y1.float(), y0.float(), rtol=2e-2, atol=2e-2)
+    for a, b in zip(b1, b0):
+        assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2 * float(b.float().abs().max()))
+
+
+def test_rope_kernels_match_the_torch_rotation(kernel, monkeypatch):
+    from slick.train.fused_layers import rope, rope_backward, rope_to
+
+    g = torch.Generator().manual_seed(4)
+    N, H, KV, D = 33, 6, 2, 16
+    qkv = torch.randn(N, (H + 2 * KV) * D, generator=g).to(torch.bfloat16)
+    q = qkv[:, :H * D].view(N, H, D)                       # a strided view of the qkv rows, as the layer passes
+    ang = torch.randn(N, 1, D, generator=g) * 3
+    cos, sin = ang.cos(), ang.sin()
+    want = rope(q, cos, sin).to(torch.bfloat16)
+    got = rope_to(q, cos, sin, torch.bfloat16)
+    differ = got != want
+    assert float(differ.float().mean()) < 2e-3           # a sum may round to the other bf16 neighbour, rarely
+    assert bool(((got.float() - want.float()).abs()[differ] <= want.float().abs()[differ] * 2.0 ** -7 * 1.01).all())
+    # by hand, D = 2: (x0, x1) -> (x0 cos0 - x1 sin0, x1 cos1 + x0 sin1)
+    x = torch.tensor([[[1.0, 2.0]]]).to(torch.bfloat16)
+    c, s = torch.tensor([[[0.5, 0.25]]]), torch.tensor([[[0.75, -1.0]]])
+    assert rope_to(x, c, s, torch.bfloat16).float().tolist() == [[[1.0 * 0.5 - 2.0 * 0.75, 2.0 * 0.25 + 1.0 * -1.0]]]
+    gr = torch.randn(N, H, D, generator=g)
+    native = rope_backward(gr, cos, sin)
+    monkeypatch.setattr(native_fused, "get", lambda: None)
+    assert float((native - rope_backward(gr, cos, sin)).abs().max()) < 1e-5
+    # the backward is the transpose: <rope(x), g> == <x, rope_backward(g)>
+    xf = torch.randn(N, H, D, generator=g, dtype=torch.float64)
+    lhs = (rope(xf, cos.double(), sin.double()) * gr.double()).sum()
+    assert float(lhs) == pytest.approx(float((xf * native.double()).sum()), rel=1e-5)

@@ -86,8 +86,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
 
 
+def rope_to(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """``rope(x, cos, sin).to(dt)``; one native pass where the kernel applies (``slick.train.native_fused``)."""
+    if dt == x.dtype == torch.bfloat16 and NativeFused.rope_applies(x, cos, sin) and (k := native_fused.get()):
+        return k.rope_forward(x, cos, sin)
+    return rope(x, cos, sin).to(dt)
+
+
 def rope_backward(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The transpose of :func:`rope` applied to ``g``: ``g * cos + rotate_half^T(g * sin)``."""
+    """The transpose of :func:`rope` applied to ``g``: ``g * cos + rotate_half^T(g * sin)`` (one native pass for a
+    contiguous fp32 ``g`` where the kernel applies)."""
+    if g.dtype == torch.float32 and g.is_contiguous() and NativeFused.rope_applies(g, cos, sin) and \
+            (k := native_fused.get()) is not None:
+        return k.rope_backward(g, cos, sin)
     gs = g * sin
     h = g.shape[-1] // 2
     return g * cos + torch.cat((gs[..., h:], -gs[..., :h]), -1)
@@ -207,8 +218,8 @@ class AttentionBlock(torch.autograd.Function):
         if spec.qk_norm:
             q, rq = rms_norm(q, qn_w, spec.eps)
             k, rk = rms_norm(k, kn_w, spec.eps)
-        out, lse = segment_attention(spec.segments, rope(q, spec.cos, spec.sin).to(dt),
-                                     rope(k, spec.cos, spec.sin).to(dt), v, spec.scale)
+        out, lse = segment_attention(spec.segments, rope_to(q, spec.cos, spec.sin, dt),
+                                     rope_to(k, spec.cos, spec.sin, dt), v, spec.scale)
         y = F.linear(out, cast_cat([wo], dt, cache=False), cast_cat([bo], dt, cache=False) if bo is not None else None)
         ctx.spec = spec
         ctx.save_for_backward(x, r, qkv, out, lse, rq, rk, *params)
@@ -227,7 +238,7 @@ class AttentionBlock(torch.autograd.Function):
         q0, k0, v = _split_heads(qkv, H, K, D)
         q, k = (rms_norm(q0, qn_w, spec.eps)[0], rms_norm(k0, kn_w, spec.eps)[0]) if spec.qk_norm else (q0, k0)
         cos, sin = spec.cos, spec.sin
-        dq, dk, dv = segment_attention_backward(spec.segments, rope(q, cos, sin).to(dt), rope(k, cos, sin).to(dt),
+        dq, dk, dv = segment_attention_backward(spec.segments, rope_to(q, cos, sin, dt), rope_to(k, cos, sin, dt),
                                                 v, spec.scale, lse, dout)
         dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
         g_qn = g_kn = None
@@ -295,8 +306,12 @@ def mlp_forward(h, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
     and the gate/up product, in the matmul dtype ``dt``."""
     n, r = rms_norm_to(h, ln_w, eps, dt)
     gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
-    g, u = gu.chunk(2, -1)
-    return F.linear(F.silu(g) * u, cast_cat([wd], dt, cache=False)), r, gu
+    if NativeFused.swiglu_applies(gu) and (k := native_fused.get()) is not None:
+        hid = k.swiglu_forward(gu)
+    else:
+        g, u = gu.chunk(2, -1)
+        hid = F.silu(g) * u
+    return F.linear(hid, cast_cat([wd], dt, cache=False)), r, gu
 
 
 def mlp_backward(h, r, gu, dy, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
@@ -306,16 +321,21 @@ def mlp_backward(h, r, gu, dy, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
     if gu is None:
         gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
     dy = dy.to(dt)
-    g, u = gu.chunk(2, -1)
-    sg = F.silu(g)
-    g_wd = _mm_grad(dy, sg * u).to(wd.dtype)
     da = torch.mm(dy, cast_cat([wd], dt, cache=False))
-    # in the matmul dtype, as autograd through the HF MLP computes it (silu_backward: fp32 inside)
-    dgu = torch.empty_like(gu)
-    dg, du = dgu.chunk(2, -1)
-    torch.mul(da, sg, out=du)
-    torch.mul(da, u, out=dg)
-    torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
+    if NativeFused.swiglu_applies(gu) and (k := native_fused.get()) is not None:
+        hid, dgu = k.swiglu_backward(gu, da)    # one pass (slick.train.native_fused)
+        dg, du = dgu.chunk(2, -1)
+    else:
+        g, u = gu.chunk(2, -1)
+        sg = F.silu(g)
+        hid = sg * u
+        # in the matmul dtype, as autograd through the HF MLP computes it (silu_backward: fp32 inside)
+        dgu = torch.empty_like(gu)
+        dg, du = dgu.chunk(2, -1)
+        torch.mul(da, sg, out=du)
+        torch.mul(da, u, out=dg)
+        torch.ops.aten.silu_backward.grad_input(dg, g, grad_input=dg)
+    g_wd = _mm_grad(dy, hid).to(wd.dtype)
     dn = torch.mm(dgu, cast_cat([wg, wu], dt, cache=False))
     dh, g_ln = rms_norm_backward(h, ln_w, r, dn)
     g_wg, g_wu = _mm_grad(dg, n).to(wg.dtype), _mm_grad(du, n).to(wu.dtype)   # per weight, as in AttentionBlock

@@ -1,5 +1,6 @@
 """The trainer's elementwise work around its bf16 matmuls in one native pass each (``csrc/fused.cpp``): RMSNorm
-forward and backward, and the logprobs, entropy and logit gradient of a chunk of the lm head's output.
+forward and backward, the MLP's SwiGLU product forward and backward, and the logprobs, entropy and logit gradient
+of a chunk of the lm head's output.
 
 RMSNorm.
 
@@ -10,6 +11,17 @@ residual, fp32 norm weights and bf16 matmuls (slick's CPU default) these kernels
 results once, with the same maths in fp32: the normed rows in bf16 (rounded to nearest even, as ``.to(bfloat16)``)
 and the fp32 gradients. They agree with the torch functions to fp32 rounding (the sums run in another order;
 ``tests/test_train_native_fused.py``).
+
+RoPE. :func:`~slick.train.fused_layers.rope` rotates a bf16 ``[tokens, heads, head_dim]`` view in fp32 (a widening
+copy, two products, a concatenation of the halves, a sum) and rounds it to bf16, for q and k in forward and again
+in backward, where :func:`~slick.train.fused_layers.rope_backward` takes as many kernels on the fp32 gradients;
+:meth:`NativeFused.rope_forward` and :meth:`NativeFused.rope_backward` are one pass each, with the same products
+and sums.
+
+SwiGLU. :func:`~slick.train.fused_layers.mlp_forward` computes ``silu(g) * u`` on the halves of the bf16 gate/up
+product in two kernels, and :func:`~slick.train.fused_layers.mlp_backward` that product, ``da * silu(g)``,
+``da * u`` and SiLU's backward in five more; :meth:`NativeFused.swiglu_forward` and
+:meth:`NativeFused.swiglu_backward` are one pass each, rounding to bf16 at the same points.
 
 Logprobs. :class:`slick.train.logprobs.FusedLogprobEntropy` turns each chunk of bf16 logits ``[rows, vocab]`` into
 fp32, then takes the log-sum-exp, the target's logprob and the entropy, and in backward the closed-form gradient
@@ -43,16 +55,24 @@ def _ptr(t: Optional[torch.Tensor]):
 
 
 class NativeFused:
-    """ctypes binding of ``rmsnorm_fwd``, ``rmsnorm_bwd``, ``logprob_fwd`` and ``logprob_bwd``."""
+    """ctypes binding of ``rmsnorm_fwd``/``_bwd``, ``rope_fwd``/``_bwd``, ``swiglu_fwd``/``_bwd`` and
+    ``logprob_fwd``/``_bwd``."""
 
     def __init__(self, lib: ctypes.CDLL):
         self._fwd, self._bwd = lib.rmsnorm_fwd, lib.rmsnorm_bwd
         self._fwd.argtypes = [_P, _P, _P, _P, _I64, _I64, _F32, ctypes.c_int]
         self._bwd.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, ctypes.c_int]
+        self._sw_fwd, self._sw_bwd = lib.swiglu_fwd, lib.swiglu_bwd
+        self._sw_fwd.argtypes = [_P, _I64, _I64, _P, ctypes.c_int]
+        self._sw_bwd.argtypes = [_P, _P, _I64, _I64, _P, _P, ctypes.c_int]
+        self._rope_fwd, self._rope_bwd = lib.rope_fwd, lib.rope_bwd
+        self._rope_fwd.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
+        self._rope_bwd.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
         self._lp_fwd, self._lp_bwd = lib.logprob_fwd, lib.logprob_bwd
         self._lp_fwd.argtypes = [_P, _P, _F32, _I64, _I64, _P, _P, _P, ctypes.c_int]
         self._lp_bwd.argtypes = [_P, _P, _F32, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int]
-        for f in (self._fwd, self._bwd, self._lp_fwd, self._lp_bwd):
+        for f in (self._fwd, self._bwd, self._rope_fwd, self._rope_bwd, self._sw_fwd, self._sw_bwd, self._lp_fwd,
+                  self._lp_bwd):
             f.restype = None
 
     @staticmethod
@@ -79,6 +99,52 @@ class NativeFused:
         self._bwd(x.data_ptr(), w.data_ptr(), r.data_ptr(), dy.data_ptr(), dx.data_ptr(), dw.data_ptr(), N, H,
                   torch.get_num_threads())
         return dx, dw
+
+    @staticmethod
+    def rope_applies(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """True for ``x [N, heads, D]`` on the CPU with contiguous heads (bf16 for the forward, fp32 for the
+        backward) and contiguous fp32 ``cos``/``sin [N, 1, D]``, ``D`` even."""
+        N, heads, D = x.shape if x.dim() == 3 else (0, 0, 1)
+        return (x.dim() == 3 and x.device.type == "cpu" and D % 2 == 0 and x.stride(2) == 1 and x.stride(1) == D
+                and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (N, 1, D)
+                and cos.is_contiguous() and sin.is_contiguous())
+
+    def rope_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``rope(x, cos, sin).to(bfloat16)`` for bf16 ``x`` (heads of one row contiguous; rows may be strided)."""
+        N, heads, D = x.shape
+        out = torch.empty(N, heads, D, dtype=torch.bfloat16)
+        self._rope_fwd(x.data_ptr(), x.stride(0), N, heads, D, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                       torch.get_num_threads())
+        return out
+
+    def rope_backward(self, g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``rope_backward(g, cos, sin)`` for a contiguous fp32 ``g [N, heads, D]``."""
+        N, heads, D = g.shape
+        out = torch.empty_like(g)
+        self._rope_bwd(g.data_ptr(), N, heads, D, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                       torch.get_num_threads())
+        return out
+
+    @staticmethod
+    def swiglu_applies(gu: torch.Tensor) -> bool:
+        """True for a contiguous bf16 CPU gate/up product ``[N, 2I]``."""
+        return gu.dtype == torch.bfloat16 and gu.device.type == "cpu" and gu.dim() == 2 and gu.is_contiguous()
+
+    def swiglu_forward(self, gu: torch.Tensor) -> torch.Tensor:
+        """``silu(g) * u`` ``[N, I]`` in bf16 from ``gu = [g | u]``, rounded as torch's bf16 kernels round."""
+        N, I2 = gu.shape
+        h = torch.empty(N, I2 // 2, dtype=torch.bfloat16)
+        self._sw_fwd(gu.data_ptr(), N, I2 // 2, h.data_ptr(), torch.get_num_threads())
+        return h
+
+    def swiglu_backward(self, gu: torch.Tensor, da: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(silu(g) * u, [dg | du])`` in bf16 for the gradient ``da [N, I]`` of the product."""
+        N, I2 = gu.shape
+        da = da.to(torch.bfloat16).contiguous()
+        h = torch.empty(N, I2 // 2, dtype=torch.bfloat16)
+        dgu = torch.empty(N, I2, dtype=torch.bfloat16)
+        self._sw_bwd(gu.data_ptr(), da.data_ptr(), N, I2 // 2, h.data_ptr(), dgu.data_ptr(), torch.get_num_threads())
+        return h, dgu
 
     @staticmethod
     def logprobs_apply(h: torch.Tensor, dt: torch.dtype, softcap) -> bool:

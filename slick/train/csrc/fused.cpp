@@ -1,6 +1,6 @@
 // The trainer's elementwise work around its bf16 matmuls in one pass over memory per call
-// (slick/train/native_fused.py): RMSNorm forward and backward, and the token logprobs and entropy of a chunk of
-// logits with their gradient.
+// (slick/train/native_fused.py): RMSNorm forward and backward, rotate-half RoPE forward and backward, the SwiGLU
+// product forward and backward, and the token logprobs and entropy of a chunk of logits with their gradient.
 //
 // RMSNorm: slick.train.fused_layers.rms_norm / rms_norm_backward for an fp32 residual stream, in fp32:
 //   forward:  r = 1 / sqrt(mean(x^2) + eps);  out = bf16(w * (x * r))           (round to nearest even)
@@ -75,10 +75,10 @@ extern "C" void rmsnorm_bwd(const float* x, const float* w, const float* r, cons
     }
 }
 
-// e^x for x <= 0 (clamped at -87): Cody-Waite reduction by ln 2 and a degree-6 polynomial (Cephes' expf), 2^n put
-// into the exponent bits; within 2 ulp of expf, and plain arithmetic, so the loops that call it vectorize.
-static inline float exp_neg(float x) {
-    x = x < -87.0f ? -87.0f : x;
+// e^x for x in [-87, 88] (clamped there): Cody-Waite reduction by ln 2 and a degree-6 polynomial (Cephes' expf),
+// 2^n put into the exponent bits; within 2 ulp of expf, and plain arithmetic, so the loops that call it vectorize.
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     const float n = std::nearbyint(x * 1.44269504088896341f);
     float r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
@@ -113,7 +113,7 @@ extern "C" void logprob_fwd(const uint16_t* z, const int64_t* target, float t, i
         float s = 0.f, d = 0.f;
 #pragma omp simd reduction(+ : s, d)
         for (int64_t v = 0; v < V; ++v) {
-            const float y = bf16_to_f32(zr[v]) * t - m, e = exp_neg(y);
+            const float y = bf16_to_f32(zr[v]) * t - m, e = exp_f(y);
             s += e;
             d += e * y;
         }
@@ -140,20 +140,105 @@ extern "C" void logprob_bwd(const uint16_t* z, const int64_t* target, float t, i
 #pragma omp simd
             for (int64_t v = 0; v < V; ++v) {
                 const float q = bf16_to_f32(zr[v]) * t - l;
-                o[v] = f32_to_bf16(-((q + en) * ge + gl) * exp_neg(q) * t);
+                o[v] = f32_to_bf16(-((q + en) * ge + gl) * exp_f(q) * t);
             }
         } else {
 #pragma omp simd
             for (int64_t v = 0; v < V; ++v) {
                 const float q = bf16_to_f32(zr[v]) * t - l;
-                o[v] = f32_to_bf16(-(exp_neg(q) * gl) * t);
+                o[v] = f32_to_bf16(-(exp_f(q) * gl) * t);
             }
         }
         if (g_lp != nullptr) {   // the target's one-hot term, added before the temperature as the torch path does
             const int64_t v = target[i];
             const float q = bf16_to_f32(zr[v]) * t - l;
-            const float base = g_ent != nullptr ? -((q + en) * ge + gl) * exp_neg(q) : -(exp_neg(q) * gl);
+            const float base = g_ent != nullptr ? -((q + en) * ge + gl) * exp_f(q) : -(exp_f(q) * gl);
             o[v] = f32_to_bf16((base + gl) * t);
+        }
+    }
+}
+
+// SwiGLU of the MLP (slick.train.fused_layers.mlp_forward / mlp_backward) on the gate/up product gu [rows, 2I] in
+// bf16 (gate columns first), rounded to bf16 where torch's bf16 kernels round:
+//   forward:  h = bf16(bf16(silu(g)) * u),  silu(g) = g / (1 + e^-g)
+//   backward: also du = bf16(da * bf16(silu(g))) and dg = bf16(bf16(da * u) * s * (1 + g * (1 - s))), s = 1 / (1 + e^-g),
+//             into dgu [rows, 2I] (dg columns first)
+extern "C" void swiglu_fwd(const uint16_t* gu, int64_t rows, int64_t I, uint16_t* h, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < rows; ++i) {
+        const uint16_t* __restrict__ g = gu + i * 2 * I;
+        const uint16_t* __restrict__ u = g + I;
+        uint16_t* __restrict__ o = h + i * I;
+#pragma omp simd
+        for (int64_t j = 0; j < I; ++j) {
+            const float gf = bf16_to_f32(g[j]);
+            o[j] = f32_to_bf16(bf16_to_f32(f32_to_bf16(gf / (1.0f + exp_f(-gf)))) * bf16_to_f32(u[j]));
+        }
+    }
+}
+
+extern "C" void swiglu_bwd(const uint16_t* gu, const uint16_t* da, int64_t rows, int64_t I, uint16_t* h,
+                           uint16_t* dgu, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < rows; ++i) {
+        const uint16_t* __restrict__ g = gu + i * 2 * I;
+        const uint16_t* __restrict__ u = g + I;
+        const uint16_t* __restrict__ a = da + i * I;
+        uint16_t* __restrict__ o = h + i * I;
+        uint16_t* __restrict__ dg = dgu + i * 2 * I;
+        uint16_t* __restrict__ du = dg + I;
+#pragma omp simd
+        for (int64_t j = 0; j < I; ++j) {
+            const float gf = bf16_to_f32(g[j]), uf = bf16_to_f32(u[j]), af = bf16_to_f32(a[j]);
+            const float e = exp_f(-gf), s = 1.0f / (1.0f + e);
+            const float sg = bf16_to_f32(f32_to_bf16(gf / (1.0f + e)));   // silu as the forward rounds it
+            o[j] = f32_to_bf16(sg * uf);
+            du[j] = f32_to_bf16(af * sg);
+            const float t = bf16_to_f32(f32_to_bf16(af * uf));
+            dg[j] = f32_to_bf16(t * s * (1.0f + gf * (1.0f - s)));
+        }
+    }
+}
+
+// Rotate-half RoPE (slick.train.fused_layers.rope / rope_backward), h = D / 2, per row n and head:
+//   forward:  out[d] = bf16(x[d] * cos[d] + (d < h ? -x[d + h] : x[d - h]) * sin[d])   from bf16 x (rows of
+//             row_stride elements, heads of D) into contiguous bf16 out [N, heads, D]
+//   backward: out[d] = g[d] * cos[d] + (d < h ? g[d + h] * sin[d + h] : -(g[d - h] * sin[d - h]))   fp32 g, out
+// cos and sin are fp32 [N, D].
+extern "C" void rope_fwd(const uint16_t* x, int64_t row_stride, int64_t N, int64_t heads, int64_t D, const float* cos,
+                         const float* sin, uint16_t* out, int nt) {
+    const int64_t h = D / 2;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t n = 0; n < N; ++n) {
+        const float* __restrict__ c = cos + n * D;
+        const float* __restrict__ s = sin + n * D;
+        for (int64_t k = 0; k < heads; ++k) {
+            const uint16_t* __restrict__ xr = x + n * row_stride + k * D;
+            uint16_t* __restrict__ o = out + (n * heads + k) * D;
+#pragma omp simd
+            for (int64_t d = 0; d < h; ++d)
+                o[d] = f32_to_bf16(bf16_to_f32(xr[d]) * c[d] + (-bf16_to_f32(xr[d + h])) * s[d]);
+#pragma omp simd
+            for (int64_t d = h; d < D; ++d)
+                o[d] = f32_to_bf16(bf16_to_f32(xr[d]) * c[d] + bf16_to_f32(xr[d - h]) * s[d]);
+        }
+    }
+}
+
+extern "C" void rope_bwd(const float* g, int64_t N, int64_t heads, int64_t D, const float* cos, const float* sin,
+                         float* out, int nt) {
+    const int64_t h = D / 2;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t n = 0; n < N; ++n) {
+        const float* __restrict__ c = cos + n * D;
+        const float* __restrict__ s = sin + n * D;
+        for (int64_t k = 0; k < heads; ++k) {
+            const float* __restrict__ gr = g + (n * heads + k) * D;
+            float* __restrict__ o = out + (n * heads + k) * D;
+#pragma omp simd
+            for (int64_t d = 0; d < h; ++d) o[d] = gr[d] * c[d] + gr[d + h] * s[d + h];
+#pragma omp simd
+            for (int64_t d = h; d < D; ++d) o[d] = gr[d] * c[d] + -(gr[d - h] * s[d - h]);
         }
     }
 }
