@@ -5,11 +5,11 @@ ones (``slick/train/native_fused.py``), alone and inside whole train steps, side
 
 Kernels, SmolLM2's shapes over ``--tokens`` rows, median of 30 calls each: the norm's forward with its bf16 cast
 and its backward (fp32 residual, bf16 output gradient), RoPE of the 9 query heads forward (bf16 view of the qkv
-rows) and backward (fp32), the SwiGLU product forward and backward (bf16 gate/up of 2 x 1,536); the lm head's logprobs and entropy over
-1,425 positions (the step's response tokens) of SmolLM2's vocabulary in chunks of 128, forward and backward, best
-of 5. Steps: ``bench/step_profile.py``'s batch (SmolLM2-135M's
+rows) and backward (fp32), the SwiGLU product forward and backward (bf16 gate/up of 2 x 1,536); the lm head's
+logprobs and entropy over 1,425 positions (the step's response tokens) of SmolLM2's vocabulary in chunks of 128,
+forward and backward, best of 5. Steps: ``bench/step_profile.py``'s batch (SmolLM2-135M's
 shapes with random weights, 8 prompts x 8 samples, responses of 12-48 tokens, the trainer ``slick train`` builds
-with no flags), the step timed with the native norms and with the torch ones in alternation, ``--steps`` each;
+with no flags), the step timed with the native kernels and with the torch paths in alternation, ``--steps`` each;
 best and median. Prints a table and writes JSON.
 """
 from __future__ import annotations
@@ -133,8 +133,8 @@ def main(argv=None) -> int:
             steps["torch"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
         steps["native"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
     tokens = int(tr.train_step(samples, adv, loss_fn)["tokens"])
-    lines = [f"The trainer's elementwise kernels, torch vs native, {torch.get_num_threads()} threads, load average at the end "
-             f"{os.getloadavg()[0]:.2f}", "",
+    lines = [f"The trainer's elementwise kernels, torch vs native, {torch.get_num_threads()} threads, load average at "
+             f"the end {os.getloadavg()[0]:.2f}", "",
              "| what | torch | native | speed-up |", "|---|---|---|---|"]
     for name, (t, n) in kernels.items():
         what = {"forward": f"RMSNorm forward, [{a.tokens}, 576] (ms, median of 30)",

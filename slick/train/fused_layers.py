@@ -61,7 +61,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float):
 def rms_norm_to(x: torch.Tensor, w: torch.Tensor, eps: float, dt: torch.dtype):
     """:func:`rms_norm` with its output in the matmul dtype ``dt``: ``(n in dt, r)``; one native pass where the
     kernel applies (``slick.train.native_fused``)."""
-    if NativeFused.applies(x, w, dt) and (k := native_fused.get()) is not None:
+    if (k := native_fused.get_if(NativeFused.norm_applies(x, w, dt))) is not None:
         return k.norm_forward(x, w, eps)
     n, r = rms_norm(x, w, eps)
     return n.to(dt), r
@@ -70,7 +70,7 @@ def rms_norm_to(x: torch.Tensor, w: torch.Tensor, eps: float, dt: torch.dtype):
 def rms_norm_backward(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, dy: torch.Tensor):
     """``(dx, dw)`` of :func:`rms_norm` (fp32; roundings are treated as identities, as autograd does); one
     native pass for an fp32 ``x`` and a bf16 ``dy`` where the kernel applies (``slick.train.native_fused``)."""
-    if dy.dtype == torch.bfloat16 and NativeFused.applies(x, w, dy.dtype) and (k := native_fused.get()) is not None:
+    if (k := native_fused.get_if(NativeFused.norm_applies(x, w, dy.dtype))) is not None:
         return k.norm_backward(x, w, r, dy)
     xhat = x.to(r.dtype) * r
     dxhat = dy.to(r.dtype) * w.to(r.dtype)
@@ -88,7 +88,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 def rope_to(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     """``rope(x, cos, sin).to(dt)``; one native pass where the kernel applies (``slick.train.native_fused``)."""
-    if dt == x.dtype == torch.bfloat16 and NativeFused.rope_applies(x, cos, sin) and (k := native_fused.get()):
+    applies = dt == x.dtype == torch.bfloat16 and NativeFused.rope_applies(x, cos, sin)
+    if (k := native_fused.get_if(applies)) is not None:
         return k.rope_forward(x, cos, sin)
     return rope(x, cos, sin).to(dt)
 
@@ -96,8 +97,8 @@ def rope_to(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dt: torch.dty
 def rope_backward(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The transpose of :func:`rope` applied to ``g``: ``g * cos + rotate_half^T(g * sin)`` (one native pass for a
     contiguous fp32 ``g`` where the kernel applies)."""
-    if g.dtype == torch.float32 and g.is_contiguous() and NativeFused.rope_applies(g, cos, sin) and \
-            (k := native_fused.get()) is not None:
+    applies = g.dtype == torch.float32 and g.is_contiguous() and NativeFused.rope_applies(g, cos, sin)
+    if (k := native_fused.get_if(applies)) is not None:
         return k.rope_backward(g, cos, sin)
     gs = g * sin
     h = g.shape[-1] // 2
@@ -306,7 +307,7 @@ def mlp_forward(h, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
     and the gate/up product, in the matmul dtype ``dt``."""
     n, r = rms_norm_to(h, ln_w, eps, dt)
     gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
-    if NativeFused.swiglu_applies(gu) and (k := native_fused.get()) is not None:
+    if (k := native_fused.get_if(NativeFused.swiglu_applies(gu))) is not None:
         hid = k.swiglu_forward(gu)
     else:
         g, u = gu.chunk(2, -1)
@@ -322,7 +323,7 @@ def mlp_backward(h, r, gu, dy, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
         gu = F.linear(n, cast_cat([wg, wu], dt, cache=False))
     dy = dy.to(dt)
     da = torch.mm(dy, cast_cat([wd], dt, cache=False))
-    if NativeFused.swiglu_applies(gu) and (k := native_fused.get()) is not None:
+    if (k := native_fused.get_if(NativeFused.swiglu_applies(gu))) is not None:
         hid, dgu = k.swiglu_backward(gu, da)    # one pass (slick.train.native_fused)
         dg, du = dgu.chunk(2, -1)
     else:

@@ -75,11 +75,6 @@ def _scaled_logits(h, w, b, temperature, softcap):
     return z, th
 
 
-def _native(h: torch.Tensor, dt: torch.dtype, softcap) -> Optional[NativeFused]:
-    """The native logprob kernels where they cover the chunks (``slick.train.native_fused``), else None."""
-    return native_fused.get() if NativeFused.logprobs_apply(h, dt, softcap) else None
-
-
 def _logit_gradient(hc, w, b, targets, lse, ent, g_lp, g_ent, temperature, softcap, out) -> None:
     """Write d loss / d logits of one chunk into ``out`` (its rows of the matmul-dtype buffer), recomputing the
     chunk's logits: ``dz = -p * (g_lp + g_ent * (z - E[z])) + g_lp * onehot(target)`` with ``z - E[z] = log p +
@@ -119,7 +114,7 @@ class FusedLogprobEntropy(torch.autograd.Function):
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         lse = torch.empty_like(lp)
         ent = torch.empty_like(lp) if with_entropy else None
-        native = _native(h, dt, softcap)
+        native = native_fused.get_if(NativeFused.logprob_applies(h, dt, softcap))
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 sl = slice(s, s + chunk_size)
@@ -162,7 +157,7 @@ class FusedLogprobEntropy(torch.autograd.Function):
         rows = min(n, max(chunk_size, -(-WGRAD_ROWS // chunk_size) * chunk_size))
         dz_rows = torch.empty(rows, w.shape[0], dtype=dt, device=h.device)
         g0 = 0   # first position of the group in dz_rows
-        native = _native(h, dt, softcap)
+        native = native_fused.get_if(NativeFused.logprob_applies(h, dt, softcap))
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 sl = slice(s, s + chunk_size)

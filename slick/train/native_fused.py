@@ -76,7 +76,7 @@ class NativeFused:
             f.restype = None
 
     @staticmethod
-    def applies(x: torch.Tensor, w: torch.Tensor, dt: torch.dtype) -> bool:
+    def norm_applies(x: torch.Tensor, w: torch.Tensor, dt: torch.dtype) -> bool:
         """True for what the kernels cover: a contiguous fp32 CPU ``x [N, H]``, fp32 ``w [H]``, bf16 matmuls."""
         return (dt == torch.bfloat16 and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
                 and x.dim() == 2 and x.is_contiguous() and w.is_contiguous() and w.shape == (x.shape[1],))
@@ -147,7 +147,7 @@ class NativeFused:
         return h, dgu
 
     @staticmethod
-    def logprobs_apply(h: torch.Tensor, dt: torch.dtype, softcap) -> bool:
+    def logprob_applies(h: torch.Tensor, dt: torch.dtype, softcap) -> bool:
         """True where the logprob kernels cover a chunk: bf16 logits on the CPU, no soft cap."""
         return dt == torch.bfloat16 and h.device.type == "cpu" and not softcap
 
@@ -191,3 +191,8 @@ def get() -> Optional[NativeFused]:
         return None
     with _lock:
         return _bound.setdefault(id(lib), NativeFused(lib))
+
+
+def get_if(applies: bool) -> Optional[NativeFused]:
+    """:func:`get` where ``applies`` (a caller's ``NativeFused.*_applies`` check), else None."""
+    return get() if applies else None
