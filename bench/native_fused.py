@@ -10,7 +10,7 @@ logprobs and entropy over 1,425 positions (the step's response tokens) of SmolLM
 forward and backward, best of 5. Steps: ``bench/step_profile.py``'s batch (SmolLM2-135M's
 shapes with random weights, 8 prompts x 8 samples, responses of 12-48 tokens, the trainer ``slick train`` builds
 with no flags), the step timed with the native kernels and with the torch paths in alternation, ``--steps`` each;
-best and median. Prints a table and writes JSON.
+best and median. Runs under tcmalloc where installed, as `slick train` does. Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from bench.trainer import loss_fn  # noqa: E402
 from slick.train import native_fused  # noqa: E402
 from slick.train.fused_layers import rms_norm, rms_norm_backward, rope, rope_backward  # noqa: E402
 from slick.train.logprobs import chunked_logprobs  # noqa: E402
+from slick.train.memory import tcmalloc_loaded  # noqa: E402
 
 
 def median_ms(fn, n: int = 30) -> float:
@@ -133,8 +134,8 @@ def main(argv=None) -> int:
             steps["torch"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
         steps["native"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
     tokens = int(tr.train_step(samples, adv, loss_fn)["tokens"])
-    lines = [f"The trainer's elementwise kernels, torch vs native, {torch.get_num_threads()} threads, load average at "
-             f"the end {os.getloadavg()[0]:.2f}", "",
+    lines = [f"The trainer's elementwise kernels, torch vs native, {torch.get_num_threads()} threads, allocator "
+             f"{'tcmalloc' if tcmalloc_loaded() else 'glibc'}, load average at the end {os.getloadavg()[0]:.2f}", "",
              "| what | torch | native | speed-up |", "|---|---|---|---|"]
     for name, (t, n) in kernels.items():
         what = {"forward": f"RMSNorm forward, [{a.tokens}, 576] (ms, median of 30)",
@@ -157,4 +158,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from slick.train.memory import use_tcmalloc
+
+    use_tcmalloc()   # the allocator `slick train` runs with
     raise SystemExit(main())
