@@ -1,16 +1,14 @@
-"""The trainer's elementwise work around its bf16 matmuls in one native pass each (``csrc/fused.cpp``): RMSNorm
-forward and backward, the MLP's SwiGLU product forward and backward, and the logprobs, entropy and logit gradient
-of a chunk of the lm head's output.
+"""The trainer's elementwise work around its bf16 matmuls in one native pass each (``csrc/fused.cpp``): RMSNorm,
+RoPE and the MLP's SwiGLU product, forward and backward, and the logprobs, entropy and logit gradient of a chunk
+of the lm head's output.
 
-RMSNorm.
-
-:func:`slick.train.fused_layers.rms_norm` and :func:`~slick.train.fused_layers.rms_norm_backward` in torch run
-five to eight elementwise kernels over the ``[tokens, hidden]`` fp32 residual per call, and a training step calls
-them six times per decoder layer (two norms, each recomputed in backward, and their two backwards). For an fp32
-residual, fp32 norm weights and bf16 matmuls (slick's CPU default) these kernels read the inputs once and write the
-results once, with the same maths in fp32: the normed rows in bf16 (rounded to nearest even, as ``.to(bfloat16)``)
-and the fp32 gradients. They agree with the torch functions to fp32 rounding (the sums run in another order;
-``tests/test_train_native_fused.py``).
+RMSNorm. :func:`slick.train.fused_layers.rms_norm` and :func:`~slick.train.fused_layers.rms_norm_backward` in
+torch run five to eight elementwise kernels over the ``[tokens, hidden]`` fp32 residual per call, and a training
+step calls them six times per decoder layer (two norms, each recomputed in backward, and their two backwards).
+For an fp32 residual, fp32 norm weights and bf16 matmuls (slick's CPU default) these kernels read the inputs once
+and write the results once, with the same maths in fp32: the normed rows in bf16 (rounded to nearest even, as
+``.to(bfloat16)``) and the fp32 gradients. They agree with the torch functions to fp32 rounding (the sums run in
+another order; ``tests/test_train_native_fused.py``).
 
 RoPE. :func:`~slick.train.fused_layers.rope` rotates a bf16 ``[tokens, heads, head_dim]`` view in fp32 (a widening
 copy, two products, a concatenation of the halves, a sum) and rounds it to bf16, for q and k in forward and again
@@ -185,12 +183,14 @@ def _c(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
 def get() -> Optional[NativeFused]:
     """The kernels, built on first use, or None (no compiler, a failed build, ``SLICK_NATIVE=0``)."""
     # no errno from sqrt and log; 16-lane vectors where the CPU has them (gcc picks 8 lanes by default)
-    lib = load_library(SOURCE, "slick_train_fused", "RMSNorm and the logprob chunks run their torch paths",
-                       flags=("-fno-math-errno", "-mprefer-vector-width=512"))
+    lib = load_library(SOURCE, "slick_train_fused", "the trainer's RMSNorm, RoPE, SwiGLU and logprob chunks run "
+                       "their torch paths", flags=("-fno-math-errno", "-mprefer-vector-width=512"))
     if lib is None:
         return None
     with _lock:
-        return _bound.setdefault(id(lib), NativeFused(lib))
+        if id(lib) not in _bound:
+            _bound[id(lib)] = NativeFused(lib)
+        return _bound[id(lib)]
 
 
 def get_if(applies: bool) -> Optional[NativeFused]:
