@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slick.models.adapter_check import alpha_problem, rank_problem, weights_problems
 from slick.train.lora_spec import parse_targets, read_adapter_config, spec_from_config
 
 
@@ -23,10 +24,10 @@ def _combination_problems(cfg, p: list[str]) -> None:
 
 def _load_problems(cfg, p: list[str]) -> None:
     """--lora-load: the adapter's own rank, alpha and targets; flags given beside it must agree."""
-    try:
+    try:   # the config's method, rank and alpha (slick.models.adapter_check)
         conf = read_adapter_config(cfg.lora_load)
     except (FileNotFoundError, ValueError) as e:
-        p.append(str(e))
+        p.append(f"--lora-load: {e}")
         return
     if cfg.lora_rank and cfg.lora_rank != conf["r"]:
         p.append(f"--lora-rank {cfg.lora_rank} but the --lora-load adapter has rank {conf['r']}")
@@ -38,6 +39,7 @@ def _load_problems(cfg, p: list[str]) -> None:
         if tuple(sorted(parse_targets(cfg.lora_target_modules))) != theirs:
             p.append(f"--lora-target-modules {cfg.lora_target_modules} but the --lora-load adapter targets "
                      f"{', '.join(theirs)}")
+    p += [f"--lora-load: {m}" for m in weights_problems(cfg.lora_load, conf["r"])]   # names, shapes (headers)
 
 
 def _model_problems(cfg, p: list[str]) -> None:
@@ -54,6 +56,9 @@ def _model_problems(cfg, p: list[str]) -> None:
                  f"({type(e).__name__}: {e})")
         return
     p += target_problems(model, spec, cfg.hf_checkpoint)
+    if spec.load:   # the adapter's layers and shapes against the model's weights
+        shapes = {n: tuple(t.shape) for n, t in model.named_parameters()}
+        p += [f"--lora-load: {m}" for m in weights_problems(spec.load, spec.rank, shapes)]
 
 
 def lora_problems(cfg, p: list[str], check_files: bool = True) -> None:
@@ -68,8 +73,10 @@ def lora_problems(cfg, p: list[str], check_files: bool = True) -> None:
             p.append(f"{', '.join('--' + f.replace('_', '-') for f in stray)} without --lora-rank or --lora-load "
                      f"does nothing (full fine-tuning)")
         return
-    if cfg.lora_alpha is not None and cfg.lora_alpha <= 0:
-        p.append(f"--lora-alpha must be > 0, got {cfg.lora_alpha:g}")
+    if cfg.lora_rank and rank_problem(cfg.lora_rank):
+        p.append(rank_problem(cfg.lora_rank))
+    if cfg.lora_alpha is not None and alpha_problem(cfg.lora_alpha):
+        p.append(alpha_problem(cfg.lora_alpha))
     if cfg.lora_dropout is not None and not 0.0 <= cfg.lora_dropout < 1.0:
         p.append(f"--lora-dropout must be in [0, 1), got {cfg.lora_dropout:g}")
     _combination_problems(cfg, p)

@@ -13,8 +13,10 @@ base differs from the engine's is caught by the weight check after the sync (``s
 
 An adapter arrives as a :class:`LoraDelta` (in-process engines) or as a PEFT adapter directory
 (``adapter_config.json`` + ``adapter_model.safetensors``: :func:`read_adapter_dir`). Checked before any weight
-changes: PEFT options the merge does not implement (DoRA, per-layer rank or alpha patterns, ``fan_in_fan_out``)
-are refused, and every adapted layer must be a weight of the model with shapes ``A: [r, in]``, ``B: [out, r]``.
+changes (``slick.models.adapter_check``, the rules ``--lora-load`` follows too): PEFT options the merge does not
+implement (DoRA, per-layer rank or alpha patterns, ``fan_in_fan_out``) are refused, rank and alpha must be in range
+(alpha finite), every adapted layer must be a weight of the model with shapes ``A: [r, in]``, ``B: [out, r]``, and
+every adapter value and every merged weight must be finite.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch
 
 from slick.engine.model import safetensor_files
 from slick.engine.weight_check import WeightUpdateError
+from slick.models.adapter_check import config_problems, weights_problems
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -53,18 +56,12 @@ def is_adapter_dir(path) -> bool:
 
 
 def scaling_of(config: dict, where: str) -> float:
-    """``lora_alpha / r`` (rsLoRA: ``/ sqrt(r)``); WeightUpdateError for PEFT options the merge does not do."""
-    if config.get("peft_type", "LORA") != "LORA":
-        raise WeightUpdateError(f"{where}: not a LoRA adapter (peft_type {config.get('peft_type')!r})")
-    for key in ("use_dora", "fan_in_fan_out"):
-        if config.get(key):
-            raise WeightUpdateError(f"{where}: {key} adapters are not merged by this engine")
-    for key in ("rank_pattern", "alpha_pattern"):
-        if config.get(key):
-            raise WeightUpdateError(f"{where}: per-layer {key} is not merged by this engine")
-    r = config.get("r")
-    if not isinstance(r, int) or r < 1:
-        raise WeightUpdateError(f"{where}: adapter rank r={r!r} is not a positive integer")
+    """``lora_alpha / r`` (rsLoRA: ``/ sqrt(r)``); WeightUpdateError naming the field for what the merge does not do
+    or a rank or alpha out of range (``slick.models.adapter_check``: the rules ``--lora-load`` follows too)."""
+    problems = config_problems(config, where)
+    if problems:
+        raise WeightUpdateError("; ".join(problems))
+    r = config["r"]
     alpha = float(config.get("lora_alpha") or r)
     return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
 
@@ -103,6 +100,10 @@ def read_adapter_dir(path) -> LoraDelta:
         config = json.loads((d / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise WeightUpdateError(f"{d / ADAPTER_CONFIG}: not a readable adapter config ({e})") from None
+    scaling_of(config, str(d / ADAPTER_CONFIG))
+    problems = weights_problems(d, config["r"])   # names, dtypes, shapes from the header: before reading data
+    if problems:
+        raise WeightUpdateError("; ".join(problems))
     try:
         tensors = load_file(str(d / ADAPTER_WEIGHTS))
     except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the file cannot be used
@@ -122,6 +123,8 @@ def check_delta(shapes: dict, delta: LoraDelta, where: str = "adapter") -> None:
                                     f"make the model's {list(want)}")
         if not (a.is_floating_point() and b.is_floating_point()):
             raise WeightUpdateError(f"{where}: {name!r}: adapter weights must be floating point")
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            raise WeightUpdateError(f"{where}: {name!r}: adapter weights hold NaN or infinite values")
 
 
 def base_tensors(model_dir, names: set) -> dict:
@@ -151,6 +154,9 @@ def merged_weights(shapes: dict, delta: LoraDelta, model_dir, extra: set = froze
         for name, (a, b) in delta.pairs.items():
             # out of place: the base tensors are views of the memory-mapped file (writing them in place would
             # copy every page on write: about 10x slower)
-            yield name, torch.addmm(base.pop(name).float(), b.float(), a.float(), alpha=delta.scaling)
+            w = torch.addmm(base.pop(name).float(), b.float(), a.float(), alpha=delta.scaling)
+            if not bool(torch.isfinite(w).all()):   # the update's check takes every pair before copying any
+                raise WeightUpdateError(f"adapter: {name!r} merged with scaling {delta.scaling:g} is not finite")
+            yield name, w
         yield from base.items()
     return gen()

@@ -27,6 +27,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from slick.models.adapter_check import ADAPTER_WEIGHTS, weights_problems
 from slick.models.tokenizer import load_tokenizer
 from slick.train.lora_spec import ADAPTER, ADAPTER_CONFIG, ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
 from slick.train.lora_sync import AdapterPayload, peft_config_dict
@@ -76,6 +77,21 @@ def target_problems(model: nn.Module, spec: LoraSpec, where: str = "the model") 
     return problems
 
 
+def check_adapter_files(d, rank: int, model: nn.Module) -> None:
+    """The adapter directory ``d`` against ``model`` before PEFT reads it: tensor names, dtypes and shapes from the
+    safetensors header (``slick.models.adapter_check``), then every value finite; ValueError naming the file."""
+    shapes = {n.replace(".base_layer.", "."): tuple(p.shape) for n, p in model.named_parameters()}
+    problems = weights_problems(d, rank, shapes)
+    if problems:
+        raise ValueError("; ".join(problems))
+    from safetensors import safe_open
+
+    with safe_open(str(Path(d) / ADAPTER_WEIGHTS), framework="pt") as h:
+        for name in h.keys():
+            if not bool(torch.isfinite(h.get_tensor(name)).all()):
+                raise ValueError(f"{Path(d) / ADAPTER_WEIGHTS}: tensor {name!r} holds NaN or infinite values")
+
+
 # ---------------------------------------------------------------------------------------------- the policy
 class PolicyLora:
     """PEFT's LoRA layers injected into ``model`` (a HF causal LM, changed in place: the trainer keeps using it
@@ -92,6 +108,7 @@ class PolicyLora:
         with warnings.catch_warnings():   # PEFT asks transformers a deprecated gradient-checkpointing question
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             if spec.load:
+                check_adapter_files(spec.load, spec.rank, model)
                 self.peft = PeftModel.from_pretrained(model, spec.load, adapter_name=ADAPTER, is_trainable=True)
             else:
                 conf = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
@@ -175,7 +192,8 @@ class PolicyLora:
         if int(conf["r"]) != self.spec.rank or float(conf.get("lora_alpha") or 0) != self.spec.alpha:
             raise ValueError(f"{d}: adapter has rank {conf['r']}, alpha {conf.get('lora_alpha')}; this run trains "
                              f"rank {self.spec.rank}, alpha {self.spec.alpha:g}")
-        sd = load_file(str(d / "adapter_model.safetensors"))
+        check_adapter_files(d, self.spec.rank, self.model)
+        sd = load_file(str(d / ADAPTER_WEIGHTS))
         want = self.adapter_state_dict()
         if set(sd) != set(want):
             raise ValueError(f"{d}: adapter weights do not match this run's adapters (e.g. "

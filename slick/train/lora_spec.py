@@ -2,14 +2,14 @@
 loads; ``slick.train.lora`` builds it with PEFT."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from slick.models.adapter_check import ADAPTER_CONFIG, config_problems, read_config
+
 ADAPTER = "default"            # PEFT's adapter name; a policy has one
 ALL_LINEAR = "all-linear"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,12 @@ def parse_targets(text: Optional[str]) -> tuple:
 
 
 def read_adapter_config(path) -> dict:
-    """``adapter_config.json`` of a PEFT adapter directory; FileNotFoundError / ValueError naming it."""
-    f = Path(path) / ADAPTER_CONFIG
-    if not f.is_file():
-        raise FileNotFoundError(f"--lora-load {path}: not a PEFT adapter directory ({ADAPTER_CONFIG} missing)")
-    try:
-        conf = json.loads(f.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{f}: not valid JSON ({e})") from None
-    if conf.get("peft_type") != "LORA" or not isinstance(conf.get("r"), int):
-        raise ValueError(f"{f}: not a LoRA adapter (peft_type {conf.get('peft_type')!r}, r {conf.get('r')!r})")
+    """``adapter_config.json`` of a PEFT adapter directory, checked (``slick.models.adapter_check``: LoRA, rank,
+    finite alpha in range, no DoRA or per-layer patterns); FileNotFoundError / ValueError naming file and field."""
+    conf = read_config(path)
+    problems = config_problems(conf, str(Path(path) / ADAPTER_CONFIG))
+    if problems:
+        raise ValueError("; ".join(problems))
     return conf
 
 
