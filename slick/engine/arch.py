@@ -1,7 +1,7 @@
 """The architecture a HF checkpoint's ``config.json`` describes, as far as the engine's forward pass needs it.
 
 ``ArchConfig.from_dir`` / ``from_dict`` read it and refuse, naming the field, what the engine does not run
-(``SUPPORTED_ARCHS``, SiLU MLPs, default RoPE).
+(``SUPPORTED_ARCHS``, SiLU MLPs, default RoPE; MoE variants: ``slick.engine.moe``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+from slick.engine.moe import MOE_ARCHS, MoeSpec, parse_moe
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "mistral") + MOE_ARCHS
 
 
 @dataclass
@@ -31,6 +33,7 @@ class ArchConfig:
     tie_word_embeddings: bool
     qk_norm: bool
     window: Optional[int] = None       # sliding-window size if one applies (context is capped to it)
+    moe: Optional[MoeSpec] = None      # the experts of a mixture-of-experts model (slick.engine.moe)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ArchConfig":
@@ -66,14 +69,16 @@ class ArchConfig:
         hidden = int(c["hidden_size"])
         window = None
         sw = c.get("sliding_window")
-        if sw and (mt == "mistral" or c.get("use_sliding_window")):
+        if sw and (mt in ("mistral", "mixtral") or c.get("use_sliding_window")):
             window = int(sw)
+        layers = int(c["num_hidden_layers"])
+        moe = parse_moe(c, mt, layers, source)
         return cls(
             model_type=mt, vocab_size=int(c["vocab_size"]), hidden_size=hidden,
-            num_layers=int(c["num_hidden_layers"]), num_heads=heads,
+            num_layers=layers, num_heads=heads,
             num_kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or hidden // heads),
             intermediate_size=int(c["intermediate_size"]), rms_eps=float(c.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta), max_position=int(c.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qk_norm=(mt == "qwen3"),
-            window=window)
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)), qk_norm=mt in ("qwen3", "qwen3_moe"),
+            window=window, moe=moe)

@@ -1,4 +1,5 @@
-"""A functional decoder-only transformer over Hugging Face weights (Llama, Qwen2, Qwen3, Mistral).
+"""A functional decoder-only transformer over Hugging Face weights (Llama, Qwen2, Qwen3, Mistral; Mixtral and
+Qwen3-MoE with their experts in ``slick.engine.moe``).
 
 The weights are read straight from a HF directory (``config.json`` + ``*.safetensors``) into a few
 fused tensors (one qkv matrix and one gate/up matrix per layer), and ``prefill`` / ``decode`` run the
@@ -19,6 +20,7 @@ from slick.engine import native
 from slick.engine.arch import ArchConfig
 from slick.engine.kvcache import KVCache
 from slick.engine.linear import Dense, can_pack
+from slick.engine.moe import MoeBlock
 
 SKIPPED_SUFFIX = "rotary_emb.inv_freq"  # a buffer some HF checkpoints carry; the engine computes its own
 DECODE_ROWS = 8   # the native decode's matmuls run on the batch rounded up to a multiple of this (_decode_native)
@@ -69,10 +71,13 @@ class Layer:
     """One decoder layer's weights (fused qkv and gate/up) and the :class:`Dense` ops over them."""
 
     __slots__ = ("in_norm", "qkv_w", "qkv_b", "q_norm", "k_norm", "o_w", "o_b", "post_norm",
-                 "gu_w", "gu_b", "down_w", "down_b", "qkv", "o", "gu", "gate", "up", "down")
+                 "gu_w", "gu_b", "down_w", "down_b", "qkv", "o", "gu", "gate", "up", "down", "moe")
 
     def mlp_out(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``x + down(silu(gate(h)) * up(h))``: the SwiGLU MLP of the normed ``h`` with its residual."""
+        """``x + down(silu(gate(h)) * up(h))``: the SwiGLU MLP of the normed ``h`` with its residual (or the
+        layer's experts: ``slick.engine.moe``)."""
+        if self.moe is not None:
+            return self.moe.out(h, x)
         if self.gate.packed is not None:        # silu and the product fused into the two matmuls
             return self.down.add(self.up.mul(h, self.gate.silu(h)), x)
         g, u = self.gu(h).chunk(2, dim=-1)
@@ -101,6 +106,7 @@ class Transformer:
         self.layers: list[Layer] = []
         # packed linear weights whose plain copies are dropped once packed (see _release)
         self._raws: list[_Raw] = []
+        self.aliases: set[str] = set()      # other names of weights in targets (an MoE's fused expert names)
         # hf name -> a view of our storage with the HF tensor's shape (copy_ into it updates the weights)
         self.targets: dict[str, torch.Tensor] = {
             "model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm,
@@ -124,18 +130,15 @@ class Transformer:
         """Layer ``i``'s weights (``e`` allocates), their HF-name views in ``self.targets`` and, when packed, the
         plain copies to drop once packed (``self._raws``)."""
         cfg = self.cfg
-        H, hd, nh, nkv, inter = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+        H, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         qd, kd = nh * hd, nkv * hd
         p = f"model.layers.{i}."
         L = Layer()
         L.in_norm, L.post_norm = e(H), e(H)
         L.qkv_w, L.o_w = e(H, qd + 2 * kd), e(qd, H)
-        L.gu_w, L.down_w = e(H, 2 * inter), e(inter, H)
         has = lambda n: (p + n) in bias_keys  # noqa: E731
         L.qkv_b = e(qd + 2 * kd) if has("self_attn.q_proj.bias") else None
         L.o_b = e(H) if has("self_attn.o_proj.bias") else None
-        L.gu_b = e(2 * inter) if has("mlp.gate_proj.bias") else None
-        L.down_b = e(H) if has("mlp.down_proj.bias") else None
         L.q_norm = e(hd) if cfg.qk_norm else None
         L.k_norm = e(hd) if cfg.qk_norm else None
         t = self.targets
@@ -145,36 +148,55 @@ class Transformer:
             t[p + f"self_attn.{name}.weight"] = L.qkv_w[:, a:b].t()
             if L.qkv_b is not None:
                 t[p + f"self_attn.{name}.bias"] = L.qkv_b[a:b]
-        for name, a, b in (("gate_proj", 0, inter), ("up_proj", inter, 2 * inter)):
-            t[p + f"mlp.{name}.weight"] = L.gu_w[:, a:b].t()
-            if L.gu_b is not None:
-                t[p + f"mlp.{name}.bias"] = L.gu_b[a:b]
         t[p + "self_attn.o_proj.weight"] = L.o_w.t()
-        t[p + "mlp.down_proj.weight"] = L.down_w.t()
         if L.o_b is not None:
             t[p + "self_attn.o_proj.bias"] = L.o_b
-        if L.down_b is not None:
-            t[p + "mlp.down_proj.bias"] = L.down_b
         if cfg.qk_norm:
             t[p + "self_attn.q_norm.weight"] = L.q_norm
             t[p + "self_attn.k_norm.weight"] = L.k_norm
         pk = self.packed
-        L.qkv, L.o, L.down = Dense(L.qkv_w, L.qkv_b, pk), Dense(L.o_w, L.o_b, pk), Dense(L.down_w, L.down_b, pk)
-        L.gu = Dense(L.gu_w, L.gu_b, False)          # one matmul on the plain path; split when packed
-        gb, ub = (None, None) if L.gu_b is None else (L.gu_b[:inter], L.gu_b[inter:])
-        L.gate, L.up = Dense(L.gu_w[:, :inter], gb, pk), Dense(L.gu_w[:, inter:], ub, pk)
+        L.qkv, L.o = Dense(L.qkv_w, L.qkv_b, pk), Dense(L.o_w, L.o_b, pk)
         if pk:
             w = p + "self_attn.{}_proj.weight"
             self._raws += [
                 _Raw(L, "qkv_w", (H, qd + 2 * kd), [(w.format("q"), 0, qd), (w.format("k"), qd, qd + kd),
                                                     (w.format("v"), qd + kd, qd + 2 * kd)],
                      [(L.qkv, 0, qd + 2 * kd)]),
-                _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)]),
+                _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)])]
+        L.moe = None
+        if cfg.moe is not None and i in cfg.moe.layers:
+            L.moe = MoeBlock(cfg.moe, H, e)
+            named, alias = L.moe.targets(p)
+            t.update(named)
+            self.aliases |= alias
+            L.gu_w = L.gu_b = L.down_w = L.down_b = L.gu = L.gate = L.up = L.down = None
+        else:
+            self._make_mlp(L, p, has, e)
+        return L
+
+    def _make_mlp(self, L: Layer, p: str, has, e) -> None:
+        """Layer ``L``'s dense SwiGLU MLP (fused gate/up), its HF-name views and, when packed, its plain copies."""
+        H, inter, t, pk = self.cfg.hidden_size, self.cfg.intermediate_size, self.targets, self.packed
+        L.gu_w, L.down_w = e(H, 2 * inter), e(inter, H)
+        L.gu_b = e(2 * inter) if has("mlp.gate_proj.bias") else None
+        L.down_b = e(H) if has("mlp.down_proj.bias") else None
+        for name, a, b in (("gate_proj", 0, inter), ("up_proj", inter, 2 * inter)):
+            t[p + f"mlp.{name}.weight"] = L.gu_w[:, a:b].t()
+            if L.gu_b is not None:
+                t[p + f"mlp.{name}.bias"] = L.gu_b[a:b]
+        t[p + "mlp.down_proj.weight"] = L.down_w.t()
+        if L.down_b is not None:
+            t[p + "mlp.down_proj.bias"] = L.down_b
+        L.down = Dense(L.down_w, L.down_b, pk)
+        L.gu = Dense(L.gu_w, L.gu_b, False)          # one matmul on the plain path; split when packed
+        gb, ub = (None, None) if L.gu_b is None else (L.gu_b[:inter], L.gu_b[inter:])
+        L.gate, L.up = Dense(L.gu_w[:, :inter], gb, pk), Dense(L.gu_w[:, inter:], ub, pk)
+        if pk:
+            self._raws += [
                 _Raw(L, "gu_w", (H, 2 * inter), [(p + "mlp.gate_proj.weight", 0, inter),
                                                  (p + "mlp.up_proj.weight", inter, 2 * inter)],
                      [(L.gu, 0, 2 * inter), (L.gate, 0, inter), (L.up, inter, 2 * inter)]),
                 _Raw(L, "down_w", (inter, H), [(p + "mlp.down_proj.weight", 0, H)], [(L.down, 0, H)])]
-        return L
 
     # ---------------------------------------------------------------- loading / weight updates
     @classmethod
@@ -191,7 +213,7 @@ class Transformer:
                 keys.update(h.keys())
         model = cls(cfg, dtype, device, {k for k in keys if k.endswith(".bias")})
         seen = model.copy_named(iter_safetensors(files), strict=False)
-        required = set(model.targets) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+        required = set(model.targets) - model.aliases - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
         missing = sorted(required - seen)
         if missing:
             raise ValueError(f"{path}: weights missing from safetensors: {missing[:8]}"
@@ -280,7 +302,7 @@ class Transformer:
 
     def dense_ops(self) -> list[Dense]:
         """Every :class:`Dense` of the model."""
-        return [d for L in self.layers for d in (L.qkv, L.o, L.gu, L.gate, L.up, L.down)] + [self.head]
+        return [d for L in self.layers for d in (L.qkv, L.o, L.gu, L.gate, L.up, L.down) if d is not None] + [self.head]
 
     def repack(self) -> None:
         """Refresh the packed weight copies after the weights changed (no-op without packing)."""

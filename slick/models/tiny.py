@@ -15,7 +15,13 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
+#: the experts of a tiny MoE unless ``config_overrides`` say otherwise (4 experts, top-2)
+MOE_DEFAULTS = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+                "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                  norm_topk_prob=True)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,8 +57,9 @@ def make_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", hidden_size
               intermediate_size=intermediate_size, max_position_embeddings=2048,
               tie_word_embeddings=tie_word_embeddings, bos_token_id=tok.bos_token_id,
               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    kw.update(MOE_DEFAULTS.get(arch, {}))
     kw.update(config_overrides)
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3_moe"):
         kw["head_dim"] = hidden_size // num_heads
     config = cfg_cls(**kw)
     torch.manual_seed(seed)
