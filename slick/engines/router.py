@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from slick.engines.launch_ready import ServerStartError, wait_ready
 from slick.proc import die_with_parent, watch_parent_args
 
 
@@ -87,18 +88,15 @@ class _Process:
             return ""
 
     def wait_ready(self, timeout: float) -> None:
-        """Poll GET /health until 200; raise RuntimeError with the log tail on exit or timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before it was ready "
-                                   f"({' '.join(self.cmd)}); log {self.log_path}:\n{self.log_tail()}")
-            if _healthy(self.url):
-                return
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"{self.name} at {self.url} not ready after {timeout:.0f}s; log {self.log_path}:\n"
-                           f"{self.log_tail()}")
+        """Ready when the launched process (or a child of it) owns the port and GET /health answers 200
+        (``slick.engines.launch_ready``); else stop it and raise ServerStartError (a RuntimeError) naming the port's
+        squatter, the exit code or the timeout, with the last lines of its log."""
+        try:
+            wait_ready(self.proc, self.url, name=self.name, log_path=self.log_path, timeout=timeout,
+                       healthy=lambda: _healthy(self.url))
+        except ServerStartError:
+            self.stop()
+            raise
 
     def stop(self, timeout: float = 20.0) -> Optional[int]:
         """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit code."""

@@ -15,6 +15,7 @@ from slick.engines.detect import server_kind
 from slick.engines.fault import EngineDied, Recovery
 from slick.engines.health import HealthMonitor
 from slick.engine.local import LocalEngine
+from slick.engines.launch_ready import log_tail
 from slick.engines.router import RouterProcess, WorkerProcess, launch_router, launch_workers
 from slick.engines.vllm_client import VllmEngine
 from slick.engines.vllm_launch import launch_sglang, launch_vllm, lora_options
@@ -71,7 +72,9 @@ class EngineSet:
                     f"{samples}"
                     + (f"; requests in flight: {rids}" if rids else "")
                     + ("" if self.recovery is not None else "; --use-fault-tolerance would replace the worker and "
-                       "go on"), url, getattr(proc, "pid", None)))
+                       "go on")
+                    + (f"; last lines of {proc.log_path}:\n{log_tail(proc.log_path)}"   # the cause is in its log
+                       if getattr(proc, "log_path", None) else ""), url, getattr(proc, "pid", None)))
                 return
             await self.recovery.failed(url, reason)
 
