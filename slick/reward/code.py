@@ -73,10 +73,12 @@ class CodeJudge:
         pool = self.pool or default_pool()
         run = {"stdio": self._stdio, "call": self._call, "assert": self._asserts}[spec.kind]
         tests = run(pool, code, spec)
+        if len(tests) != spec.count:          # exactly one verdict per test, whatever the sandbox said
+            raise ct.HarnessError(f"{len(tests)} verdicts for {spec.count} tests")
         passed = sum(t["verdict"] == "pass" for t in tests)
         extras.update(tests=tests, passed=passed)
-        score = passed / len(tests) if self.mode == "fraction" else float(passed == len(tests))
-        return Judgement(score, code, passed == len(tests), extras)
+        score = passed / spec.count if self.mode == "fraction" else float(passed == spec.count)
+        return Judgement(score, code, passed == spec.count, extras)
 
     def _stdio(self, pool: SandboxPool, code: str, spec: ct.TestSpec) -> list[dict]:
         results = pool.run_many([(code, c.stdin) for c in spec.cases])
@@ -91,37 +93,45 @@ class CodeJudge:
         return out
 
     def _call(self, pool: SandboxPool, code: str, spec: ct.TestSpec) -> list[dict]:
-        token = ct.new_token()
-        results = pool.run_many([(ct.call_program(code, spec, token), c.stdin) for c in spec.cases])
+        keys = [ct.new_key() for _ in spec.cases]
+        results = pool.run_many([(ct.harness_source(), ct.harness_input(code, spec, key, json.loads(c.stdin)))
+                                 for c, key in zip(spec.cases, keys)])
         out = []
-        for case, r in zip(spec.cases, results):
-            text = ct.marked(r.stdout, token) if r.ok else None
-            if text is None:
-                out.append(_failure(r) if not r.ok else {"verdict": RUNTIME_ERROR, "seconds": r.seconds,
-                                                         "stderr": "the program exited before returning"})
+        for case, r, key in zip(spec.cases, results, keys):
+            entry = _harness_tests(r, key, 1)[0]
+            if entry["verdict"] != "ok":
+                out.append(entry)
                 continue
-            got = json.loads(text)
+            got = entry.pop("got")
             expected = json.loads(json.dumps(case.expected, default=repr))
             ok = got == expected or [got] == expected
             out.append({"verdict": "pass", "seconds": r.seconds} if ok else _wrong(expected, got, r.seconds))
         return out
 
     def _asserts(self, pool: SandboxPool, code: str, spec: ct.TestSpec) -> list[dict]:
-        token = ct.new_token()
-        r = pool.run(ct.assert_program(code, spec, token))
-        text = ct.marked(r.stdout, token)
-        if text is None:       # it never reached the end of the harness: every test gets the program's fate
-            entry = _failure(r) if r.verdict != OK else {
-                "verdict": RUNTIME_ERROR, "seconds": r.seconds, "stderr": r.stderr_tail or
-                "the program exited before its tests ran"}
-            return [dict(entry) for _ in range(spec.count)]
-        out = []
-        for verdict, seconds, error in json.loads(text):
-            entry = {"verdict": verdict, "seconds": seconds}
-            if error:
-                entry["stderr"] = "\n".join(error.strip().splitlines()[-3:])
-            out.append(entry)
-        return out
+        key = ct.new_key()
+        r = pool.run(ct.harness_source(), ct.harness_input(code, spec, key))
+        return _harness_tests(r, key, spec.count)
+
+
+def _harness_tests(r: Result, key: bytes, count: int) -> list[dict]:
+    """One entry per test from the harness's report; a test without a verdict (the sandbox was stopped before
+    it: time, memory, output) gets the sandbox's."""
+    entries = ct.read_report(r.stdout, key, count)
+    if entries is None and r.verdict in (OK, RUNTIME_ERROR):
+        raise ct.HarnessError(f"the code harness did not start ({r.verdict}, exit code {r.exit_code}): "
+                              f"{r.stderr_tail or '(no message)'}")
+    out = []
+    for verdict, seconds, error, got in entries or []:
+        entry = {"verdict": verdict, "seconds": seconds}
+        if error:
+            entry["stderr"] = "\n".join(str(error).strip().splitlines()[-3:])
+        if verdict == "ok":
+            entry["got"] = got
+        out.append(entry)
+    fate = _failure(r) if r.verdict != OK else {"verdict": RUNTIME_ERROR, "seconds": r.seconds,
+                                                "stderr": r.stderr_tail or "the harness stopped before this test"}
+    return out + [dict(fate) for _ in range(count - len(out))]
 
 
 _DEFAULT = CodeJudge()

@@ -11,15 +11,18 @@ A label (a dict, or the same as a JSON string) holds one of:
   strings). Each top-level ``assert`` statement is one test; other statements (imports, helpers) run in
   order before the tests after them. With ``"entry_point"`` (HumanEval) a ``check(candidate)`` function is
   called once with that function, as one test. The program is the response's code followed by a harness
-  that runs each test and reports every verdict on a line marked with a random token, so a program that
-  exits early (``os._exit(0)``, ``sys.exit()``) passes nothing.
+  that runs each test (:mod:`slick.reward.code_harness`): the tests and the report stay out of the program's
+  reach, and every test gets exactly one verdict; a program that exits early passes nothing.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import hmac
 import json
 import secrets
+from pathlib import Path
 from typing import Any, Optional
 
 from slick.reward.errors import label_error
@@ -112,67 +115,53 @@ def normalise_output(text: str) -> list[str]:
     return lines
 
 
-def new_token() -> str:
-    return "@@slick-" + secrets.token_hex(16)
+HARNESS_FILE = Path(__file__).with_name("code_harness.py")
+TEST_VERDICTS = ("pass", "ok", "wrong_answer", "runtime_error", "time_limit", "memory_limit", "output_limit", "killed")
 
 
-HARNESS = '''
-
-def __slick_harness(chunks, token):
-    import json as _json, os as _os, sys as _sys, time as _time, traceback as _tb
-    report = []
-    for source, is_test in chunks:
-        t0 = _time.perf_counter()
-        try:
-            exec(compile(source, "<test>", "exec"), globals())
-            verdict, error = "pass", None
-        except AssertionError:
-            verdict, error = "wrong_answer", _tb.format_exc(limit=-1)
-        except MemoryError:
-            verdict, error = "memory_limit", "MemoryError"
-        except BaseException:
-            verdict, error = "runtime_error", _tb.format_exc(limit=-1)
-        if is_test:
-            report.append([verdict, _time.perf_counter() - t0, error])
-    for stream in (_sys.stdout, _sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    _os.write(1, ("\\n" + token + _json.dumps(report) + "\\n").encode())
+class HarnessError(RuntimeError):
+    """The harness (slick's own code in the sandbox) did not start or wrote a report that breaks its format."""
 
 
-__slick_harness(%s, %r)
-'''
-
-CALL = '''
-
-def __slick_call(name, token):
-    import json as _json, os as _os, sys as _sys
-    args = _json.loads(_sys.stdin.read())
-    value = globals()[name](*args)
-    try:
-        _sys.stdout.flush()
-    except BaseException:
-        pass
-    _os.write(1, ("\\n" + token + _json.dumps(value, default=repr) + "\\n").encode())
+@functools.lru_cache(maxsize=1)
+def harness_source() -> str:
+    """The program the sandbox runs for call and assert tests (:mod:`slick.reward.code_harness`)."""
+    return HARNESS_FILE.read_text(encoding="utf-8")
 
 
-__slick_call(%r, %r)
-'''
+def harness_input(code: str, spec: TestSpec, key: bytes, args: Optional[list] = None) -> str:
+    """The harness's stdin: the program, its tests (``args``: the arguments of one call case) and the report key."""
+    data = {"key": key.hex(), "kind": spec.kind, "program": code}
+    if spec.kind == "call":
+        data.update(fn_name=spec.fn_name, args=args)
+    else:
+        data.update(chunks=[list(c) for c in spec.chunks])
+    return json.dumps(data)
 
 
-def assert_program(code: str, spec: TestSpec, token: str) -> str:
-    return code + HARNESS % (repr(spec.chunks), token)
+def new_key() -> bytes:
+    return secrets.token_bytes(32)
 
 
-def call_program(code: str, spec: TestSpec, token: str) -> str:
-    return code + CALL % (spec.fn_name, token)
-
-
-def marked(stdout: str, token: str) -> Optional[str]:
-    """The text after the last line starting with ``token``, or ``None`` when the program never reported."""
-    at = stdout.rfind("\n" + token)
-    if at < 0:
-        return None
-    return stdout[at + 1 + len(token):].split("\n", 1)[0]
+def read_report(stdout: str, key: bytes, count: int) -> Optional[list[list]]:
+    """The harness's verdicts ``[verdict, seconds, error, got]``, one per test in order, from its report lines
+    (``HMAC-SHA256(key, json) json``; a line without the key's MAC is not the harness's and is dropped).
+    ``None`` when no line came from the harness; :class:`HarnessError` for a report that breaks the format
+    (out of order, more verdicts than tests, a verdict after the end)."""
+    begun, ended, entries = False, False, []
+    for line in stdout.split("\n")[:-1]:            # complete lines only: a kill may cut the last one
+        mac, _, body = line.partition(" ")
+        if not hmac.compare_digest(mac.encode(), hmac.new(key, body.encode(), "sha256").hexdigest().encode()):
+            continue
+        msg = json.loads(body)
+        if msg[0] == "begin":
+            begun = True
+        elif msg[0] == "test" and not ended and msg[1] == len(entries) and msg[2] in TEST_VERDICTS:
+            entries.append((msg[2:] + [None])[:4])
+        elif msg[0] == "end" and msg[1] == len(entries):
+            ended = True
+        else:
+            raise HarnessError(f"the code harness's report breaks its format at {body[:200]!r}")
+    if len(entries) > count:
+        raise HarnessError(f"the code harness reported {len(entries)} verdicts for {count} tests")
+    return entries if begun else None
