@@ -113,6 +113,9 @@ class Generation:
     text: Optional[str] = None
     weight_versions: Optional[list[int]] = None
     top_logprobs: Optional[list[list[tuple[int, float]]]] = None   # per token: (id, logprob), most likely first
+    # MoE engines that record routing: the experts of every input token (prompt + token_ids[:-1]) as
+    # {"shape": [tokens, MoE layers, k], "uint8_b64": ...} (slick.algo.routing.encode_routing; docs/moe.md)
+    routed_experts: Optional[dict] = None
 
 
 @dataclass
@@ -139,6 +142,9 @@ class Sample:
     # verifier evidence set by the reward hub: reward_type, answer, verdict, error, seconds + extras
     # (slick/reward/evidence.py); JSON-able, so it survives to_dict/from_dict and the debug dumps
     evidence: dict = field(default_factory=dict)
+    # MoE rollouts: the experts the engine chose for every input token (prompt + response[:-1]), for routing
+    # replay; the latest generation's record (its prompt held the whole context before it); docs/moe.md
+    routed_experts: Optional[dict] = None
 
     @property
     def response_length(self) -> int:
@@ -147,6 +153,8 @@ class Sample:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["status"] = self.status.value
+        if d["routed_experts"] is None:   # dense models: no key (their records stay as they were)
+            del d["routed_experts"]
         return d
 
     @classmethod
@@ -172,6 +180,7 @@ class Sample:
         self.rollout_logprobs = list(self.rollout_logprobs) + list(gen.logprobs)
         self.loss_mask = list(self.loss_mask) + [1] * len(gen.token_ids)
         self.weight_versions = list(self.weight_versions) + versions
+        self.routed_experts = gen.routed_experts
         self.status = FINISH_TO_STATUS.get(gen.finish_reason, Status.FAILED)
 
 

@@ -42,7 +42,7 @@ SAME = [
     # train (slime's reset_arg values where it resets Megatron's)
     ("--hf-checkpoint", None), ("--ref-load", None), ("--lr", 1e-6), ("--clip-grad", 1.0), ("--seed", 1234),
     ("--adam-beta1", 0.9), ("--adam-beta2", 0.999), ("--global-batch-size", None),
-    ("--num-steps-per-rollout", None),
+    ("--num-steps-per-rollout", None), ("--use-routing-replay", False),
     # checkpoint
     ("--load", None), ("--save", None), ("--save-interval", None), ("--save-hf", None),
     ("--save-retain-interval", None),
@@ -79,6 +79,7 @@ SAME_MEANING = [
 ALIASES = [
     ("--log-probs-chunk-size", ["--log-probs-chunk-size", "64"], "logprob_chunk_size", 64),
     ("--lr-warmup-iters", ["--lr-warmup-iters", "5"], "lr_warmup_steps", 5),
+    ("--use-rollout-routing-replay", ["--use-rollout-routing-replay"], "use_routing_replay", True),
     ("--update-weight-transport", ["--update-weight-transport", "nccl"], "weight_transport", "broadcast"),
     ("--update-weight-transport", ["--update-weight-transport", "disk"], "weight_transport", "disk"),
     ("--update-weight-buffer-size", ["--update-weight-buffer-size", str(256 * 2**20)], "weight_bucket_mb", 256),

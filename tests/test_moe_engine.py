@@ -20,7 +20,7 @@ CASES = {   # name: (arch, config overrides)
 }
 
 
-def spiky_moe(tmp_path, case, seed=0):
+def spiky_moe(tmp_path, case, seed=0, **extra):
     """A tiny MoE of ``CASES[case]`` with weights re-drawn large (std 0.25, as ``make_spiky_model``) so that
     greedy outputs vary and tokens spread over the experts; returns (dir, HF model)."""
     from transformers import AutoModelForCausalLM
@@ -28,7 +28,7 @@ def spiky_moe(tmp_path, case, seed=0):
     from slick.models.tiny import make_tiny_model
 
     arch, over = CASES[case]
-    over = dict(over)
+    over = {**over, **extra}
     d = make_tiny_model(tmp_path / case, arch=arch, seed=seed, num_layers=over.pop("num_hidden_layers", 2), **over)
     m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed + 1)

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import base64
 from typing import Optional
 
 import torch
@@ -81,3 +82,28 @@ def routing_stats(logits: torch.Tensor, ids: torch.Tensor, num_experts: int,
             b = torch.sort(replayed.long(), dim=-1).values
             out["mismatch"] = float((a != b).any(-1).float().mean()) if a.shape[0] else 0.0
     return out
+
+
+def encode_routing(ids: torch.Tensor) -> dict:
+    """Recorded expert ids ``[tokens, layers, k]`` as a JSON-able dict (uint8 bytes, base64), as
+    ``Sample.routed_experts`` holds them."""
+    t = ids.to(torch.uint8).contiguous().cpu()
+    return {"shape": list(t.shape), "uint8_b64": base64.b64encode(t.numpy().tobytes()).decode("ascii")}
+
+
+def decode_routing(d: Optional[dict]) -> Optional[torch.Tensor]:
+    """The uint8 tensor of an :func:`encode_routing` dict (None for None); a ValueError naming what is wrong."""
+    if d is None:
+        return None
+    try:
+        shape, raw = [int(v) for v in d["shape"]], base64.b64decode(d["uint8_b64"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"routed_experts: not a {{'shape', 'uint8_b64'}} record ({e})") from e
+    n = 1
+    for v in shape:
+        n *= v
+    if len(shape) != 3 or len(raw) != n:
+        raise ValueError(f"routed_experts: shape {shape} does not match its {len(raw)} bytes")
+    if not n:
+        return torch.zeros(shape, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(*shape)

@@ -83,6 +83,8 @@ FLAGS: list[SlimeFlag] = [
     SlimeFlag("--rollout-external-engine-addrs", "rollout_urls", "slime's running SGLang engines (host:port or "
               "http://host:port): --rollout-engine http --rollout-urls http://host:port ...",
               dict(nargs="+"), _addrs),
+    SlimeFlag("--use-rollout-routing-replay", "use_routing_replay", "slime's name of --use-routing-replay (the "
+              "rollout engine's experts replayed in training).", dict(action="store_true")),
     SlimeFlag("--use-dynamic-batch-size", None, "slime's token-budget micro-batches; with --max-tokens-per-gpu N it is "
               "--max-tokens-per-micro-batch N (alone it is refused, as in slime).", dict(action="store_true")),
     SlimeFlag("--max-tokens-per-gpu", None, "slime's token budget of a micro-batch; needs --use-dynamic-batch-size "

@@ -17,6 +17,7 @@ import torch
 
 from slick.engine.grammar import advance, apply_masks, finished
 from slick.engine.request import Request, deliver
+from slick.engine.routing_record import decode_rows, prefill_rows, routed_experts
 from slick.engine.sampling import sample, top_logprobs
 from slick.types import Generation
 
@@ -37,6 +38,7 @@ class ContinuousBatching:
     def _drop_cancelled(self) -> None:
         done = [i for i, r in enumerate(self._running) if r.cancelled]
         self._release(done)
+        self._counters["aborted"] += len(done)     # the caller went away (a client that disconnected)
 
     def _release(self, idxs: list[int]) -> None:
         """Remove running requests at ``idxs``; keep slots dense by moving the last into each hole."""
@@ -55,6 +57,8 @@ class ContinuousBatching:
                 r = self._queue.popleft()
                 if not r.cancelled:
                     new.append(r)
+                else:
+                    self._counters["aborted"] += 1
         if not new:
             return
         B0 = len(self._running)
@@ -66,11 +70,13 @@ class ContinuousBatching:
         for k, r in enumerate(new):
             groups.setdefault(tuple(r.prompt), []).append(B0 + k)
         logit_rows: dict[int, torch.Tensor] = {}
+        routes: dict[int, torch.Tensor] = {}    # slot -> its prompt's routing (MoE models; routing_record.py)
         uniq = []
         for p, slots in groups.items():
             if p in donors:      # a running request has this prompt's KV and logits: copy, no forward
                 self.cache.broadcast(donors[p], slots, len(p))
                 logit_rows.update((s, self._running[donors[p]].prompt_logits) for s in slots)
+                routes.update((s, r0) for r0 in self._running[donors[p]].routing[:1] for s in slots)
                 self._counters["prompt_reused_tokens"] += len(p) * len(slots)
             else:
                 uniq.append((p, slots))
@@ -78,6 +84,7 @@ class ContinuousBatching:
         if start:   # compute the common prefix once, in the first group's slot, and copy it to the others
             first = uniq[0][1][0]
             self._prefill([(uniq[0][0][:start], [first])])
+            prefix = self._routing[0] if self._routing else None
             self.cache.broadcast(first, [slots[0] for _, slots in uniq[1:]], start)
             self._counters["prefix_reused_tokens"] += start * (len(uniq) - 1)
         chunk: list = []
@@ -91,6 +98,9 @@ class ContinuousBatching:
                 break
             logits = self._prefill(chunk, start)
             for row, (p, slots) in enumerate(chunk):
+                if self._routing:
+                    rt = self._routing[row]
+                    routes.update((s, torch.cat([prefix, rt]) if start else rt) for s in slots)
                 for s in slots[1:]:
                     self.cache.copy(slots[0], s, len(p))
                 own = logits[row].clone()    # kept by the requests (prompt_logits): not a view of the chunk's
@@ -101,6 +111,7 @@ class ContinuousBatching:
         for r, s in zip(new, slots):
             r.cached = len(r.prompt)
             r.prompt_logits = logit_rows[s]
+            r.routing = [routes[s]] if s in routes else []
         logits = torch.stack([logit_rows[s] for s in slots])
         self._sample_and_finish(logits, slots)
 
@@ -115,6 +126,7 @@ class ContinuousBatching:
         slots = torch.tensor([s[0] for _, s in chunk], dtype=torch.long)
         dev = self.device
         out = self.model.prefill(toks.to(dev), lens.to(dev), slots.to(dev), self.cache, start)
+        self._routing = prefill_rows(self.model, chunk, start)   # per item, MoE models only (else None)
         self._counters["prefills"] += len(chunk)
         self._counters["prefill_tokens"] += int(lens.sum())
         return out
@@ -125,6 +137,7 @@ class ContinuousBatching:
         pos_list = [r.cached for r in run]
         pos = torch.tensor(pos_list, dtype=torch.long, device=self.device)
         logits = self.model.decode(toks, pos, self.cache, max(pos_list) + 1)
+        decode_rows(self.model, run)
         for r in run:
             r.cached += 1
         self._counters["decode_steps"] += 1
@@ -175,7 +188,7 @@ class ContinuousBatching:
             if self._by_rid.get(r.rid) is r:
                 del self._by_rid[r.rid]
         deliver(r, Generation(list(r.out), list(r.lps), reason, self._version, len(r.prompt),
-                               weight_versions=list(r.versions),
+                               weight_versions=list(r.versions), routed_experts=routed_experts(r),
                                top_logprobs=list(r.tops) if r.sp.top_logprobs_num else None))
 
 

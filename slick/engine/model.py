@@ -20,7 +20,7 @@ from slick.engine import native
 from slick.engine.arch import ArchConfig
 from slick.engine.kvcache import KVCache
 from slick.engine.linear import Dense, can_pack
-from slick.engine.moe import MoeBlock
+from slick.engine.moe import MoeBlock, RoutingRecorder
 
 SKIPPED_SUFFIX = "rotary_emb.inv_freq"  # a buffer some HF checkpoints carry; the engine computes its own
 DECODE_ROWS = 8   # the native decode's matmuls run on the batch rounded up to a multiple of this (_decode_native)
@@ -107,6 +107,7 @@ class Transformer:
         # packed linear weights whose plain copies are dropped once packed (see _release)
         self._raws: list[_Raw] = []
         self.aliases: set[str] = set()      # other names of weights in targets (an MoE's fused expert names)
+        self.recorder = RoutingRecorder() if cfg.moe is not None else None   # the experts of the last forward
         # hf name -> a view of our storage with the HF tensor's shape (copy_ into it updates the weights)
         self.targets: dict[str, torch.Tensor] = {
             "model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm,
@@ -165,7 +166,7 @@ class Transformer:
                 _Raw(L, "o_w", (qd, H), [(w.format("o"), 0, H)], [(L.o, 0, H)])]
         L.moe = None
         if cfg.moe is not None and i in cfg.moe.layers:
-            L.moe = MoeBlock(cfg.moe, H, e)
+            L.moe = MoeBlock(cfg.moe, H, e, i, self.recorder)
             named, alias = L.moe.targets(p)
             t.update(named)
             self.aliases |= alias

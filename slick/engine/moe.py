@@ -10,7 +10,7 @@ experts, grouped or biased routing, router jitter, more than 256 experts).
 layout) and runs them with :mod:`slick.algo.routing`. Its weights answer to HF's fused names (what a transformers
 model's ``named_parameters`` gives: ``mlp.experts.gate_up_proj``) and to the per-expert names checkpoints are
 saved with (Mixtral ``block_sparse_moe.experts.{j}.w1/w3/w2``, Qwen3-MoE ``mlp.experts.{j}.gate/up/down_proj``).
-With a :class:`RoutingRecorder` attached, every forward appends the chosen expert ids (uint8) per token.
+Every forward leaves the chosen expert ids (uint8) per token in the model's :class:`RoutingRecorder`.
 """
 from __future__ import annotations
 
@@ -71,35 +71,31 @@ def parse_moe(c: dict, mt: str, num_layers: int, source: str) -> Optional[MoeSpe
 
 
 class RoutingRecorder:
-    """Collects the experts each MoE layer chose, per forward call: ``calls[i]`` is a list (one entry per MoE
-    layer, in layer order) of uint8 tensors ``[tokens, k]`` for the ``i``-th forward since :meth:`clear`."""
+    """The experts every MoE layer chose in the model's last forward call (the first MoE layer starts a call)."""
 
     def __init__(self):
-        self.calls: list[list[torch.Tensor]] = []
-        self._cur: Optional[list[torch.Tensor]] = None
+        self._layers: list[torch.Tensor] = []
 
-    def begin(self) -> None:
-        self._cur = []
-        self.calls.append(self._cur)
+    def add(self, first: bool, ids: torch.Tensor) -> None:
+        if first:
+            self._layers = []
+        self._layers.append(ids.to(torch.uint8).cpu())
 
-    def add(self, ids: torch.Tensor) -> None:
-        if self._cur is not None:
-            self._cur.append(ids.to(torch.uint8).cpu())
-
-    def clear(self) -> None:
-        self.calls, self._cur = [], None
+    def take(self) -> torch.Tensor:
+        """``[tokens, MoE layers, k]`` uint8 of the last forward (every token row it ran, padding included)."""
+        out, self._layers = torch.stack(self._layers, dim=1), []
+        return out
 
 
 class MoeBlock:
     """One layer's router and SwiGLU experts, in the engine's dtype (allocated by ``e``)."""
 
-    def __init__(self, spec: MoeSpec, hidden: int, e):
+    def __init__(self, spec: MoeSpec, hidden: int, e, layer: int, recorder: RoutingRecorder):
         E, inter = spec.num_experts, spec.intermediate
-        self.spec = spec
+        self.spec, self.first, self.recorder = spec, layer == spec.layers[0], recorder
         self.router = e(E, hidden)
         self.gate_up = e(E, 2 * inter, hidden)
         self.down = e(E, hidden, inter)
-        self.recorder: Optional[RoutingRecorder] = None
 
     def targets(self, p: str) -> tuple[dict[str, torch.Tensor], set[str]]:
         """``(name -> view, alias names)`` for layer prefix ``p`` (``model.layers.{i}.``): the per-expert checkpoint
@@ -123,6 +119,5 @@ class MoeBlock:
         flat = h.reshape(-1, h.shape[-1])
         logits = torch.nn.functional.linear(flat, self.router)
         w, ids = route(logits, self.spec.top_k, self.spec.normalize)
-        if self.recorder is not None:
-            self.recorder.add(ids)
+        self.recorder.add(self.first, ids)
         return x + expert_mix(flat, ids, w, self.gate_up, self.down).view(h.shape)

@@ -10,7 +10,7 @@ class Request:
     """One request of LocalEngine: its prompt, sampling state and output so far."""
 
     __slots__ = ("rid", "prompt", "sp", "loop", "future", "out", "lps", "versions", "rng", "max_new", "stop_ids",
-                 "stop_strs", "stop_tail", "cancelled", "cached", "matcher", "tops", "prompt_logits")
+                 "stop_strs", "stop_tail", "cancelled", "cached", "matcher", "tops", "prompt_logits", "routing")
 
     def __init__(self, rid, prompt, sp, loop, future, rng, max_new, stop_ids, stop_strs):
         self.rid, self.prompt, self.sp, self.loop, self.future = rid, prompt, sp, loop, future
@@ -23,6 +23,7 @@ class Request:
         self.cached = 0          # positions of this sequence held in the KV cache
         self.matcher = None      # grammar constraint (slick/engine/grammar.py), or None
         self.tops: list = []     # per token: [(id, logprob), ...] when sp.top_logprobs_num > 0
+        self.routing: list = []  # MoE models: [tokens, layers, k] uint8 pieces, prompt first (routing_record.py)
         self.prompt_logits = None  # logits at the prompt's last token, under the current weights (None after a
                                    # weight update): a later request with the same prompt copies this one's KV
 

@@ -75,6 +75,7 @@ class PackedBatch:
     targets: torch.Tensor           # [R] long: the response tokens themselves
     response_lengths: list[int]     # per sample, sums to R
     segments: Segments              # which rows attend to which (block-diagonal, or a tree for shared prompts)
+    routing: Optional[torch.Tensor] = None   # [N, MoE layers, k] experts to replay per row, -1: none (train/moe.py)
 
     @property
     def num_tokens(self) -> int:
@@ -97,7 +98,7 @@ class PackedBatch:
     def to(self, device) -> "PackedBatch":
         return PackedBatch(self.indices, self.input_ids.to(device), self.position_ids.to(device),
                            self.gather_index.to(device), self.targets.to(device), self.response_lengths,
-                           self.segments.to(device))
+                           self.segments.to(device), self.routing)
 
 
 def pack(samples: Sequence, indices: list[int]) -> PackedBatch:

@@ -43,6 +43,7 @@ from slick.train.frozen import load_frozen
 from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
 from slick.train.lr import lr_factor_from_config
+from slick.train.moe import use_slick_moe
 from slick.train.packing import (PackedBatch, check_columns, loss_mask, pack, pack_shared_prompts, pad_stack,
                                  seq_tokens, shares_prompts, split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
@@ -102,6 +103,7 @@ class Trainer:
         if cfg.recompute_mlp and not self.fused_layers:
             raise ValueError(f"--recompute-mlp: none of {self.model_path}'s decoder layers can be fused "
                              f"(supported: {', '.join(FUSED_LAYERS)}); use --gradient-checkpointing")
+        self.moe = use_slick_moe(self.model, cfg.use_routing_replay)   # slick's MoE blocks (train/moe.py) or None
         self.model.config.use_cache = False
         self.model.train()
         if cfg.gradient_checkpointing:
@@ -164,7 +166,8 @@ class Trainer:
     def _forward(self, fwd: LogprobForward, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
         """Per-sample (logprobs, entropy) lists for one packed micro-batch (``fwd``: the FSDP root if sharded)."""
         mb = mb.to(self.device)
-        with self._autocast():
+        replay = self.moe.replaying(mb.routing) if self.moe is not None else contextlib.nullcontext()
+        with self._autocast(), replay:
             lp, ent = fwd(mb.input_ids, mb.position_ids, mb.attention(), mb.gather_index, mb.targets,
                           self.temperature, self.cfg.logprob_chunk_size, with_entropy, entropy_grad)
         lps = list(lp.split(mb.response_lengths))
@@ -173,9 +176,11 @@ class Trainer:
 
     def _pack(self, samples: Sequence, idx: list[int]) -> PackedBatch:
         """Pack a micro-batch; samples sharing a prompt share one copy of it unless disabled."""
-        if not self.cfg.disable_prompt_sharing and shares_prompts(samples, idx):
-            return pack_shared_prompts(samples, idx)
-        return pack(samples, idx)
+        shared = not self.cfg.disable_prompt_sharing and shares_prompts(samples, idx)
+        mb = pack_shared_prompts(samples, idx) if shared else pack(samples, idx)
+        if self.moe is not None:
+            mb.routing = self.moe.packed_ids(samples, idx, mb.gather_index)
+        return mb
 
     def _plan(self, samples: Sequence) -> list[list[list[int]]]:
         """Per rank: its micro-batches (lists of indices into ``samples``); one rank when not distributed.
@@ -294,6 +299,7 @@ class Trainer:
             out["optimizer_time"], out["step_time"] = D.all_reduce_values(
                 [out["optimizer_time"], out["step_time"]], "max", "train_step timing")
         out["tokens_per_sec"] = out["tokens"] / max(out["step_time"], 1e-9)
+        out.update(self.moe.pop_metrics() if self.moe is not None else {})
         return out
 
     def forward_backward(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
