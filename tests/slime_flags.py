@@ -34,7 +34,8 @@ SAME = [
     ("--eps-clip-c", None), ("--entropy-coef", 0.0), ("--normalize-advantages", False),
     ("--disable-grpo-std-normalization", False), ("--disable-rewards-normalization", False),
     ("--calculate-per-token-loss", False), ("--use-tis", False), ("--tis-clip", 2.0), ("--tis-clip-low", 0.0),
-    ("--use-rollout-logprobs", False), ("--gamma", 1.0), ("--lambd", 1.0),
+    ("--use-rollout-logprobs", False), ("--gamma", 1.0), ("--lambd", 1.0), ("--use-opsm", False),
+    ("--opsm-delta", 1e-4),
     ("--custom-loss-function-path", None), ("--custom-advantage-function-path", None),
     ("--value-clip", 0.2), ("--num-critic-only-steps", 0),
     # reward

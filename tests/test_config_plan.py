@@ -114,7 +114,7 @@ def test_algo_has_no_opt_and_no_getattr_on_cfg():
 
 def test_algo_params_hold_the_config_groups_values_and_no_default_of_their_own():
     fields = [f.name for f in dataclasses.fields(AlgoParams)]
-    assert len(fields) == 22
+    assert len(fields) == 35
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(AlgoParams))
     defaults = AlgorithmConfig()
     p = AlgoParams.from_config(Config())

@@ -1,12 +1,14 @@
 """Rollout correction (TIS/MIS at token, sequence and geometric level), the logprob-gap metrics and the coarse
 full-vocabulary KL, against hand-computed values."""
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from slick.algo import AlgoParams, LossInputs, compute_policy_objective
+from slick.algo import LossInputs, compute_policy_objective
 from slick.algo.correction import coarse_kl, gap_stats, log_ratios, masked_weights, truncated_weights
+from tests.algo_params import params
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.3, 0.0]])
 ROLL = torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -0.1, 0.0]])
@@ -45,7 +47,7 @@ def test_sequence_mis_drops_a_whole_sequence_from_the_loss():
     lp = OLD.clone().requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
     inputs = LossInputs(lp, None, MASK, adv, old_logprobs=OLD, rollout_logprobs=ROLL, num_samples=2, num_tokens=5)
-    loss, metrics = compute_policy_objective(AlgoParams(**base), inputs)
+    loss, metrics = compute_policy_objective(dataclasses.replace(params(), **base), inputs)
     # sequence ratios exp(-0.5)=0.607 (outside [0.7, 1.5]: dropped) and exp(-0.2)=0.819 (kept): on-policy pg = -adv,
     # per-token mean over 5 tokens of the kept row's 2 tokens x -2
     assert loss.item() == pytest.approx(-4.0 / 5, abs=1e-6)

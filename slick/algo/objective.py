@@ -2,7 +2,9 @@
 
 ::
 
-    loss = reduce(pg_loss_per_token * tis_weights)            # tis_weights only with cfg.use_tis
+    loss = reduce(pg_loss_per_token * tis_weights * keep)     # pg: cfg.policy_loss (objectives.py);
+                                                               # tis_weights only with cfg.use_tis; keep: OPSM and
+                                                               # the high-entropy tokens (token_filters.py)
          - cfg.entropy_coef * reduce(entropy)
          + cfg.kl_loss_coef * reduce(kl(logprobs, ref_logprobs, cfg.kl_loss_type))
                                                                # only with cfg.use_kl_loss and ref given
@@ -34,8 +36,9 @@ from .inputs import LossInputs
 from .kl import kl
 from .params import AlgoParams
 from .correction import log_ratios, masked_weights, truncated_weights
-from .policy_loss import policy_terms
+from .objectives import BATCH_COUPLED, loss_name, policy_objective_terms
 from .reduce import reduce
+from .token_filters import high_entropy_keep, opsm_drop
 
 
 def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
@@ -63,11 +66,12 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
                       num_tokens=_first(inputs.metric_num_tokens, num_tokens))
 
     old = logprobs.detach() if old_logprobs is None else old_logprobs
-    pg, clipped, neg_log_ratio = policy_terms(logprobs, old, advantages, mask, float(cfg.eps_clip), cfg.eps_clip_high,
-                                              cfg.eps_clip_c, sequence_level=cfg.advantage_estimator == "gspo")
-    metrics: dict[str, float] = {}
+    terms = policy_objective_terms(cfg, logprobs, old, advantages, mask)   # --policy-loss (slick/algo/objectives.py)
+    pg, clipped, neg_log_ratio = terms.loss, terms.clipped, terms.neg_log_ratio
+    metrics: dict[str, float] = {k: float(red_metric(v)) for k, v in terms.extra.items()}
     if cfg.use_tis or cfg.use_mis:   # rollout correction (slick/algo/correction.py)
-        pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red_metric, metrics)
+        pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red_metric, metrics, terms.per_sequence)
+    pg = _token_filters(cfg, pg, logprobs, old, advantages, entropy, mask, red_metric, metrics)
 
     pg_loss = red(pg)
     loss = pg_loss
@@ -105,6 +109,8 @@ def zero_gradient(cfg: AlgoParams, advantages: Tensor) -> bool:
     ``-A * ratio`` (clipped, times the TIS/MIS weights) is then 0 at every token."""
     if float(cfg.entropy_coef) != 0.0 or (cfg.use_kl_loss and float(cfg.kl_loss_coef) != 0.0):
         return False
+    if loss_name(cfg) in BATCH_COUPLED or float(cfg.high_entropy_token_ratio) < 1.0:
+        return False   # tokens chosen over the whole micro-batch: every sample takes part in the choice
     return bool(torch.as_tensor(advantages).eq(0).all())
 
 
@@ -139,10 +145,30 @@ def _check_types(cfg, inputs) -> None:
                         f"(AlgoParams.from_config(config)), got {type(cfg).__name__}; see docs/algorithms.md")
 
 
+def _token_filters(cfg: AlgoParams, pg: Tensor, logprobs: Tensor, old: Tensor, advantages: Tensor, entropy,
+                   mask: Tensor, red, metrics: dict[str, float]) -> Tensor:
+    """``pg`` without the tokens OPSM drops (--use-opsm) and with only the high-entropy ones (--high-entropy-token-
+    ratio), slick/algo/token_filters.py; their fractions (and the kept tokens' entropy) go into ``metrics``."""
+    if cfg.use_opsm:
+        drop = opsm_drop(logprobs, old, advantages, mask, float(cfg.opsm_delta))
+        pg = pg * (1.0 - drop)
+        metrics["opsm_maskfrac"] = float(red(drop))
+    ratio = float(cfg.high_entropy_token_ratio)
+    if ratio < 1.0:
+        if entropy is None:
+            raise ValueError("--high-entropy-token-ratio needs the per-token entropy [B, T]; got None")
+        keep = high_entropy_keep(entropy.detach(), mask, ratio)
+        pg = pg * keep
+        metrics["entropy_keepfrac"] = float(red(keep))
+        metrics["entropy_kept"] = float(red(entropy.detach().float() * keep))
+    return pg
+
+
 def _rollout_correction(cfg: AlgoParams, pg: Tensor, old: Tensor, rollout_logprobs, mask: Tensor, red,
-                        metrics: dict[str, float]) -> Tensor:
+                        metrics: dict[str, float], per_sequence: bool = False) -> Tensor:
     """``pg`` times the truncated (TIS) and/or masked (MIS) importance weights of trainer vs engine logprobs;
-    their means and clip/mask fractions go into ``metrics``."""
+    their means and clip/mask fractions go into ``metrics``. ``per_sequence`` (GMPO): the TIS weight of a sequence
+    is the geometric mean of its tokens' weights (as verl's geo_mean)."""
     if rollout_logprobs is None:
         raise ValueError("use_tis/use_mis need rollout_logprobs [B, T] (the engine's logprobs); got None")
     if rollout_logprobs.shape != mask.shape:
@@ -150,6 +176,8 @@ def _rollout_correction(cfg: AlgoParams, pg: Tensor, old: Tensor, rollout_logpro
     if cfg.use_tis:
         w, raw, changed = truncated_weights(log_ratios(old, rollout_logprobs, mask, cfg.tis_level),
                                             float(cfg.tis_clip_low), float(cfg.tis_clip))
+        if per_sequence:
+            w = torch.exp((torch.log(w + 1e-10) * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8))
         pg = pg * w.to(pg.dtype)
         metrics["tis_mean"] = float(red(raw.to(mask.dtype)))
         metrics["tis_clipfrac"] = float(red(changed.to(mask.dtype)))

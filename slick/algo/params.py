@@ -38,6 +38,19 @@ class AlgoParams:
     mis_high: float
     gamma: float
     lambd: float
+    policy_loss: str                     # slick/algo/objectives.py (vanilla + advantage_estimator gspo = gspo)
+    cispo_eps_low: Optional[float]
+    cispo_eps_high: Optional[float]
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    ppo_kl_coef: float
+    use_opsm: bool                       # slick/algo/token_filters.py
+    opsm_delta: float
+    high_entropy_token_ratio: float
 
     @classmethod
     def from_config(cls, config: Any) -> "AlgoParams":

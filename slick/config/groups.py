@@ -120,6 +120,32 @@ class AlgorithmConfig:
     mis_low: float = F(0.5, "Lower bound of the MIS ratio.")
     mis_high: float = F(2.0, "Upper bound of the MIS ratio.")
     use_rollout_logprobs: bool = F(False, "Use the engine's logprobs as old logprobs (skip the trainer's recompute).")
+    policy_loss: str = F("vanilla", "Policy-gradient objective (verl's names; docs/algorithms.md, Policy losses): PPO's "
+                         "clipped loss (vanilla; GSPO's with --advantage-estimator gspo), gspo, cispo, sapo, gpg, "
+                         "gmpo (verl's geo_mean), clip_cov or kl_cov.", choices_from="slick.algo.objectives:POLICY_LOSSES")
+    cispo_eps_low: Optional[float] = F(None, "CISPO: the IS weight is clipped below at 1 - this (default --eps-clip).")
+    cispo_eps_high: Optional[float] = F(None, "CISPO: the IS weight is clipped above at 1 + this (default "
+                                        "--eps-clip-high, else --eps-clip).")
+    sapo_tau_pos: float = F(1.0, "SAPO: temperature of the soft gate where the advantage is positive (verl's tau_pos).")
+    sapo_tau_neg: float = F(1.05, "SAPO: temperature of the soft gate where the advantage is not positive "
+                            "(verl's tau_neg).")
+    clip_cov_ratio: float = F(0.0002, "Clip-Cov: fraction of a micro-batch's loss tokens whose gradient is cut.")
+    clip_cov_lb: float = F(1.0, "Clip-Cov: a token is a candidate when its covariance is above this ...")
+    clip_cov_ub: float = F(5.0, "Clip-Cov: ... and below this.")
+    kl_cov_ratio: float = F(0.0002, "KL-Cov: fraction of a micro-batch's loss tokens (the highest covariance) that "
+                            "get the KL penalty.")
+    ppo_kl_coef: float = F(0.1, "KL-Cov: weight of |logprob - old logprob| on those tokens (verl's ppo_kl_coef).")
+    use_opsm: bool = F(False, "Off-policy sequence masking (slime): a sequence with negative advantage whose KL to "
+                       "the old policy exceeds --opsm-delta leaves the policy loss.")
+    opsm_delta: float = F(1e-4, "OPSM: the sequence-level KL threshold.")
+    high_entropy_token_ratio: float = F(1.0, "Only this fraction of each micro-batch's loss tokens, those of highest "
+                                        "entropy, carry the policy gradient (the 80/20 paper uses 0.2; 1: all).")
+    overlong_buffer_len: Optional[int] = F(None, "DAPO soft overlong penalty: a response longer than "
+                                           "--rollout-max-response-len minus this many tokens loses reward linearly, "
+                                           "up to --overlong-penalty-factor at the maximum length.")
+    overlong_penalty_factor: float = F(1.0, "DAPO: the penalty at the maximum length (with --overlong-buffer-len).")
+    mask_truncated: bool = F(False, "Truncated samples (cut at the length limit) leave the loss; they still count in "
+                             "their group's advantages (TRL's mask_truncated_completions, DAPO's overlong filter).")
     gamma: float = F(1.0, "Discount factor (PPO / REINFORCE++).")
     lambd: float = F(1.0, "GAE lambda (PPO).")
     custom_loss_function_path: Optional[str] = F(

@@ -18,6 +18,7 @@ from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
 from slick.config.lora import lora_problems
 from slick.config.megatron import megatron_problems, shape_problems
+from slick.config.objectives import objective_problems   # --policy-loss, OPSM, entropy mask, DAPO
 from slick.config.sft_distill import sft_distill_problems
 from slick.config.slime import idle_flag_warnings, load_problems, ref_load_problem   # slime scripts' --load/--ref-load
 from slick.config.plan import Plan, derive_plan, engines_share_trainer_process, num_engine_actors
@@ -396,6 +397,7 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
     rollout_store_problems(cfg, p)
     prometheus_problems(cfg, p)
     critic_problems(cfg, p)
+    objective_problems(cfg, p)
     algo_plugin_problems(cfg, p)
     lora_problems(cfg, p, check_files)
     sft_distill_problems(cfg, driver, check_files, p)   # SFT, on-policy distillation, LR schedule

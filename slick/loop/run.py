@@ -19,6 +19,7 @@ from slick.config.sft_distill import is_sft
 from slick.loop.build import Components, build
 from slick.loop.sft_inputs import evaluate_sft
 from slick.loop.omp import release_openmp_workers
+from slick.loop.shaping import shape_for_training
 from slick.loop.mismatch import probe_mismatch
 from slick.loop.weights import EngineWeights
 from slick.loop.step import NonFiniteTrainingError, optimizer_batch_size, train_on_batch
@@ -119,6 +120,7 @@ class Run:
         if bad:
             log.warning("step %d: %d non-finite reward(s) (sample indices %s) replaced by --rm-failure-reward %s",
                         step, len(bad), bad[:10], self.cfg.rm_failure_reward)
+        samples, rewards, shaped = shape_for_training(self.cfg, samples, rewards)   # DAPO: overlong, truncated
         dump = self.cfg.save_debug_train_data
         debug_logp = self.trainer.compute_logprobs(samples, "actor") if dump else None  # an extra pass
         # the trainer's version at each sample's optimizer step (samples are split into global batches in order)
@@ -135,6 +137,7 @@ class Run:
         if dump:
             debug.save_train_data(dump, step, batch, debug_logp)
         metrics["train/nonfinite_rewards"] = float(len(bad))
+        metrics.update(shaped)
         metrics.update(store_step(self.store, step + 1, batch.samples, batch.rewards, batch.versions))  # 1-based
         return metrics
 
