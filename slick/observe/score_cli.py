@@ -6,7 +6,8 @@ overrides ``--rm-type`` as in training). The rows are scored by the same :class:
 training uses, with any reward slick has (every flag of the ``reward`` and ``sandbox`` groups is accepted:
 ``--rm-type code --sandbox-timeout 5``, ``--custom-rm-path pkg.mod:fn``, ``--rm-type remote_rm --rm-url ...``).
 It prints a table (line, reward, verdict, answer, error) with a summary, then each row's evidence; with
-``--out`` it writes every row back with its ``reward`` and ``evidence`` added. A row that is not a JSON object,
+``--out`` it writes every row back with its ``reward`` and ``evidence`` added, following the output rules of
+``slick export``: only a new file or one ``slick score`` wrote, never ``--data``, refused before any work. A row that is not a JSON object,
 or lacks the response or label key, is reported by file and line and nothing is scored (exit code 2).
 """
 from __future__ import annotations
@@ -23,6 +24,8 @@ from slick.config import Config, ConfigError
 from slick.config.fields import field_choices, field_help, flag_name
 from slick.config.groups import RewardConfig, SandboxConfig
 from slick.reward import RewardHub
+from slick.train.atomic_files import write_text_atomic
+from slick.train.output_dirs import file_target_problem
 from slick.types import Sample
 
 FLAG_GROUPS = (RewardConfig, SandboxConfig)
@@ -132,16 +135,36 @@ def format_table(rows: list[tuple[int, dict]], samples: list[Sample], hub: Rewar
     return "\n".join(out)
 
 
+def is_score_output(path: Path) -> bool:
+    """``path`` is a file ``slick score --out`` wrote: its first row is an object with ``reward`` and
+    ``evidence``."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), "")
+        row = json.loads(first)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(row, dict) and "reward" in row and "evidence" in row
+
+
+def out_problem(args) -> Optional[str]:
+    """Why ``--out`` cannot be written (the output rules of ``slick export``, for a file): checked before
+    any row is read or scored."""
+    return file_target_problem(args.out, "--out", [("--data", args.data)], is_score_output)
+
+
 def write_out(path: str, rows: list[tuple[int, dict]], samples: list[Sample], hub: RewardHub) -> None:
-    tmp = Path(str(path) + ".part")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for (_, row), s in zip(rows, samples):
-            fh.write(json.dumps({**row, "reward": s.reward, "evidence": s.evidence}, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    """Every row with its reward and evidence, written whole or not at all (no temp file left on failure)."""
+    lines = [json.dumps({**row, "reward": s.reward, "evidence": s.evidence}, ensure_ascii=False) + "\n"
+             for (_, row), s in zip(rows, samples)]
+    write_text_atomic(path, "".join(lines))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = out_problem(args) if args.out else None
+    if problem:
+        raise ConfigError([problem])
     rows = read_rows(args.data, args)
     values = {f.name: getattr(args, f.name) for cls in FLAG_GROUPS for f in dataclasses.fields(cls)}
     if values["custom_rm_path"]:

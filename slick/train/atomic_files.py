@@ -24,9 +24,13 @@ def write_text_atomic(path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory and ``os.replace``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:           # a failed write leaves no temp file behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 MARKER = ".slick-output.json"
 HF_EXPORT, CHECKPOINT_ROOT, CHECKPOINT_STEP, WEIGHTS = "hf-export", "checkpoint-root", "checkpoint-step", "weights"
@@ -224,3 +224,22 @@ def config_problems(cfg, check_files: bool = True) -> list[str]:
             if problem:
                 p.append(problem)
     return p
+
+
+def file_target_problem(target, flag: str, inputs: list[tuple[str, str]], own: Callable[[Path], bool]) -> Optional[str]:
+    """Why the output file ``target`` cannot be written (None: it can): it is a directory, its directory is
+    missing, it is one of ``inputs`` (``[(flag, path)]``), or it exists and ``own`` does not recognise it as
+    slick's output (a file slick did not write is never replaced)."""
+    p = Path(target).expanduser()
+    for in_flag, path in inputs:
+        if path and (_resolved(p) == _resolved(path) or (p.exists() and Path(path).exists()
+                                                        and p.samefile(path))):
+            return f"{flag} {target} is the {in_flag} file: {OUTPUT_INPUT}; choose another file"
+    if p.is_dir():
+        return f"{flag} {target}: is a directory; give a file path (e.g. {p / 'scored.jsonl'})"
+    if not p.parent.resolve().is_dir():
+        return f"{flag} {target}: the directory {p.parent} does not exist"
+    if p.exists() and not (p.is_file() and own(p)):
+        return (f"{flag} {target}: exists and was not written by slick; slick writes only a new file or one "
+                f"it wrote itself. Choose another file (or remove this one yourself)")
+    return None
