@@ -167,7 +167,9 @@ class RewardConfig:
     reward_key: Optional[str] = F(None, "Field of a dict reward used as the scalar reward (unset: its `reward` entry).")
     rm_timeout: float = F(30.0, "Seconds before one reward call counts as failed.")
     rm_max_retries: int = F(3, "Retries (with backoff) for remote reward calls.")
-    rm_concurrency: int = F(16, "Maximum reward computations in flight.")
+    rm_concurrency: Optional[int] = F(None, "Maximum reward computations in flight (unset: --rollout-concurrency "
+                                            "for --rm-type remote_rm, whose calls wait on a server; 16 for reward "
+                                            "functions, which run on that many worker threads).")
     rm_failure_reward: float = F(0.0, "Reward given to a sample whose reward function raised, timed out, or whose scalar reward is NaN/inf.")
 
 
@@ -352,6 +354,10 @@ class LoggingConfig:
     mismatch_probe_samples: int = F(2, "Samples per step whose every response position the engine and the trainer "
                                     "score over the whole vocabulary (top-k + the rest): train/mismatch_kl_*. Engines "
                                     "that return top-k prompt logprobs (slick's, SGLang, vLLM); 0: off.")
+    trace_file: Optional[str] = F(None, "Write the run's timeline as a Chrome/Perfetto trace (JSON trace events) to "
+                                        "this path: per sample generate/reward/tool spans, per group in flight and "
+                                        "buffered, engine busy, trainer steps (open in ui.perfetto.dev; `slick "
+                                        "inspect` links it). Relative paths are under the run directory.")
     mismatch_probe_top_k: int = F(20, "Top-k logprobs the engine returns per position for the mismatch probe.")
     mismatch_probe_interval: int = F(10, "Rollout steps between mismatch probes: the first step's and every Nth "
                                          "after it (1: every step; each probe costs a trainer and an engine forward "

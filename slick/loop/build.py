@@ -48,6 +48,7 @@ from slick.proc import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV
 from slick.reward import RewardHub
 from slick.rollout.interrupt import InterruptibleEngine
 from slick.rollout.manager import RolloutManager
+from slick.rollout.timeline import Timeline
 from slick.train.checkpoint import clean_stale_temp, load_checkpoint
 from slick.train.critic import with_critic
 from slick.train.memory import find_tcmalloc, release_free_memory, tcmalloc_loaded, tune_cpu_allocator
@@ -86,6 +87,7 @@ class Components:
     engines: Any = None                           # the EngineSet (None: --load-debug-rollout-data)
     engine: Any = None                            # the engine the rollout talks to (train-async: interruptible)
     manager: Optional[RolloutManager] = None
+    timeline: Optional[Timeline] = None           # generation and waits over time; --trace-file's spans
     teacher: Any = None                           # --use-opd: the teacher's scorer (slick/train/opd_teacher.py)
     weights: Optional[EngineWeights] = None       # where trainer.send_weights goes
     exporter: Any = None                          # --prometheus-port: the run's /metrics
@@ -220,7 +222,8 @@ def _build_rollout(c: Components) -> None:
         c.engine = c.engines.engine
         if c.mode == "async":   # weight updates that pause, continue or resubmit the requests in flight
             c.engine = InterruptibleEngine(c.engine, cfg.async_weight_update, cfg.async_timeout)
-        c.manager = RolloutManager(cfg, c.data, c.engine, c.rewards, c.tok,
+        c.timeline = Timeline(trace=bool(cfg.trace_file))
+        c.manager = RolloutManager(cfg, c.data, c.engine, c.rewards, c.tok, timeline=c.timeline,
                                    on_generated=c.events.observe_generated if c.events else None)
         c.weights = EngineWeights(cfg, c.engines, c.cluster, c.run_dir)
     c.teacher = make_teacher(cfg, c.trainer, c.train_pool)   # --use-opd (slick/factory/teacher.py)

@@ -24,6 +24,7 @@ from slick.loop.mismatch import probe_mismatch
 from slick.loop.weights import EngineWeights
 from slick.loop.step import NonFiniteTrainingError, optimizer_batch_size, train_on_batch
 from slick.observe.store import store_step
+from slick.observe.trace import trace_path, write_trace
 from slick.reward import NonFiniteRewardError
 from slick.rollout.eval import evaluate
 from slick.train.checkpoint import save_checkpoint, save_hf
@@ -41,6 +42,7 @@ class Run:
     def __init__(self, cfg, overlap: bool = False, parts: Optional[Components] = None):
         self.cfg = cfg
         self.engine_version = 0   # the weight version the engines hold (a replacement engine is brought to it)
+        self._traced = -1e9       # when --trace-file was last written (time.monotonic)
         self.parts = parts if parts is not None else build(cfg, "async" if overlap else "sync")
 
     def __getattr__(self, name):
@@ -146,19 +148,23 @@ class Run:
         phases take turns on a CPU or share its cores, each thread ends its OpenMP workers when its phase is over
         (:attr:`ThreadPolicy.releases_workers`). With --use-opd the teacher scores the samples first
         (:meth:`score_teacher`)."""
+        t0 = time.perf_counter()
         teacher, metrics = await self.score_teacher(groups)
         if not self.threads.releases_workers:
             metrics.update(await asyncio.get_running_loop().run_in_executor(self.train_pool, self.train, step,
                                                                             groups, teacher))
-            return metrics
-        release_openmp_workers()   # the engine's, on this thread
+        else:
+            release_openmp_workers()   # the engine's, on this thread
 
-        def train_in_turn():
-            try:
-                return self.train(step, groups, teacher)
-            finally:
-                release_openmp_workers()
-        metrics.update(await asyncio.get_running_loop().run_in_executor(self.train_pool, train_in_turn))
+            def train_in_turn():
+                try:
+                    return self.train(step, groups, teacher)
+                finally:
+                    release_openmp_workers()
+            metrics.update(await asyncio.get_running_loop().run_in_executor(self.train_pool, train_in_turn))
+        if self.timeline is not None:
+            self.timeline.add(f"train step {step + 1}", "trainer", t0, time.perf_counter(),
+                              groups=[g[0].group_index for g in groups if g])
         return metrics
 
     async def score_teacher(self, groups) -> tuple:
@@ -243,11 +249,21 @@ class Run:
 
     def log(self, metrics: dict, step: int) -> None:
         self.logger.log(metrics, step)
+        self.write_trace(every=10.0)
         if self.exporter is not None:
             self.exporter.observe_step(metrics, step)
         self.progress.update(step, metrics)
 
+    def write_trace(self, every: float = 0.0) -> None:
+        """--trace-file: write the timeline so far (at most once per ``every`` seconds)."""
+        path = trace_path(self.cfg.trace_file, self.run_dir)
+        if path is None or self.timeline is None or time.monotonic() - self._traced < every:
+            return
+        self._traced = time.monotonic()
+        write_trace(path, self.timeline.events(), {"run_dir": str(self.run_dir)})
+
     async def close(self) -> None:
+        self.write_trace()
         try:
             self.train_pool.shutdown(wait=True)
             self.progress.close()

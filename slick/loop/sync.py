@@ -71,6 +71,8 @@ async def train(cfg) -> Run:
                 metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
+            if run.timeline is not None:
+                metrics.update(run.timeline.take())        # engine busy fraction, reward waits overlapped/exposed
             done = step + 1
             # checkpoints every --save-interval and after the last step; --save-hf exports with each
             # checkpoint, or after the last step only when there is no --save

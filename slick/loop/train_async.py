@@ -90,6 +90,8 @@ async def train_async(cfg) -> Run:
             metrics.update({"perf/rollout_idle_time": producer.take_idle_time(),
                             "rollout/resubmitted_requests": engine.resubmitted})
             metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
+            metrics.update(run.timeline.take())            # engine busy fraction, reward waits overlapped/exposed
+            metrics.update(producer.groups_in_flight())
             run.log(metrics, done)
     finally:
         await producer.stop()

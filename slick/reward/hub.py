@@ -73,6 +73,16 @@ def check_reward(value: Any, reward_key: Optional[str] = None, index: Any = None
     raise ValueError(f"reward must be a number or a dict, got {type(value).__name__}: {str(value)[:80]!r}")
 
 
+def rm_concurrency(cfg: Any) -> int:
+    """--rm-concurrency, or when unset: --rollout-concurrency for remote_rm (calls that wait on a server; as many
+    as the engine may have requests in flight, so reward waits never throttle generation), else 16 (reward
+    functions run on that many worker threads)."""
+    if cfg.rm_concurrency is not None:
+        return int(cfg.rm_concurrency)
+    remote = cfg.rm_type == REMOTE and not cfg.custom_rm_path
+    return int(getattr(cfg, "rollout_concurrency", 256) or 256) if remote else 16
+
+
 def _describe(e: BaseException) -> str:
     # str(KeyError("x")) is "'x'"; show our KeyError messages without the extra quotes
     text = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else e
@@ -95,7 +105,7 @@ class RewardHub:
         self.group_rm = bool(cfg.group_rm)
         self.timeout: Optional[float] = cfg.rm_timeout if cfg.rm_timeout and cfg.rm_timeout > 0 else None
         self.failure_reward = float(cfg.rm_failure_reward)
-        self.concurrency = max(1, int(cfg.rm_concurrency))
+        self.concurrency = max(1, int(rm_concurrency(cfg)))
         self.custom_fn: Optional[Callable] = None
         self._view: Callable = lambda s: s      # what the custom function receives for a sample
         if cfg.custom_rm_path:
@@ -126,6 +136,11 @@ class RewardHub:
         self.on_scored = on_scored   # called with each scored sample
 
     # ------------------------------------------------------------------ public API
+    @property
+    def per_sample(self) -> bool:
+        """Whether each sample is scored on its own (it can be scored the moment it finishes), i.e. no --group-rm."""
+        return not (self.custom_fn is not None and self.group_rm)
+
     async def score_group(self, group: list) -> None:
         """Set ``reward`` on every sample of ``group``. Never raises (except on cancellation)."""
         group = list(group)

@@ -12,13 +12,14 @@ import dataclasses
 import logging
 import random
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from slick.plugins import load_function
 from slick.rollout.agent import AgentRollout
 from slick.rollout.filters import verdict
 from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
+from slick.rollout.timeline import Timeline, TimedEngine
 from slick.types import SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.rollout")
@@ -72,7 +73,10 @@ class RolloutManager:
     talks to (slick train-async passes its interruptible wrapper); ``on_generated``, when given, is called with
     each group's newly generated samples (the run's Prometheus events)."""
 
-    def __init__(self, cfg, data_source, engine, reward_hub, tokenizer, *, on_generated=None):
+    def __init__(self, cfg, data_source, engine, reward_hub, tokenizer, *, on_generated=None,
+                 timeline: Optional[Timeline] = None):
+        self.timeline = timeline or Timeline()   # engine busy time, reward waits (slick/rollout/timeline.py)
+        engine = TimedEngine(engine, self.timeline)
         self.cfg, self.data, self.engine, self.rewards, self.tok = cfg, data_source, engine, reward_hub, tokenizer
         self.generate_fn = load_function(cfg.custom_generate_function_path, "--custom-generate-function-path")
         self.filter_fn = load_function(cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
@@ -86,30 +90,38 @@ class RolloutManager:
         # --agent-function-path: black-box agents over an OpenAI-compatible endpoint (slick/rollout/agent.py)
         self.agent = AgentRollout.from_config(cfg, lambda: self.engine, tokenizer, reward_hub)
         register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
-        self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer)  # --max-turns > 1 / --tool-path / env
+        self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer, timeline=self.timeline)  # --max-turns > 1 / --tool-path / env
         self.on_generated = on_generated   # called with each group's newly generated samples
         self.pending: set[int] = set()       # indices of the training samples being generated now
 
     async def _generate_sample(self, sample: Sample, sampling: SamplingParams, evaluation: bool = False) -> Sample:
         mine = set() if evaluation else {sample.index}   # an evaluation's indices overlap the rollout's
         self.pending |= mine                 # named when an engine dies (slick/factory/engines.py)
+        track = None if evaluation or not self.timeline.tracing else f"sample {sample.group_index}.{sample.index}"
         try:
-            if self.slime is not None:
-                return await self.slime(sample, sampling, evaluation)
-            if self.generate_fn is not None:
-                return await self.generate_fn(self.cfg, sample, sampling, self.engine)
-            if self.multiturn is not None:
-                return await self.multiturn.generate(self.cfg, sample, sampling, self.engine)
-            return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
+            async with self.timeline.span("sample", track, "generate"):
+                return await self._generate_fn(sample, sampling, evaluation)
         finally:
             self.pending -= mine
 
-    async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None) -> list[Sample]:
-        """Generate every unfinished sample of a group concurrently, then score the group.
+    async def _generate_fn(self, sample: Sample, sampling: SamplingParams, evaluation: bool) -> Sample:
+        if self.slime is not None:
+            return await self.slime(sample, sampling, evaluation)
+        if self.generate_fn is not None:
+            return await self.generate_fn(self.cfg, sample, sampling, self.engine)
+        if self.multiturn is not None:
+            return await self.multiturn.generate(self.cfg, sample, sampling, self.engine)
+        return await default_generate(self.cfg, sample, sampling, self.engine, self.tok)
+
+    async def run_group(self, group: list[Sample], sampling: Optional[SamplingParams] = None,
+                        generated: Optional[Callable[[], None]] = None) -> list[Sample]:
+        """Generate every unfinished sample of a group concurrently; each is scored as soon as it finishes (a
+        group reward, ``--group-rm``, once the group's last sample finishes).
 
         Without ``sampling`` (a training rollout) each request is seeded from (--rollout-seed, sample index,
         tokens so far), so what a sample draws does not depend on which other requests share the engine.
         A group whose samples all carry rewards already (handed back by an async checkpoint) is not re-scored.
+        ``generated`` is called once no sample of the group is generating any more (its rewards may still wait).
         """
         salt = "train" if sampling is None else "eval"
         sampling = sampling or self.sampling
@@ -117,19 +129,47 @@ class RolloutManager:
             return await self.agent.run_group(group, sampling, lambda s: seeded(sampling, self.cfg.rollout_seed, salt, s),
                                               final_only=salt == "eval")
         todo = [s for s in group if s.status in (Status.PENDING, Status.ABORTED)]
-        await asyncio.gather(*(self._generate_sample(s, seeded(sampling, self.cfg.rollout_seed, salt, s),
-                                                     salt == "eval") for s in todo))
+        left = [len(todo)]
+
+        def one_generated() -> None:
+            left[0] -= 1
+            if left[0] == 0 and generated is not None:
+                generated()
+        if not todo and generated is not None:
+            generated()
+        per_sample = self.rewards.per_sample
+        await asyncio.gather(*(self._sample_then_score(s, seeded(sampling, self.cfg.rollout_seed, salt, s),
+                                                       salt == "eval", per_sample, one_generated) for s in todo))
         if self.on_generated is not None:
             self.on_generated(todo)
-        if all(s.status != Status.ABORTED for s in group) and (todo or any(s.reward is None for s in group)):
-            if self.cfg.mask_offpolicy_in_partial_rollout:
-                for s in todo:
-                    mask_offpolicy(s)
-            t0 = time.perf_counter()
-            await self.rewards.score_group(group)
-            for s in group:
-                s.timings["reward"] = time.perf_counter() - t0
+        if all(s.status != Status.ABORTED for s in group) and any(s.reward is None for s in group):
+            await self._score(group)   # a group reward (--group-rm), or samples handed back unscored
         return group
+
+    async def _sample_then_score(self, sample: Sample, sampling: SamplingParams, evaluation: bool,
+                                 per_sample: bool, generated: Callable[[], None]) -> None:
+        """Generate one sample; with a per-sample reward, score it the moment it finishes (its reward wait then
+        overlaps the generation of its group's other samples and of other groups)."""
+        sample.reward = None
+        try:
+            await self._generate_sample(sample, sampling, evaluation)
+        finally:
+            generated()
+        if sample.status == Status.ABORTED:   # stopped part-way: continued (and scored) later
+            return
+        if self.cfg.mask_offpolicy_in_partial_rollout:
+            mask_offpolicy(sample)
+        if per_sample:
+            await self._score([sample])
+
+    async def _score(self, samples: list[Sample]) -> None:
+        track = f"sample {samples[0].group_index}.{samples[0].index}" if len(samples) == 1 else \
+            f"group {samples[0].group_index}"
+        t0 = time.perf_counter()
+        async with self.timeline.span("reward", track if self.timeline.tracing else None, "reward"):
+            await self.rewards.score_group(samples)
+        for s in samples:
+            s.timings["reward"] = time.perf_counter() - t0
 
     def keep(self, group: list[Sample], remaining: int = 1, want: int = 0) -> bool:
         """The dynamic-sampling filter's verdict on a scored group (always True without a filter): a bool or

@@ -47,6 +47,7 @@ from slick.chat.delta import ChatDelta, encode, render, template_supports_tools
 from slick.chat.toolcall import get_parser, with_tools_in_system
 from slick.models.tokenizer import load_tokenizer
 from slick.rollout.env import load_env_factory
+from slick.rollout.timeline import Timeline
 from slick.rollout.tools import ToolSet
 from slick.types import SamplingParams, Sample, Status
 
@@ -111,8 +112,10 @@ async def _maybe_await(x):
 class MultiTurnRollout:
     """The built-in multi-turn generate (module doc). One instance per rollout manager."""
 
-    def __init__(self, cfg, tokenizer, tools: Optional[ToolSet] = None, env_factory=None):
+    def __init__(self, cfg, tokenizer, tools: Optional[ToolSet] = None, env_factory=None,
+                 timeline: Optional[Timeline] = None):
         self.cfg, self.tok, self.tools, self.env_factory = cfg, tokenizer, tools, env_factory
+        self.timeline = timeline or Timeline()   # tool waits, overlapped or exposed (slick/rollout/timeline.py)
         self.parse = get_parser(getattr(cfg, "tool_parser", None))
         self.max_turns = max(int(getattr(cfg, "max_turns", 1) or 1), 1)
         self.max_per_turn = getattr(cfg, "max_tokens_per_turn", None)
@@ -120,11 +123,10 @@ class MultiTurnRollout:
         self._envs: dict[int, object] = {}
 
     @classmethod
-    def from_config(cls, cfg, tokenizer) -> Optional["MultiTurnRollout"]:
+    def from_config(cls, cfg, tokenizer, timeline: Optional[Timeline] = None) -> Optional["MultiTurnRollout"]:
         if not enabled(cfg):
             return None
-
-        return cls(cfg, tokenizer, ToolSet.from_config(cfg), load_env_factory(cfg.environment_path))
+        return cls(cfg, tokenizer, ToolSet.from_config(cfg), load_env_factory(cfg.environment_path), timeline)
 
     # ------------------------------------------------------------------ state
     def _tool_schemas(self, sample: Sample) -> Optional[list]:
@@ -221,7 +223,9 @@ class MultiTurnRollout:
             # conversation goes on; a cut by the total budget ends the sample (TRUNCATED)
             if sample.status == Status.FAILED or len(sample.response_ids) >= budget or st["turns"] >= self.max_turns:
                 return
-            messages = await self._answer(sample, content, st)
+            track = f"sample {sample.group_index}.{sample.index}" if self.timeline.tracing else None
+            async with self.timeline.span("tool", track, "tool"):   # other episodes generate meanwhile
+                messages = await self._answer(sample, content, st)
             if not messages:
                 return
             ids = delta.append(messages)

@@ -57,6 +57,13 @@ class Producer:
         self._idle_since: Optional[float] = None
         self.idle_time = 0.0                         # seconds with no group generating
         self._error: Optional[BaseException] = None
+        self.timeline = manager.timeline             # generation and reward waits in flight; the trace's spans
+        self._admitted_at: dict[int, float] = {}     # group index -> when admitted (trace)
+        self._released_at: dict[int, float] = {}     # group index -> when it entered the buffer (trace)
+        self.peak_in_flight = 0                      # most groups admitted and not yet buffered since take()
+        self._generating: set[int] = set()           # admission seqs of groups with a sample still generating
+        self._generated = asyncio.Event()            # set while no admitted group is generating
+        self._generated.set()
 
     # ---------------------------------------------------------------- admission
     def _in_pipeline(self) -> int:
@@ -78,6 +85,11 @@ class Producer:
                 seq = self._next_seq
                 self._next_seq += 1
                 self._slots[seq] = None
+                self._generating.add(seq)
+                self._generated.clear()
+                self.peak_in_flight = max(self.peak_in_flight, len(self._slots))
+                if self.timeline.tracing and group:
+                    self._admitted_at[group[0].group_index] = self.timeline.clock()
                 self._tasks[seq] = asyncio.get_running_loop().create_task(self._one(seq, group))
             self._mark_idle()
             self._wake.clear()
@@ -99,9 +111,14 @@ class Producer:
             self._idle_since = now
         return idle
 
+    def _group_generated(self, seq: int) -> None:
+        self._generating.discard(seq)
+        if not self._generating:
+            self._generated.set()
+
     async def _one(self, seq: int, group: list[Sample]) -> None:
         try:
-            group = await self.manager.run_group(group)
+            group = await self.manager.run_group(group, generated=lambda: self._group_generated(seq))
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - surfaced to the trainer by take()
@@ -110,6 +127,7 @@ class Producer:
             raise
         finally:
             self._tasks.pop(seq, None)
+            self._group_generated(seq)
         self._slots[seq] = group
         self._release()
 
@@ -127,9 +145,31 @@ class Producer:
                 ready.append(group)
             else:
                 self.filtered += 1
+            self._trace_released(group)
         if ready:
             self.buffer.put(ready)
         self._wake.set()
+
+    def _trace_released(self, group: list[Sample]) -> None:
+        if self.timeline.tracing and group:
+            g = group[0].group_index
+            now = self.timeline.clock()
+            self._released_at[g] = now
+            self.timeline.add("in flight", f"group {g}", self._admitted_at.pop(g, now), now, index=g)
+
+    def _trace_taken(self, groups: list[list[Sample]], step: int) -> None:
+        if self.timeline.tracing:
+            now = self.timeline.clock()
+            for group in (g for g in groups if g):
+                g = group[0].group_index
+                self.timeline.add("buffered", f"group {g}", self._released_at.pop(g, now), now, step=step)
+
+    def groups_in_flight(self) -> dict:
+        """rollout/groups_in_flight (now) and rollout/max_groups_in_flight (since the last call): groups admitted and
+        not yet in the buffer (generating, waiting for rewards, or finished behind an earlier one)."""
+        m = {"rollout/groups_in_flight": float(len(self._slots)), "rollout/max_groups_in_flight": float(self.peak_in_flight)}
+        self.peak_in_flight = len(self._slots)
+        return m
 
     # ---------------------------------------------------------------- consumer side
     async def take(self, version: int, timeout: float) -> list[list[Sample]]:
@@ -150,6 +190,7 @@ class Producer:
                     f"{len(self.buffer)}, {running} are generating, {len(self._slots) - running} finished but "
                     f"wait for earlier ones; admission is {'open' if self._may_admit() else 'closed'}")
         self.consumed += self.batch
+        self._trace_taken(groups, self.consumed // self.batch - 1)
         self._wake.set()
         return groups
 
@@ -160,10 +201,15 @@ class Producer:
 
     # ---------------------------------------------------------------- pauses
     async def drain(self, timeout: float) -> None:
-        """Close admission and wait until nothing is in flight (the one-step-off weight update)."""
+        """Close admission and wait until no admitted sample is generating (the one-step-off weight update: every
+        sample's tokens then come from one version). Reward and tool waits of finished samples go on meanwhile."""
         self._admitting = False
         try:
-            await self._wait_idle(timeout, "in-flight rollouts to finish before a weight update")
+            await asyncio.wait_for(self._generated.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.resume()
+            raise TimeoutError(f"waited {timeout:.0f}s (--async-timeout) for the generation of {len(self._generating)} "
+                               f"admitted groups to finish before a weight update") from None
         except BaseException:
             self.resume()
             raise
