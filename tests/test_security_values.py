@@ -5,6 +5,8 @@ function (slick/models/adapter_check.py) on every path: --lora-load at start-up 
 import asyncio
 import json
 import math
+import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +182,65 @@ def test_slick_serve_answers_400_to_a_non_finite_adapter_and_keeps_serving_the_o
         assert after[2] == 9 and after[1] != before[1] and all(math.isfinite(x) for x in after[1])
     finally:
         w.stop()
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope="module")
+def saved(tiny_model_dir, tmp_path_factory):
+    """A real one-process checkpoint of the tiny model (step 1) and a trainer to load it into."""
+    from slick.train.checkpoint import save_checkpoint
+    from slick.train.trainer import Trainer
+    from tests.test_train import make_cfg
+
+    tr = Trainer(make_cfg(tiny_model_dir))
+    root = tmp_path_factory.mktemp("ck")
+    return save_checkpoint(root, 1, tr, {"cursor": 0}), tr
+
+
+def _copy(step_dir, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(step_dir, tmp_path / "step_000001"))
+
+
+def _manifest(d, add=None, **replace):
+    m = json.loads((d / "manifest.json").read_text())
+    m["files"].update(add or {})
+    m.update(replace)
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("edit, says", [
+    (dict(files=None), "manifest.json: field 'files' is None, not an object of file -> size in bytes"),
+    (dict(files=[1, 2]), "manifest.json: field 'files' is [1, 2], not an object of file -> size in bytes"),
+    (dict(add={"model/config.json": "12"}), "manifest.json: field 'files' gives 'model/config.json' the size 12, "
+                                             "not a number of bytes"),
+    (dict(add={"../../etc/passwd": 10}), "manifest.json: field 'files' names '../../etc/passwd', a path outside"),
+])
+def test_load_refuses_a_manifest_with_wrong_types_naming_the_field(saved, tmp_path, edit, says):
+    from slick.train.checkpoint import load_checkpoint
+
+    d = _copy(saved[0], tmp_path)
+    _manifest(d, **edit)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(d, saved[1])
+    assert f"--load {d}: checkpoint is incomplete or corrupt: {says}" in str(e.value), str(e.value)
+
+
+def test_load_refuses_a_safetensors_header_claiming_a_huge_tensor(saved, tmp_path):
+    from slick.train.checkpoint import load_checkpoint
+
+    d = _copy(saved[0], tmp_path)
+    f = sorted((d / "model").glob("*.safetensors"))[0]
+    raw = f.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"] = [10 ** 7, 10 ** 7]
+    new = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+    _manifest(d, add={str(f.relative_to(d)): f.stat().st_size})   # a consistent manifest: the header is the lie
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(d, saved[1])
+    assert str(e.value).startswith(f"{f}: tensor {name!r}: field 'shape' [10000000, 10000000] of F32 needs "
+                                   f"400000000000000 bytes; its data_offsets hold "), str(e.value)

@@ -246,8 +246,11 @@ def checkpoint_problem(d) -> Optional[str]:
                 json.loads(f.read_text())
             except (ValueError, OSError) as e:
                 return f"{name} is not valid JSON ({e})"
+    problem = _field_problem(d)
+    if problem:
+        return problem
     if (d / MANIFEST).is_file():
-        files = json.loads((d / MANIFEST).read_text()).get("files", {})
+        files = json.loads((d / MANIFEST).read_text())["files"]
         for rel, size in files.items():
             f = d / rel
             if not f.is_file():
@@ -255,6 +258,37 @@ def checkpoint_problem(d) -> Optional[str]:
             actual = f.stat().st_size
             if actual != size:
                 return f"{rel} has {actual} bytes, {MANIFEST} says {size} (truncated or overwritten)"
+    return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _field_problem(d: Path) -> Optional[str]:
+    """The fields slick reads from the JSON files of a checkpoint, with the types it writes them: the manifest's
+    ``files`` (relative path inside ``d`` -> size in bytes), ``trainer_state.json``'s ``version`` and
+    ``step.json``'s ``step``. A wrong type or a path outside the checkpoint is named with file and field."""
+    state = json.loads((d / "trainer_state.json").read_text())
+    if not isinstance(state, dict) or not _is_int(state.get("version")):
+        got = state.get("version") if isinstance(state, dict) else state
+        return f"trainer_state.json: field 'version' is {str(got)[:80]!r}, not an integer"
+    if (d / "step.json").is_file():
+        step = json.loads((d / "step.json").read_text())
+        if not isinstance(step, dict) or not _is_int(step.get("step")) or step["step"] < 0:
+            return f"step.json: field 'step' is {str(step.get('step') if isinstance(step, dict) else step)[:80]!r}, " \
+                   f"not a step number"
+    if not (d / MANIFEST).is_file():
+        return None
+    manifest = json.loads((d / MANIFEST).read_text())
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return f"{MANIFEST}: field 'files' is {str(files)[:80]}, not an object of file -> size in bytes"
+    for rel, size in files.items():
+        if not _is_int(size) or size < 0:
+            return f"{MANIFEST}: field 'files' gives {rel!r} the size {str(size)[:80]}, not a number of bytes"
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+            return f"{MANIFEST}: field 'files' names {rel!r}, a path outside the checkpoint"
     return None
 
 

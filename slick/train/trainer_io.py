@@ -16,11 +16,13 @@ from typing import Iterator
 
 import torch
 
+from slick.models.safetensors_header import read_header
 from slick.train import dist as D
 from slick.train import fsdp_lora
 from slick.train.fsdp import full_tensor
 from slick.train.dcp import (is_sharded, load_legacy_sharded, load_sharded, number_groups, save_sharded,
                              write_hf_dir)
+from slick.train.moe import fuse_expert_weights
 from slick.train.rng import read_rng_file, rng_state, set_rng_state
 from slick.train.safe_load import load_pt
 
@@ -113,14 +115,28 @@ def _read_legacy_weights(tr, d: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file   # import cost: as in slick.train.dcp
 
     sd = {}
+    shapes = {n: tuple(p.shape) for n, p in tr.model.named_parameters()}
     for f in sorted((d / "model").glob("*.safetensors")):
+        check_weights_header(f, shapes)   # before load_file allocates what the header claims
         sd.update(load_file(str(f)))
     if not sd:
         raise FileNotFoundError(f"{d / 'model'}: no .safetensors weights")
+    sd = fuse_expert_weights(sd, tr.model)   # an MoE's per-expert tensors as its fused parameters (train/moe.py)
     missing = [n for n, _ in tr.model.named_parameters() if n not in sd]
     if missing:
         raise KeyError(f"{d / 'model'}: checkpoint lacks weights {missing[:5]}")
     return sd
+
+
+def check_weights_header(f: Path, shapes: dict) -> None:
+    """The safetensors header of checkpoint file ``f`` (``slick.models.safetensors_header``: every field against
+    the file's size) and the shape of every tensor that is a parameter of the model (``shapes``); ValueError naming
+    the file, tensor and field."""
+    for name, e in read_header(f).items():
+        want = shapes.get(name)
+        if want is not None and tuple(e.shape) != tuple(want):
+            raise ValueError(f"{f}: tensor {name!r} has shape {list(e.shape)}; the model's is {list(want)} (a "
+                             f"checkpoint of another model?)")
 
 
 def named_weights(tr) -> Iterator[tuple[str, torch.Tensor]]:
