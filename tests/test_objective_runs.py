@@ -13,10 +13,13 @@ import pytest
 from slick.algo.shaping import overlong_penalty
 from slick.config import Config, ConfigError
 from slick.config.validate import validate_config
+from slick.algo.objective import zero_gradient
 from slick.loop.shaping import shape_for_training
+from slick.loop.sync import train
 from slick.loop.train_async import train_async
 from slick.types import Sample, Status
 from tests.test_loop import make_cfg, prompts, read_jsonl  # noqa: F401 - prompts is a fixture
+from tests.algo_params import params
 from tests.test_loop_async import make_async_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,13 +48,30 @@ def test_slick_train_cli_trains_cispo_for_two_steps(tiny_model_dir, prompts, tmp
 
 def test_train_async_with_tis_trains_sapo(tiny_model_dir, prompts, tmp_path):
     cfg = make_async_cfg(tiny_model_dir, prompts, tmp_path / "run", max_staleness=1, num_rollout=3,
-                         policy_loss="sapo", high_entropy_token_ratio=0.5)
+                         policy_loss="sapo", high_entropy_token_ratio=0.5, use_mis=True)
     asyncio.run(train_async(cfg))
     rows = [m for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/pg_loss" in m]
     assert len(rows) == 3
     for m in rows:
-        assert 0.0 < m["train/sapo_gate_mean"] < 4.0 / 1.0 and "train/tis_mean" in m
+        assert 0.0 < m["train/sapo_gate_mean"] < 4.0 / 1.0 and "train/tis_mean" in m and "train/mis_maskfrac" in m
         assert m["train/entropy_keepfrac"] == pytest.approx(0.5, abs=0.25) and m["train/entropy_kept"] > 0
+
+
+def test_lora_trains_kl_cov(tiny_model_dir, prompts, tmp_path):
+    cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=2, lora_rank=4, lr=1e-2,
+                   policy_loss="kl_cov", kl_cov_ratio=0.05, ppo_kl_coef=1.0)
+    run = asyncio.run(train(cfg))
+    rows = [m for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/pg_loss" in m]
+    assert len(rows) == 2 and run.trainer.lora is not None
+    for m in rows:   # 2 x 4 samples of up to 8 tokens: max(1, int(0.05 x tokens)) = 1 or 2 tokens penalised
+        assert 0.0 < m["train/kl_cov_frac"] <= 0.25 and m["train/grad_norm"] > 0
+
+
+def test_batch_coupled_objectives_train_zero_advantage_samples():
+    zero = [0.0, 0.0, 0.0]
+    assert zero_gradient(params(), zero) and zero_gradient(params(policy_loss="cispo"), zero)
+    for over in (dict(policy_loss="kl_cov"), dict(policy_loss="clip_cov"), dict(high_entropy_token_ratio=0.2)):
+        assert not zero_gradient(params(**over), zero), over
 
 
 def _problems(**over):
