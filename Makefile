@@ -9,11 +9,13 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # its dependencies (its core_algos imports only these) in a folder of its own, which that test appends to sys.path
 REF_DIR := $(VENV)/verl-ref
 REF_STAMP := $(REF_DIR)/.installed
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
 # nothing is ever fetched from a model hub at run time
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo demo-agent demo-sft demo-distill test test-fast bench clean chromium tcmalloc vllm sandbox promtool
+.PHONY: setup demo demo-agent demo-sft demo-distill test test-fast bench clean chromium tcmalloc vllm sglang sandbox promtool
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -42,7 +44,7 @@ demo-sft: $(STAMP) tcmalloc
 demo-distill: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo distill
 
-test: $(STAMP) $(REF_STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(REF_STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-fast: $(STAMP) $(REF_STAMP)
@@ -85,6 +87,20 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm: $(VLLM_STAMP)
 
+# SGLang's CPU build in an environment of its own (.venv-sglang): sglang from PyPI without its dependencies (they
+# name CUDA wheels), the CPU torch and the modules a CPU server imports, all pinned in requirements-sglang.txt.
+# No sgl-kernel and no torchvision: slick launches the servers with slick/engines/sglang_shim first on their path
+# (the two sgl_kernel CPU functions in torch, a torchvision stand-in). docs/sglang.md.
+$(SGLANG_STAMP): requirements-sglang.txt
+	test -d $(SGLANG_VENV) || $(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r requirements-sglang.txt
+	cd / && PYTHONPATH=$(CURDIR)/slick/engines/sglang_shim SGLANG_USE_CPU_ENGINE=1 $(abspath $(SGLANG_VENV))/bin/python -c \
+	  "import sglang, sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler; print('SGLang', sglang.__version__, 'ready in $(SGLANG_VENV)')"
+	touch $(SGLANG_STAMP)
+
+sglang: $(SGLANG_STAMP)
+
 # headless Chromium for the inspector's browser test (tests/test_inspect_browser.py); .ci/run calls this
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
@@ -95,4 +111,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/vs_trl.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) runs .pytest_cache

@@ -1,4 +1,4 @@
-"""Launch real vLLM servers (and SGLang servers where SGLang is installed) as slick's rollout engines.
+"""Launch real vLLM servers as slick's rollout engines (SGLang's: slick/engines/sglang_launch.py).
 
     procs = launch_vllm(model_dir, 2, weight_dir=run_dir / "weights", options={"max_num_seqs": "64"})
     VllmEngine([p.url for p in procs], api_key=procs[0].api_key)
@@ -37,24 +37,22 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENV = ROOT / ".venv-vllm"
+SGLANG_ENV = ROOT / ".venv-sglang"
 
 
 def engine_python(explicit: Optional[str], module: str = "vllm") -> str:
     """The Python that runs ``module``'s servers: ``--rollout-engine-python``, else ``$SLICK_VLLM_PYTHON`` /
-    ``$SLICK_SGLANG_PYTHON``, else ``.venv-vllm/bin/python`` (``make vllm``) for vLLM, else this Python. Raises
-    FileNotFoundError naming what was looked for when none of them can import ``module``."""
+    ``$SLICK_SGLANG_PYTHON``, else ``.venv-vllm/bin/python`` (``make vllm``) / ``.venv-sglang/bin/python``
+    (``make sglang``), else this Python. Raises FileNotFoundError naming what was looked for when none of them can
+    import ``module``."""
     env_var = f"SLICK_{module.upper()}_PYTHON"
-    candidates = [explicit, os.environ.get(env_var)]
-    if module == "vllm":
-        candidates.append(str(DEFAULT_ENV / "bin" / "python"))
-    candidates.append(sys.executable)
+    own = DEFAULT_ENV if module == "vllm" else SGLANG_ENV
+    candidates = [explicit, os.environ.get(env_var), str(own / "bin" / "python"), sys.executable]
     for c in [c for c in candidates if c]:
         if Path(c).exists() and _has_module(c, module):
             return c
-    hint = "run `make vllm` (it makes .venv-vllm)" if module == "vllm" else \
-        "install SGLang (GPU machines; its CPU kernels are not on PyPI)"
-    raise FileNotFoundError(f"no Python with {module} found (looked at --rollout-engine-python, ${env_var}"
-                            f"{', ' + str(DEFAULT_ENV) if module == 'vllm' else ''} and {sys.executable}): {hint}, "
+    raise FileNotFoundError(f"no Python with {module} found (looked at --rollout-engine-python, ${env_var}, "
+                            f"{own} and {sys.executable}): run `make {module}` (it makes {own.name}), "
                             f"or name one with --rollout-engine-python")
 
 
@@ -146,23 +144,6 @@ def launch_vllm(model: str, n: int, *, weight_dir, python: Optional[str] = None,
                "--middleware", "slick.engines.vllm_plugin.Guard", *option_args(opts)]
         return EngineServer(cmd, f"http://127.0.0.1:{port}", _log_path(f"vllm{i}-", log_dir),
                             dict(env, SLICK_VLLM_API_KEY=key), key, VLLM_MODULE)
-    return _start_all(one, n, startup_timeout)
-
-
-def launch_sglang(model: str, n: int, *, python: Optional[str] = None, dtype: str = "auto", seed: int = 0,
-                  options: Optional[dict] = None, startup_timeout: float = 600.0,
-                  log_dir: Optional[str] = None, api_key: Optional[str] = None) -> list[EngineServer]:
-    """Start ``n`` SGLang servers (``python -m sglang.launch_server``) with ``--sglang-*`` options as their own."""
-    python = engine_python(python, "sglang")
-    opts = {"dtype": dtype, "random_seed": seed, **(options or {})}
-
-    def one(i: int) -> EngineServer:
-        port, key = free_port(), api_key or secrets.token_hex(16)
-        cmd = [python, "-m", SGLANG_MODULE, "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "--api-key", key, *option_args(opts)]
-        return EngineServer(cmd, f"http://127.0.0.1:{port}", _log_path(f"sglang{i}-", log_dir),
-                            foreign_engine_env(os.environ),
-                            key, SGLANG_MODULE)
     return _start_all(one, n, startup_timeout)
 
 

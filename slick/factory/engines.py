@@ -18,7 +18,9 @@ from slick.engine.local import LocalEngine
 from slick.engines.launch_ready import log_tail
 from slick.engines.router import RouterProcess, WorkerProcess, launch_router, launch_workers
 from slick.engines.vllm_client import VllmEngine
-from slick.engines.vllm_launch import launch_sglang, launch_vllm, lora_options
+from slick.engines.sglang_client import SglangEngine
+from slick.engines.sglang_launch import launch_sglang
+from slick.engines.vllm_launch import launch_vllm, lora_options
 from slick.train.lora_spec import spec_from_config
 from slick.train.precision import resolve_dtype
 from slick.serve.sglang_args import engine_options, to_argv, unknown_warning
@@ -231,28 +233,46 @@ def _ray_vllm_engines(cfg, cluster, timeout: float, weight_dir) -> EngineSet:
 
 
 def _server_engines(cfg, weight_dir) -> EngineSet:
-    """vLLM servers (VllmEngine) or SGLang servers (HttpEngine): at --rollout-urls, or launched here."""
+    """vLLM servers (VllmEngine) or SGLang servers (SglangEngine; behind the real sglang-router with --router
+    sglang): at --rollout-urls, or launched here."""
     vllm = cfg.rollout_engine == "vllm"
-    client = VllmEngine if vllm else HttpEngine
     if cfg.rollout_urls:
-        eng = client(list(cfg.rollout_urls), concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
-        return EngineSet(eng, "disk", [], list(cfg.rollout_urls))
+        return _engine_set(cfg, list(cfg.rollout_urls), [], None)
     n = cfg.rollout_num_workers
     key = secrets.token_hex(16)     # every server launched for this run, replacements included, needs it
+    threads = max(1, (os.cpu_count() or 1) // n)
     if vllm:
         kw = _vllm_launch_kwargs(cfg, weight_dir, key)   # max_logprobs: the mismatch probe's top-k
         launch = lambda k: launch_vllm(cfg.hf_checkpoint, k, startup_timeout=cfg.rollout_startup_timeout,  # noqa: E731
-                                       threads=max(1, (os.cpu_count() or 1) // n), **kw)
+                                       threads=threads, **kw)
     else:
         dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
-        launch = lambda k: launch_sglang(cfg.hf_checkpoint, k, options=cfg.sglang, python=cfg.rollout_engine_python,  # noqa: E731
-                                         dtype=dtype, seed=cfg.rollout_seed,
-                                         startup_timeout=cfg.rollout_startup_timeout, api_key=key)
+        launch = lambda k: launch_sglang(cfg.hf_checkpoint, k, options=cfg.sglang,  # noqa: E731
+                                         python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
+                                         threads=threads, startup_timeout=cfg.rollout_startup_timeout, api_key=key)
     log.info("starting %d %s server(s) for %s (up to %.0fs)", n, cfg.rollout_engine, cfg.hf_checkpoint,
              cfg.rollout_startup_timeout)
     procs = launch(n)
-    eng = client([p.url for p in procs], api_key=key,
-                 concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
-    engines = EngineSet(eng, "disk", procs, [p.url for p in procs])
+    engines = _engine_set(cfg, [p.url for p in procs], procs, key)
     engines.relaunch = lambda url: launch(1)[0]
     return engines
+
+
+def _engine_set(cfg, urls: list, procs: list, key) -> EngineSet:
+    """The client over engine servers ``urls``; SGLang's go through a sglang-router with --router sglang (it
+    is stopped with them), while weight updates, pauses and aborts go to every server directly."""
+    kw = dict(api_key=key, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
+    if cfg.rollout_engine == "vllm":
+        return EngineSet(VllmEngine(urls, **kw), "disk", procs, urls)
+    front = urls
+    if cfg.router == "sglang":
+        try:
+            router = launch_router(urls, extra_args=["--api-key", key] if key else None)
+        except BaseException:
+            for p in procs:
+                p.stop(timeout=10)
+            raise
+        procs = [*procs, router]
+        front = [router.url]
+        log.info("sglang-router at %s in front of %s", router.url, urls)
+    return EngineSet(SglangEngine(front, control_urls=urls, **kw), "disk", procs, urls)
