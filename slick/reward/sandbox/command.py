@@ -7,14 +7,21 @@ process that started it dies (``--die-with-parent``). Its file system holds only
 - ``/usr`` (and the ``/bin``, ``/lib``... links or directories of the host) read-only: the interpreter and
   its standard library; the interpreter's own prefix too, read-only, when it lives elsewhere;
 - ``/sandbox`` read-only: the program (``main.py``) in a fresh host directory made for this program only;
-- ``/tmp``: a fresh in-memory file system of ``Limits.tmp_mb``, its working directory and ``HOME``;
-- a minimal ``/dev`` and a ``/proc`` of its own PID namespace.
+- ``/tmp``: a fresh in-memory file system of ``Limits.tmp_mb``, its working directory and ``HOME``: the only
+  place it can write;
+- a read-only ``/dev`` holding ``null``, ``zero``, ``full``, ``random``, ``urandom``, the ``fd``/``stdin``/
+  ``stdout``/``stderr`` links and ``shm``, a link to ``/tmp`` (so POSIX shared memory shares ``/tmp``'s size);
+- a ``/proc`` of its own PID namespace;
+- a read-only root: nothing else can be created.
 
 No ``/etc``, ``/home``, ``/root``, run directory or checkpoint is visible. Inside, a tiny launcher (the
 interpreter with ``-I -S``) sets the rlimits of :class:`~slick.reward.sandbox.limits.Limits` (soft = hard, so
 they cannot be raised again) and then ``exec``s ``python -I /sandbox/main.py``. When slick runs as root, the
 sandbox runs as the unprivileged user ``nobody`` (65534) instead, so that RLIMIT_NPROC applies (the kernel
-does not enforce it for root) and root-owned files stay closed to it.
+does not enforce it for root) and root-owned files stay closed to it. A seccomp filter
+(:mod:`slick.reward.sandbox.seccomp`) refuses the system calls that hold memory outside the rlimits, and with
+``--block-fd`` the sandbox waits, before running anything, until the pool has moved it into its memory cgroup
+(:mod:`slick.reward.sandbox.cgroup`).
 """
 from __future__ import annotations
 
@@ -85,15 +92,38 @@ def _python_mounts(python: str) -> list[str]:
     return ["--ro-bind", prefix, prefix]
 
 
-def bwrap_argv(bwrap: str, python: str, program_dir: str, limits: Limits, status_fd: int) -> list[str]:
-    """The whole command line: bwrap's options, the launcher and the program (module doc)."""
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = (("/proc/self/fd", "/dev/fd"), ("/proc/self/fd/0", "/dev/stdin"), ("/proc/self/fd/1", "/dev/stdout"),
+             ("/proc/self/fd/2", "/dev/stderr"), ("/tmp", "/dev/shm"))
+DEV_SIZE = 1 << 16          # /dev's own tmpfs holds only the mount points and links above, then is read-only
+
+
+def _dev_mounts() -> list[str]:
+    """A small /dev (module doc); bwrap's ``--dev`` would add a size-less, writable /dev and /dev/shm."""
+    args = ["--size", str(DEV_SIZE), "--tmpfs", "/dev"]
+    for node in DEV_NODES:
+        args += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
+    for target, link in DEV_LINKS:
+        args += ["--symlink", target, link]
+    return args + ["--remount-ro", "/dev"]
+
+
+def bwrap_argv(bwrap: str, python: str, program_dir: str, limits: Limits, status_fd: int,
+               seccomp_fd: Optional[int] = None, block_fd: Optional[int] = None) -> list[str]:
+    """The whole command line: bwrap's options, the launcher and the program (module doc). ``seccomp_fd``:
+    a readable fd holding the filter; ``block_fd``: the sandbox starts its program once a byte arrives there."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox"]
     if os.geteuid() == 0:
         argv += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     argv += _system_mounts() + _python_mounts(python)
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(limits.tmp_mb) << 20), "--tmpfs", "/tmp",
-             "--ro-bind", program_dir, "/sandbox", "--chdir", "/tmp", "--json-status-fd", str(status_fd)]
+    argv += ["--proc", "/proc", *_dev_mounts(), "--size", str(int(limits.tmp_mb) << 20), "--tmpfs", "/tmp",
+             "--ro-bind", program_dir, "/sandbox", "--remount-ro", "/", "--chdir", "/tmp",
+             "--json-status-fd", str(status_fd)]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    if block_fd is not None:
+        argv += ["--block-fd", str(block_fd)]
     rl = [f"{name}={soft}:{hard}" for name, (soft, hard) in limits.rlimits().items()]
     return argv + ["--", python, "-I", "-S", "-c", LAUNCHER, *rl, "--", python, "-I", PROGRAM]
 

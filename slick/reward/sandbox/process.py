@@ -4,7 +4,9 @@
 bwrap's JSON status pipe with one ``selectors`` loop on the calling thread, and kills the whole process group
 with SIGKILL at the deadline or as soon as stdout or stderr pass the cap. bwrap dies with it, and with bwrap
 the sandbox's PID namespace (``--die-with-parent``): no process of the program survives, whatever it forked
-or however it detached.
+or however it detached. With a :class:`Gate`, bwrap's sandbox waits on ``--block-fd`` until the gate has seen
+its first process's pid on the status pipe and called ``on_child`` with it (the pool moves it into its memory
+cgroup there); should that fail, the sandbox is killed before it ran anything.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 DRAIN_S = 2.0     # after a kill, how long to wait for the pipes to close and the process to be reaped
 CHUNK = 65536
@@ -52,6 +54,28 @@ class _Reader:
         return self.total > self.cap
 
 
+class Gate:
+    """Holds the sandbox at ``--block-fd`` (``block_w``, the write end) until ``on_child(pid)`` returned."""
+
+    def __init__(self, block_w: int, on_child: Callable[[int], None]):
+        self.block_w, self.on_child = block_w, on_child
+
+    def feed(self, status: bytes) -> None:
+        """Open the gate once ``status`` names the sandbox's first process."""
+        if self.block_w < 0:
+            return
+        pid = _child_pid(status)
+        if pid is not None:
+            self.on_child(pid)
+            os.write(self.block_w, b"1")
+            self.close()
+
+    def close(self) -> None:
+        if self.block_w >= 0:
+            os.close(self.block_w)
+            self.block_w = -1
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
@@ -75,21 +99,31 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def run_process(argv: list[str], stdin: bytes, wall_s: float, cap: int, env: dict, popen_kw: dict,
-                status_w: int, status_r: int) -> Raw:
-    """Run ``argv`` (module doc). ``status_w``/``status_r``: the pipe given to ``--json-status-fd``."""
+                status_w: int, status_r: int, child_fds: Sequence[int] = (), gate: Optional[Gate] = None) -> Raw:
+    """Run ``argv`` (module doc). ``status_w``/``status_r``: the pipe given to ``--json-status-fd``;
+    ``child_fds``: more fds bwrap gets (closed here once it started); ``gate``: see :class:`Gate`."""
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, start_new_session=True, pass_fds=(status_w,), close_fds=True,
+                                env=env, start_new_session=True, pass_fds=(status_w, *child_fds), close_fds=True,
                                 **popen_kw)
+    except BaseException:
+        os.close(status_r)
+        if gate is not None:
+            gate.close()
+        raise
     finally:
-        os.close(status_w)
+        for fd in (status_w, *child_fds):
+            os.close(fd)
     out, err, status = _Reader(cap, False), _Reader(cap, True), bytearray()
     killed = None
     sel = selectors.DefaultSelector()
     try:
-        killed = _pump(proc, sel, stdin, out, err, status, status_r, t0 + wall_s)
+        killed = _pump(proc, sel, stdin, out, err, status, status_r, t0 + wall_s, gate)
     finally:
+        if gate is not None and gate.block_w >= 0:       # never opened: the sandbox must not run ungated
+            _kill(proc)
+            gate.close()
         if killed or proc.poll() is None:
             _kill(proc)
         sel.close()
@@ -109,7 +143,7 @@ def run_process(argv: list[str], stdin: bytes, wall_s: float, cap: int, env: dic
 
 
 def _pump(proc, sel, stdin: bytes, out: _Reader, err: _Reader, status: bytearray, status_r: int,
-          deadline: float) -> Optional[str]:
+          deadline: float, gate: Optional[Gate]) -> Optional[str]:
     """The selectors loop; returns why the process must be killed, or None when it ended by itself."""
     os.set_blocking(proc.stdin.fileno(), False)
     if stdin:
@@ -143,6 +177,8 @@ def _pump(proc, sel, stdin: bytes, out: _Reader, err: _Reader, status: bytearray
                 continue
             if isinstance(key.data, bytearray):
                 key.data.extend(chunk[:4096])
+                if gate is not None:
+                    gate.feed(bytes(key.data))
             else:
                 key.data.add(chunk)
                 if key.data.over:
@@ -152,6 +188,21 @@ def _pump(proc, sel, stdin: bytes, out: _Reader, err: _Reader, status: bytearray
         proc.wait(max(left, 0.0))
     except subprocess.TimeoutExpired:
         return "timeout"
+    return None
+
+
+def _child_pid(text: bytes) -> Optional[int]:
+    """The sandbox's first process (a host pid) from bwrap's status documents, once one names it."""
+    decoder, s, i = json.JSONDecoder(), text.decode("utf-8", "replace"), 0
+    while i < len(s):
+        while i < len(s) and s[i].isspace():
+            i += 1
+        try:
+            doc, i = decoder.raw_decode(s, i)
+        except ValueError:
+            return None
+        if isinstance(doc, dict) and isinstance(doc.get("child-pid"), int):
+            return doc["child-pid"]
     return None
 
 
