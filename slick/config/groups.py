@@ -50,8 +50,9 @@ class RolloutConfig:
                             choices=["local", "http", "vllm", "sglang"])
     rollout_urls: list = F([], "Server or router URLs to use instead of launching engines (--rollout-engine http "
                            "or vllm).", nargs="+")
-    rollout_engine_python: Optional[str] = F(None, "Python of the environment that has vLLM or SGLang (default for "
-                                             "vllm: .venv-vllm/bin/python, made by `make vllm`).")
+    rollout_engine_python: Optional[str] = F(None, "Python of the environment that has vLLM or SGLang (default: "
+                                             ".venv-vllm/bin/python or .venv-sglang/bin/python, made by `make vllm` / "
+                                             "`make sglang`).")
     rollout_startup_timeout: float = F(600.0, "Seconds a launched vLLM/SGLang server may take to become healthy "
                                        "before the run fails quoting its log.")
     router: str = F("none", "Start a router in front of the workers.", choices=["none", "sglang"])
