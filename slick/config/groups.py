@@ -181,13 +181,16 @@ class SandboxConfig:
     sandbox_timeout: float = F(10.0, "Wall-clock seconds one sandboxed program may run; then its sandbox is killed "
                                      "(verdict time_limit).")
     sandbox_cpu_seconds: int = F(5, "CPU seconds (RLIMIT_CPU) of each process in the sandbox.")
-    sandbox_memory_mb: int = F(1024, "Address space (RLIMIT_AS) of each process in the sandbox, in MiB.")
+    sandbox_memory_mb: int = F(1024, "Memory of one sandboxed program, in MiB: the address space (RLIMIT_AS) of "
+                                     "each process and, where the host allows a memory cgroup, all its processes "
+                                     "and in-memory files together (docs/sandbox.md).")
     sandbox_max_processes: int = F(32, "Processes and threads a sandboxed program may have (RLIMIT_NPROC).")
     sandbox_file_size_mb: int = F(16, "Largest file a sandboxed program may write (RLIMIT_FSIZE), in MiB.")
     sandbox_open_files: int = F(64, "Open files of each process in the sandbox (RLIMIT_NOFILE).")
     sandbox_output_kb: int = F(1024, "stdout and stderr are each kept up to this many KiB; past it the sandbox is "
                                      "killed (verdict output_limit).")
-    sandbox_tmp_mb: int = F(64, "Size of the sandbox's fresh in-memory /tmp (its working directory), in MiB.")
+    sandbox_tmp_mb: int = F(64, "Size of the sandbox's fresh in-memory /tmp (its working directory; /dev/shm "
+                                "links to it), in MiB: the only place a sandboxed program can write.")
     sandbox_python: Optional[str] = F(None, "Interpreter inside the sandbox (default: /usr/bin/python3, else the "
                                             "one running slick).")
     code_reward_mode: str = F("fraction", "--rm-type code: reward = fraction of tests passed, or 1.0 only when "
