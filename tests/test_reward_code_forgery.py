@@ -73,6 +73,9 @@ SHADOW = {  # exploits through names the tests use
         {"tests": "assert math.isclose(f(2), 4.0)\nassert math.isclose(f(3), 9.0)"},
         "import math\nclass _M:\n    def isclose(self, a, b):\n        return True\nmath = _M()\n"
         "def f(x):\n    return 0\n"),
+    "StopIteration ends the tests' map early": (
+        {"tests": "assert all(map(lambda x: f(x) == x * x, [2, 3]))\nassert all(f(x) == x * x for x in [4])"},
+        "def f(x):\n    raise StopIteration\n"),
     "a bool-like object for truth tests": (
         {"tests": "assert is_square(4)\nassert is_square(9)"},
         "class T:\n    def __bool__(self):\n        return True\ndef is_square(x):\n    return T()\n"),

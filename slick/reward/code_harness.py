@@ -196,7 +196,7 @@ class Link:
             self.verdict = "memory_limit" if name == "MemoryError" else "runtime_error"
             raise ProgramGone(self.gone)
         if reply[0] == "err":
-            raise _program_exception(reply)
+            raise _program_exception(reply, msg[0] == "next")
         return reply[1] if len(reply) > 1 else None
 
     def value(self, data):
@@ -229,10 +229,13 @@ def _exit_verdict(code):
             -signal.SIGKILL: "killed"}.get(code, "runtime_error")
 
 
-def _program_exception(reply):
+def _program_exception(reply, iterating):
+    """The program's exception as a builtin one of the same name (else :class:`ProgramError`); StopIteration
+    only from ``next``: raised by a call it would end the test's ``map``/``all`` early and pass it."""
     name, message, tail = (reply + ["", "", ""])[1:4]
     cls = getattr(builtins, name, None) if type(name) is str else None
-    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+    stops = isinstance(cls, type) and issubclass(cls, (StopIteration, StopAsyncIteration))
+    if not (isinstance(cls, type) and issubclass(cls, Exception)) or (stops and not iterating):
         cls = ProgramError
     return cls("%s (raised by the program: %s)\n%s" % (message, name, str(tail).rstrip()))
 
