@@ -7,8 +7,13 @@ SERVER_ENGINES = ("vllm", "sglang")
 
 
 def server_engine_problems(cfg, p: list[str]) -> None:
-    """--rollout-engine vllm|sglang, --vllm-*, --engine-max-running and the flags they cannot combine with."""
+    """--rollout-engine vllm|sglang, --vllm-*, --engine-max-running, --use-routing-replay and the flags they cannot
+    combine with."""
     engine = cfg.rollout_engine
+    if cfg.use_routing_replay and engine != "local":
+        p.append(f"--use-routing-replay needs the experts each token was routed to, which only slick's in-process "
+                 f"engine returns (--rollout-engine local); --rollout-engine {engine} does not return routing "
+                 "(docs/moe.md): drop --use-routing-replay or use --rollout-engine local")
     if cfg.engine_max_running is not None and cfg.engine_max_running < 1:
         p.append(f"--engine-max-running must be >= 1 (got {cfg.engine_max_running})")
     if cfg.engine_max_running is not None and (engine in SERVER_ENGINES or cfg.rollout_urls):

@@ -6,13 +6,15 @@ softmax-then-top-k (renormalised as the model's config says) and the experts gro
 block. While a :class:`MoeRouting` replays a micro-batch (:meth:`MoeRouting.replaying`), every token that has
 recorded experts runs through *those* experts instead of its own top-k; their gate weights are the router's own
 softmax read at the replayed ids (renormalised alike), so the router still gets its gradient from its own logits
-(routing replay, R3). Tokens without a record (the last row of each sample, or a sample the engine gave no routing)
-use their own top-k. Every forward adds per-layer statistics (expert load, router entropy, and the fraction of
-replayed tokens whose own top-k differs) that :meth:`MoeRouting.pop_metrics` reads out.
+(routing replay, R3; without replay the records only feed ``moe/mismatch``). Tokens without a record (the last
+row of each sample, or a sample the engine gave no routing) use their own top-k. Every forward adds per-layer
+statistics (expert load, router entropy, and the fraction of recorded tokens whose own top-k differs) that
+:meth:`MoeRouting.pop_metrics` reads out.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 from collections import defaultdict
 from typing import Optional, Sequence
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from slick.algo.routing import decode_routing, expert_mix, replay_weights, route, routing_stats
 
 MOE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
+log = logging.getLogger("slick.train")
 
 
 class MoeRouting:
@@ -46,10 +49,9 @@ class MoeRouting:
     def packed_ids(self, samples: Sequence, indices: list[int], gather: torch.Tensor) -> Optional[torch.Tensor]:
         """The recorded experts of ``samples[indices]`` laid out on their packed row (``gather``: the row of each
         response token's prediction, as ``PackedBatch.gather_index``): prompt position t of a sample whose last
-        prompt row is g0 sits at row ``g0 - P + 1 + t``, response input j at ``gather[1 + j]``. None unless replay
-        is on and some sample carries a routing of the right length (``P + R - 1`` tokens)."""
-        if not self.replay:
-            return None
+        prompt row is g0 sits at row ``g0 - P + 1 + t``, response input j at ``gather[1 + j]``. None unless some
+        sample carries a routing of the right length (``P + R - 1`` tokens). Without replay the blocks only
+        compare their own choice with it (``moe/mismatch``)."""
         n = int(gather.max()) + 1 if gather.numel() else 0
         out, start, missing = None, 0, 0
         for i in indices:
@@ -79,7 +81,7 @@ class MoeRouting:
 
     def pop_metrics(self) -> dict[str, float]:
         """Means since the last call: ``moe/load_max/layer{j}``, ``moe/load_mean/layer{j}`` (tokens per expert),
-        ``moe/entropy/layer{j}``, ``moe/mismatch/layer{j}`` (replayed tokens only), the averages over layers
+        ``moe/entropy/layer{j}``, ``moe/mismatch/layer{j}`` (tokens with a record only), the averages over layers
         (``moe/load_max`` ...) and ``moe/replay_missing_samples``."""
         out = {f"moe/{k}": sum(v) / len(v) for k, v in self._stats.items() if v}
         for k in ("load_max", "load_mean", "entropy", "mismatch"):
@@ -100,8 +102,9 @@ def _moe_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     ids, replayed = own, state.block_ids(j, x.shape[0])
     if replayed is not None:
         has = replayed[:, 0] >= 0
-        ids = torch.where(has.unsqueeze(1), replayed, own)
-        w = replay_weights(logits, ids, normalize)
+        if state.replay:
+            ids = torch.where(has.unsqueeze(1), replayed, own)
+            w = replay_weights(logits, ids, normalize)
         replayed = replayed[has]
     if hasattr(gate, "norm_topk_prob"):   # Qwen3-MoE rounds its gate weights to the logits' dtype
         w = w.to(logits.dtype)
@@ -122,8 +125,37 @@ def use_slick_moe(model: torch.nn.Module, replay: bool) -> Optional[MoeRouting]:
         if getattr(b, "jitter_noise", 0):
             raise ValueError(f"router_jitter_noise={b.jitter_noise}: slick's MoE blocks do not add router jitter "
                              "(set it to 0 in config.json)")
+    if not replay:
+        log.warning("mixture-of-experts model (%d MoE layers) without --use-routing-replay: the trainer routes every "
+                    "token with its own router, which can choose other experts than the rollout engine did "
+                    "(moe/mismatch measures how often; docs/moe.md)", len(blocks))
     state = MoeRouting(blocks, replay)
     for j, b in enumerate(blocks):
         b._slick_routing, b._slick_index = state, j
         b.forward = types.MethodType(_moe_forward, b)
     return state
+
+
+def fuse_expert_weights(sd: dict, model: torch.nn.Module) -> dict:
+    """``sd`` with the per-expert tensors a saved checkpoint holds (Mixtral ``block_sparse_moe.experts.{j}.w1/w3/w2``
+    and ``block_sparse_moe.gate``, Qwen3-MoE ``mlp.experts.{j}.gate/up/down_proj``) stacked into ``model``'s fused
+    parameters (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``) where those
+    are missing; a dense model's ``sd`` is returned as it is."""
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    for n in sorted(set(shapes) - set(sd)):
+        if not n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight")):
+            continue
+        p = n[:n.index("mlp.")]
+        for mod, (g, u, dn) in (("block_sparse_moe", ("w1", "w3", "w2")),
+                                ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+            e = p + f"{mod}.experts."
+            if n.endswith("mlp.gate.weight") and p + f"{mod}.gate.weight" in sd:
+                sd[n] = sd.pop(p + f"{mod}.gate.weight")
+            elif e + f"0.{g}.weight" in sd:
+                count = shapes[n][0]
+                if n.endswith("gate_up_proj"):
+                    sd[n] = torch.stack([torch.cat([sd[e + f"{j}.{g}.weight"], sd[e + f"{j}.{u}.weight"]])
+                                         for j in range(count)])
+                else:
+                    sd[n] = torch.stack([sd[e + f"{j}.{dn}.weight"] for j in range(count)])
+    return sd
