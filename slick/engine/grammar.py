@@ -15,29 +15,33 @@ importance ratio of constrained tokens starts below 1 (see docs/serving.md, "Str
 Why llguidance: a 3 MB wheel with no dependencies (xgrammar pulls triton; outlines-core needs an index per
 schema built over the whole vocabulary first), masks computed lazily in Rust in tens of microseconds per token,
 and JSON schema, regex and Lark grammars behind one matcher. The tokenizer wrapper is built once per engine.
+
+Hostile grammars: llguidance compiles recursively and a deep enough grammar overflows any stack (SIGSEGV), so
+a grammar is first checked against the engine's limits (``slick/engine/limits.py``: size, JSON nesting), then
+compiled once in a helper process (``slick/engine/grammar_check.py``: a crash or a timeout there refuses the
+request), and only then compiled here, on a thread with the helper's stack size.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import json
 import logging
+import queue
 import threading
 from typing import Any, Optional, Sequence
 
 import torch
+
+from slick.engine.grammar_check import GrammarError, big_stack_thread   # a grammar is checked in a helper first
+from slick.engine.limits import LimitError
 
 log = logging.getLogger("slick.engine")
 
 FIELDS = ("json_schema", "regex", "ebnf")
 # compact JSON (no free whitespace between tokens: a model could otherwise emit blanks until the length limit)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class GrammarError(ValueError):
-    """A constraint llguidance cannot compile; ``field`` names it (e.g. ``sampling.json_schema``)."""
-
-    def __init__(self, message: str, field: str = ""):
-        super().__init__(message)
-        self.field = field
+CACHED_MATCHERS = 16     # compiled grammars kept (a request with n choices compiles its grammar once)
 
 
 def constraint_of(sp: Any, where: str = "sampling") -> Optional[tuple[str, str]]:
@@ -80,12 +84,22 @@ def json_lark(schema: dict) -> str:
 
 
 class Grammars:
-    """Compiles constraints into matchers for one tokenizer (its llguidance wrapper is built on first use)."""
+    """Compiles constraints into matchers for one tokenizer (its llguidance wrapper is built on first use).
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int]):
+    ``checker`` (a :class:`slick.engine.grammar_check.GrammarChecker`) compiles every new grammar in a helper
+    process first, so that a grammar that would crash the compiler or hang it is refused instead; the engine's own
+    compile then runs on one thread with a large stack, one grammar at a time, and the last
+    ``CACHED_MATCHERS`` compiled grammars are copied instead of compiled again. ``timeout_s`` bounds the wait
+    for the engine's own compile."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int], checker=None, timeout_s: float = 10.0):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, int(vocab_size), list(eos_ids)
+        self.checker, self.timeout_s = checker, float(timeout_s)
         self._llt = None
         self._lock = threading.Lock()
+        self._jobs: "queue.Queue" = queue.Queue()
+        self._worker = None
+        self._cache: collections.OrderedDict = collections.OrderedDict()
 
     def _tokenizer(self):
         with self._lock:
@@ -98,19 +112,60 @@ class Grammars:
 
     def matcher(self, sp: Any, where: str = "sampling"):
         """An ``LLMatcher`` for ``sp``'s constraint, or None when it sets none. Raises GrammarError naming the
-        field when the grammar does not compile. Blocking (the first call builds the tokenizer wrapper, ~0.3 s):
-        call it off the event loop."""
+        field when the grammar does not compile (or crashed the helper), LimitError when it took too long.
+        Blocking (the first call builds the tokenizer wrapper, ~0.3 s, and starts the helper): call it off the
+        event loop."""
         c = constraint_of(sp, where)
         if c is None:
             return None
+        field = f"{where}.{c[0]}"
+        grammar = llg_grammar(*c, where=where)
+        with self._lock:
+            m = self._cache.get(grammar)
+            if m is not None:
+                self._cache.move_to_end(grammar)
+                return m.deep_copy()
+        if self.checker is not None:
+            self.checker.check(grammar, field)
+        m = self._compile(grammar, field)
+        if m.is_error():
+            raise GrammarError(f"{field}: {m.get_error()}", field)
+        with self._lock:
+            self._cache[grammar] = m.deep_copy()
+            while len(self._cache) > CACHED_MATCHERS:
+                self._cache.popitem(last=False)
+        return m
+
+    def _compile(self, grammar: str, field: str):
+        """``LLMatcher(grammar)`` built on the compile thread (large stack, one at a time)."""
+        llt = self._tokenizer()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._worker is None:
+                self._worker = big_stack_thread(self._serve, "slick-grammar")
+        self._jobs.put((llt, grammar, fut))
+        try:
+            return fut.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise LimitError(f"{field}: the grammar did not compile within {self.timeout_s:g} s; the limit is "
+                             f"{self.timeout_s:g} (--grammar-timeout-s)", field, "grammar_timeout_s") from None
+
+    def _serve(self) -> None:
         import llguidance
 
-        grammar = llg_grammar(*c, where=where)
-        llt = self._tokenizer()
-        m = llguidance.LLMatcher(llt, grammar, log_level=0)
-        if m.is_error():
-            raise GrammarError(f"{where}.{c[0]}: {m.get_error()}", f"{where}.{c[0]}")
-        return m
+        while True:
+            llt, grammar, fut = self._jobs.get()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(llguidance.LLMatcher(llt, grammar, log_level=0))
+            except Exception as e:  # noqa: BLE001 - handed to the waiting request
+                fut.set_exception(e)
+
+    def close(self) -> None:
+        """Stop the helper process (the compile thread is a daemon and idles)."""
+        if self.checker is not None:
+            self.checker.close()
 
 
 _BITS = None

@@ -38,6 +38,8 @@ from slick.engine.lora_merge import LoraDelta, is_adapter_dir, merged_weights, r
 from slick.engine.model import Transformer, iter_safetensors, pick_dtype
 from slick.engine.request import Request, deliver
 from slick.engine.grammar import Grammars, constraint_of
+from slick.engine.grammar_check import GrammarChecker     # new grammars compile in a helper process first
+from slick.engine.limits import RequestLimits             # stop strings, grammar size/depth/time per request
 from slick.engine.sampling import validate_sampling
 from slick.engine.scoring import as_dicts, prompt_logprobs
 from slick.engine.weight_check import check_dir, check_named
@@ -56,10 +58,12 @@ class LocalEngine(ContinuousBatching):
     response); defaults to the model's ``max_position_embeddings`` (or its sliding window if smaller).
     ``seed`` seeds the random streams of requests that do not carry their own ``SamplingParams.seed``.
     ``threaded``: run the scheduler in a background thread (default: only on CUDA; see the module doc).
+    ``limits``: what one request may ask (:class:`slick.engine.limits.RequestLimits`; default: its defaults).
     """
 
     def __init__(self, model_path: str | Path, dtype: str = "auto", device: str = "auto", max_running: int = 64,
-                 max_seq_len: Optional[int] = None, seed: int = 0, threaded: Optional[bool] = None):
+                 max_seq_len: Optional[int] = None, seed: int = 0, threaded: Optional[bool] = None,
+                 limits: Optional[RequestLimits] = None):
         t0 = time.perf_counter()
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -81,7 +85,10 @@ class LocalEngine(ContinuousBatching):
             raise ValueError(f"max_running={max_running} must be >= 1")
         self.max_running = int(max_running)
         self.eos_ids = _eos_ids(self.tokenizer, Path(self.model_path))
-        self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)   # json_schema / regex / ebnf
+        self.limits = limits if limits is not None else RequestLimits()
+        checker = GrammarChecker(self.model_path, self.vocab_size, self.eos_ids, self.limits.grammar_timeout_s)
+        self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids, checker,   # json_schema / regex / ebnf
+                                  timeout_s=self.limits.grammar_timeout_s)
         self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
                              self.max_running, self.max_context)
         self._rng = random.Random(seed)
@@ -118,6 +125,7 @@ class LocalEngine(ContinuousBatching):
         """
         prompt = self._check_prompt(prompt_ids)
         sp = validate_sampling(sampling if sampling is not None else SamplingParams(), "sampling")
+        self.limits.check_sampling(sp, "sampling")    # a LimitError (ValueError) names the limit and its flag
         if self._closed:
             raise RuntimeError("LocalEngine is closed")
         if self.model.released:
@@ -367,6 +375,7 @@ class LocalEngine(ContinuousBatching):
         if self._thread is not None:
             self._thread.join(timeout=60)
         self._abort_all_sync()
+        self._grammars.close()
 
     def stats(self) -> dict:
         """Counters for /metrics: running, queued, generated_tokens_total, tokens_per_sec (last ~10 s), ..."""

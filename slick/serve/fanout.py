@@ -21,8 +21,10 @@ log = logging.getLogger("slick.engine")
 STOP_WAIT_S = 10.0       # how long stopped choices get to end before run_together raises anyway
 
 
-async def generate_all(engine: Any, jobs: Sequence[tuple[list[int], Any]], where: str = "choice") -> list:
-    """``engine.generate(ids, sampling)`` for every ``(ids, sampling)`` of ``jobs``, as one unit (module doc).
+async def generate_all(engine: Any, jobs: Sequence[tuple[list[int], Any]], where: str = "choice",
+                       on_cancel: Optional[Callable[[int], None]] = None) -> list:
+    """``engine.generate(ids, sampling)`` for every ``(ids, sampling)`` of ``jobs``, as one unit (module doc);
+    ``on_cancel`` as in :func:`run_together`.
 
     Raises :class:`slick.engine.sampling.SamplingError` naming ``where[i].field`` before any job starts when a
     job's settings are invalid; returns the Generations in order."""
@@ -32,20 +34,24 @@ async def generate_all(engine: Any, jobs: Sequence[tuple[list[int], Any]], where
     rids = [f"{base}-{i}" for i in range(len(jobs))]
     abort = getattr(engine, "abort", None)
     return await run_together([engine.generate(list(ids), sp, rid=rid) for (ids, sp), rid in zip(jobs, rids)],
-                              stop=(lambda i: abort(rids[i])) if abort is not None else None)
+                              stop=(lambda i: abort(rids[i])) if abort is not None else None, on_cancel=on_cancel)
 
 
-async def run_together(aws: Sequence[Awaitable], stop: Optional[Callable[[int], Awaitable]] = None) -> list:
+async def run_together(aws: Sequence[Awaitable], stop: Optional[Callable[[int], Awaitable]] = None,
+                       on_cancel: Optional[Callable[[int], None]] = None) -> list:
     """Await every awaitable of ``aws``; return their results in order. When one raises, ``stop(i)`` each
     unfinished one (e.g. ``engine.abort(rid)``: its slot is freed at once), cancel them, wait (up to
     ``STOP_WAIT_S``) for them to end, and re-raise. When this call is cancelled, the unfinished ones are cancelled
-    and waited for. Unlike ``asyncio.gather``, no sibling outlives the failure."""
+    and waited for (``on_cancel(k)`` hears how many: a client that went away). Unlike ``asyncio.gather``, no
+    sibling outlives the failure."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
         return []
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     except asyncio.CancelledError:      # the caller went away: a cancel stops each (as asyncio.gather does)
+        if on_cancel is not None:
+            on_cancel(sum(not t.done() for t in tasks))
         await _stop(tasks, None)
         raise
     failed = next((t for t in tasks if t.done() and (t.cancelled() or t.exception() is not None)), None)

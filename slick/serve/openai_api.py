@@ -41,11 +41,12 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from aiohttp import web
 
 from slick.chat.toolcall import get_parser
+from slick.engine.limits import LimitError, limits_of    # n, stop strings, grammar size/depth per request
 from slick.serve.fanout import generate_all     # all checked before any starts; one fails: all stop
 from slick.serve.http_body import THREAD_BYTES, BodyError, json_response, read_json
 from slick.serve.http_protocol import text_char_limit
@@ -81,8 +82,9 @@ class OpenAIEndpoint:
 
     def __init__(self, engine: Any, tokenizer, *, model_name: str, max_context: Optional[int] = None,
                  vocab_size: Optional[int] = None, eos_ids=(), sessions: Any = None, tool_parser: str = "hermes",
-                 max_text_chars: Optional[int] = None):
+                 max_text_chars: Optional[int] = None, on_disconnect: Optional[Callable[[int], None]] = None):
         self._engine = engine
+        self.on_disconnect = on_disconnect      # hears how many choices a client that went away left unfinished
         self.tok = tokenizer
         self.model_name = model_name
         self.max_context = max_context
@@ -155,13 +157,27 @@ class OpenAIEndpoint:
 
     def _chat_request(self, body: Any):
         check_sizes(body, True, self.max_context, self.max_text_chars)
-        params, messages, (tools, parse_calls) = parse_params(body, chat=True), parse_messages(body), parse_tools(body)
+        params = self._within_limits(parse_params(body, chat=True))
+        messages, (tools, parse_calls) = parse_messages(body), parse_tools(body)
         params.grammar = constraint(body, tools, self.tool_parser)
+        self._within_limits(params)
         return params, messages, (tools, parse_calls)
 
     def _completion_request(self, body: Any):
         check_sizes(body, False, self.max_context, self.max_text_chars)
-        return parse_params(body, chat=False), parse_prompts(body, self.vocab_size)[0]
+        return self._within_limits(parse_params(body, chat=False)), parse_prompts(body, self.vocab_size)[0]
+
+    def _within_limits(self, params: Params) -> Params:
+        """``params``, or an OpenAIError naming the field and the engine's limit (``slick/engine/limits.py``):
+        ``n``, stop strings, and the grammar of ``response_format`` / ``tool_choice``."""
+        lim = limits_of(self.engine)
+        try:
+            lim.check_n(params.n)
+            lim.check_sampling(params.sampling(1), "")
+        except LimitError as e:
+            param = {"json_schema": "response_format", "ebnf": "tool_choice"}.get(e.field, e.field)
+            raise OpenAIError(str(e), 400, param=param) from None
+        return params
 
     def _session(self, request: web.Request):
         sid = request.match_info.get("sid")
@@ -200,7 +216,7 @@ class OpenAIEndpoint:
                 for i in range(params.n)]
 
     async def _generate(self, ids: list[int], sps: list[SamplingParams]) -> list[Generation]:
-        return await generate_all(self.engine, [(ids, sp) for sp in sps])
+        return await generate_all(self.engine, [(ids, sp) for sp in sps], on_cancel=self.on_disconnect)
 
     def _id_fields(self, params: Params) -> dict:
         return {"created": int(time.time()), "model": params.model or self.model_name}
@@ -275,7 +291,7 @@ class OpenAIEndpoint:
         """Stream one prompt's choices (module doc of ``openai_stream``); ``result(gens)`` is the final answer."""
         await st.start()
         try:
-            gens = await run_polled(self.engine, jobs, st.progress)
+            gens = await run_polled(self.engine, jobs, st.progress, on_disconnect=self.on_disconnect)
             out, n_texts = result(gens)
         except (OpenAIError, ValueError) as e:
             return await st.error(str(e), "invalid_request_error")
@@ -314,7 +330,8 @@ class OpenAIEndpoint:
                     await st.sse.open()
                 st.next_prompt(params.n, len(choices))
                 try:
-                    gens = await run_polled(self.engine, [(ids, sp) for sp in sps], st.progress)
+                    gens = await run_polled(self.engine, [(ids, sp) for sp in sps], st.progress,
+                                            on_disconnect=self.on_disconnect)
                 except (OpenAIError, ValueError) as e:
                     return await st.error(str(e), "invalid_request_error")
             else:

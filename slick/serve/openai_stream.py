@@ -14,7 +14,8 @@ unstreamed one. (Whitespace that the unstreamed ``content`` strips around tool c
 With ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last chunk with no choices
 carries the usage. The stream ends with ``data: [DONE]``. An error after the stream began is sent as an event
 ``{"error": {...}}`` (what the ``openai`` client raises on). A client that disconnects (the write fails, or its
-handler is cancelled) aborts every engine request of its call: ``engine.abort(rid)`` frees the slots at once.
+handler is cancelled) stops every engine request of its call, all ``n`` choices: each is cancelled at once (the
+engine drops it at its next step and counts it as aborted) and ``engine.abort(rid)`` is sent too.
 """
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ class SSEWriter:
 
 
 async def run_polled(engine: Any, jobs: list, on_progress: Callable[[int, tuple], Awaitable[None]],
-                     every: float = STREAM_EVERY_S) -> list:
+                     every: float = STREAM_EVERY_S, on_disconnect: Optional[Callable[[int], None]] = None) -> list:
     """``engine.generate`` for each ``(ids, sampling)`` of ``jobs`` (checked first, as ``generate_all`` does),
     calling ``on_progress(i, (tokens, logprobs, versions, tops))`` with choice ``i``'s tokens so far every
-    ``every`` seconds; returns the Generations. Any failure, cancel or disconnect aborts every unfinished one."""
+    ``every`` seconds; returns the Generations. Any failure, cancel or disconnect stops every unfinished one;
+    ``on_disconnect(k)`` hears how many were stopped because the client went away (a cancel or a failed write)."""
     for i, (_, sp) in enumerate(jobs):
         validate_sampling(sp, f"choice[{i}]")
     base = uuid.uuid4().hex
@@ -105,8 +107,11 @@ async def run_polled(engine: Any, jobs: list, on_progress: Callable[[int, tuple]
                     part = _partial(partial, rids[i])
                     if part is not None and part[0]:
                         await on_progress(i, part)
-    except BaseException:
-        await _abort(engine, rids, tasks)
+    except BaseException as e:
+        stopped = cancel_pending(tasks)     # at once: a second cancel of this handler cannot leave one running
+        if on_disconnect is not None and isinstance(e, (asyncio.CancelledError, ConnectionError)):
+            on_disconnect(len(stopped))
+        await _abort(engine, rids, tasks, stopped)
         raise
 
 
@@ -118,16 +123,24 @@ def _partial(partial, rid: str) -> Optional[tuple]:
     return None if part is None else tuple(part) + (None,) * (4 - len(part))
 
 
-async def _abort(engine: Any, rids: list[str], tasks: list) -> None:
+def cancel_pending(tasks: list) -> list[int]:
+    """Cancel every unfinished task of ``tasks`` (synchronously); return their indices. A cancelled
+    ``engine.generate`` marks its request cancelled and the engine drops it at its next step."""
     pending = [i for i, t in enumerate(tasks) if not t.done()]
+    for i in pending:
+        tasks[i].cancel()
+    return pending
+
+
+async def _abort(engine: Any, rids: list[str], tasks: list, pending: list[int]) -> None:
+    """Also ask the engine to abort the cancelled ones (an HTTP engine's server frees their slots now), then wait
+    (bounded) for them to end."""
     abort = getattr(engine, "abort", None)
     if abort is not None and pending:
         res = await asyncio.gather(*(abort(rids[i]) for i in pending), return_exceptions=True)
         for r in res:
             if isinstance(r, Exception):
                 log.warning("aborting a streamed request: %s: %s", type(r).__name__, r)
-    for i in pending:
-        tasks[i].cancel()
     if pending:
         await asyncio.wait([tasks[i] for i in pending], timeout=STOP_WAIT_S)
     for t in tasks:

@@ -13,6 +13,7 @@ from aiohttp import web
 from slick.serve import server as _server
 from slick.serve.http_guard import parse_allowed_hosts
 from slick.engine.local import LocalEngine
+from slick.engine.limits import DEFAULTS as LIMIT_DEFAULTS, RequestLimits
 from slick.serve.server import SlickServer
 from slick.serve.sglang_args import KNOWN, engine_options, flag, split_sglang_args, unknown_warning
 from slick.serve.weight_dirs import parse_dirs
@@ -49,6 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=None, help="Cap on prompt + response tokens.")
     p.add_argument("--seed", type=int, default=0, help="Engine sampling seed.")
     p.add_argument("--max-batch", type=int, default=4096, help="Most prompts accepted in one /generate.")
+    d = LIMIT_DEFAULTS     # what one request may ask (slick/engine/limits.py); over a limit: 400 naming the flag
+    p.add_argument("--max-stop-strings", dest="max_stop", type=int, default=d["max_stop"],
+                   help=f"Most stop strings in one request (default {d['max_stop']}).")
+    p.add_argument("--max-stop-chars", dest="max_stop_chars", type=int, default=d["max_stop_chars"],
+                   help=f"Longest stop string, in characters (default {d['max_stop_chars']}).")
+    p.add_argument("--max-n", dest="max_n", type=int, default=d["max_n"],
+                   help=f"Most choices (n) of one OpenAI request (default {d['max_n']}).")
+    p.add_argument("--max-grammar-bytes", dest="max_grammar_bytes", type=int, default=d["max_grammar_bytes"],
+                   help="Largest json_schema / regex / ebnf constraint (response_format, tool_choice, sampling "
+                        f"params), in UTF-8 bytes (default {d['max_grammar_bytes']}).")
+    p.add_argument("--max-grammar-depth", dest="max_grammar_depth", type=int, default=d["max_grammar_depth"],
+                   help=f"Deepest nesting of objects and arrays in a JSON schema (default {d['max_grammar_depth']}).")
+    p.add_argument("--grammar-timeout-s", dest="grammar_timeout_s", type=float, default=d["grammar_timeout_s"],
+                   help="Seconds a new grammar may take to compile (in a helper process first, so a grammar "
+                        f"that crashes the compiler is refused; default {d['grammar_timeout_s']:g}).")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="Shut down (as on SIGTERM) when this process is no longer the parent, e.g. a driver "
                         "killed with SIGKILL; slick sets it for the workers it launches.")
@@ -62,14 +78,16 @@ async def serve(args: argparse.Namespace) -> int:
     if args.parent_pid:   # from the start: a driver that dies while this worker loads leaves no orphan
         watch_parent(args.parent_pid, lambda: loop.call_soon_threadsafe(stop.set), grace_s=20.0, what="slick serve")
     engine = LocalEngine(args.hf_checkpoint, dtype=args.dtype, device=args.device,
-                         max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed)
+                         max_running=args.max_running, max_seq_len=args.max_seq_len, seed=args.seed,
+                         limits=args.limits)
     server = SlickServer(engine, model_path=args.hf_checkpoint, api_key=args.api_key, max_batch=args.max_batch,
                          host=args.host, allowed_hosts=args.allowed_hosts, max_request_bytes=args.max_request_bytes,
                          allowed_weight_dirs=args.allowed_weight_dirs,
                          server_args={"host": args.host, "port": args.port, "dtype": args.dtype,
                                       "device": args.device, "max_running_requests": args.max_running,
                                       "max_seq_len": args.max_seq_len, "random_seed": args.seed,
-                                      "api_key_set": bool(args.api_key)})
+                                      "api_key_set": bool(args.api_key),
+                                      **{k: getattr(args, k) for k in LIMIT_DEFAULTS}})
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its generation
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
@@ -106,6 +124,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     except ValueError as e:
         parser.error(str(e))
     args.allowed_weight_dirs = parse_dirs(args.allowed_weight_dirs)
+    try:
+        args.limits = RequestLimits(**{k: getattr(args, k) for k in LIMIT_DEFAULTS})
+    except ValueError as e:
+        parser.error(str(e))
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         parser.error(f"--max-request-bytes {args.max_request_bytes}: must be at least 1024")
     if unknown:

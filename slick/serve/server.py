@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from aiohttp import web
 
+from slick.engine.limits import limits_of
 from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS
 from slick.serve.fanout import run_together     # one prompt fails: the others are aborted too
 from slick.serve.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
@@ -107,13 +108,17 @@ class SlickServer:
 
         OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
                        max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
-                       eos_ids=self.eos_ids, max_text_chars=self.max_text_chars).add_routes(app)
+                       eos_ids=self.eos_ids, max_text_chars=self.max_text_chars,
+                       on_disconnect=self._count_disconnects).add_routes(app)
         self.weight_groups = WeightGroupRoutes(self)    # broadcast updates: slick/serve/weight_group_routes.py
         self.weight_groups.register(r)
         return app
 
     def _count_error(self) -> None:
         self.counters["request_errors_total"] += 1
+
+    def _count_disconnects(self, n: int) -> None:
+        self.counters["disconnect_aborted_requests_total"] += n
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
@@ -154,6 +159,9 @@ class SlickServer:
             body, vocab_size=self.engine.vocab_size, max_context=self.engine.max_context, text_ids=text_ids,
             max_batch=self.max_batch, max_text_chars=self.max_text_chars)
         req = await asyncio.to_thread(parse) if len(await request.read()) > THREAD_BYTES else parse()
+        limits = limits_of(self.engine)     # stop strings, grammar size and depth: 400 naming the flag
+        for i, it in enumerate(req.items):
+            limits.check_sampling(it.sampling, f"sampling_params[{i}]" if req.batched else "sampling_params")
         rids = [it.rid for it in req.items]
         dup = sorted({r for r in rids if rids.count(r) > 1 or r in self._tasks})
         if dup:
@@ -339,7 +347,10 @@ class SlickServer:
             ("slick_paused", "gauge", "1 while generation is paused.", int(self.paused)),
             ("slick_process_rss_bytes", "gauge", "Resident memory of this server process.", rss_bytes()),
         ]
-        rows += [(f"slick_{k}", "counter", f"Server counter {k}.", v) for k, v in self.counters.items()]
+        counters = dict(self.counters)
+        if "aborted" in st:   # the engine counts every request it ended early: aborts, disconnects, shutdown
+            counters["aborted_requests_total"] = st["aborted"]
+        rows += [(f"slick_{k}", "counter", f"Server counter {k}.", v) for k, v in counters.items()]
         lines = []
         for name, kind, help_, value in rows:
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {float(value):g}"]
