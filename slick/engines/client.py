@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional
 
 import aiohttp
 
+from slick.engines.answer_check import AnswerError, check_generation, check_logprob_rows, decode_body
 from slick.engines.fault import PartialGeneration
 from slick.engines.flight import Failed, Flight, Retryable, error_message, norm_url, unless
 from slick.engines.weight_calls import WeightGroupCalls
@@ -110,24 +111,30 @@ class HttpEngine(WeightGroupCalls):
             payload = {}     # a POST always says Content-Type: application/json (control endpoints need it)
         try:
             async with session.request(method, url + path, json=payload, timeout=to) as resp:
-                text = await resp.text()
+                raw = await resp.read()
+                text = raw.decode("utf-8", errors="replace")
                 if resp.status >= 500 or resp.status == 429:
                     raise Retryable(f"{url}{path}: HTTP {resp.status}: {text[:300]}")
                 if resp.status >= 400:
                     raise EngineError(f"{url}{path}: HTTP {resp.status}: {error_message(text)}")
-                if not text.strip():
-                    return None
-                ctype = resp.headers.get("Content-Type", "")
-                if "json" in ctype or text.lstrip()[:1] in "{[":
-                    return json.loads(text)
-                return text
+                try:   # an answer the run uses: UTF-8 and, when it says so, JSON (slick.engines.answer_check)
+                    text = decode_body(raw)
+                    if not text.strip():
+                        return None
+                    ctype = resp.headers.get("Content-Type", "")
+                    if "json" in ctype or text.lstrip()[:1] in "{[":
+                        return json.loads(text)
+                    return text
+                except (ValueError, RecursionError) as e:
+                    raise EngineError(f"{url}{path}: {e}") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
             raise Retryable(f"{url}{path}: {type(e).__name__}: {e}") from e
         except asyncio.TimeoutError:
             raise EngineError(f"{url}{path}: no answer within {to.total:.0f}s (timeout)") from None
 
-    async def _request(self, method: str, path: str, payload: Any = None) -> Any:
-        """Send to one worker, retrying on others after connection errors / 5xx."""
+    async def _request(self, method: str, path: str, payload: Any = None, parse=None) -> Any:
+        """Send to one worker, retrying on others after connection errors / 5xx; returns ``parse(answer)`` when given
+        (its ValueError, KeyError, TypeError, IndexError: an EngineError naming the worker that answered)."""
         _, sem = self._ensure()
         errors = []
         order = self._order()
@@ -137,7 +144,10 @@ class HttpEngine(WeightGroupCalls):
                 try:
                     out = await self._call(method, url, path, payload)
                     self._down.pop(url, None)
-                    return out
+                    try:
+                        return out if parse is None else parse(out)
+                    except (ValueError, KeyError, TypeError, IndexError) as e:
+                        raise EngineError(f"{url}{path}: unusable answer: {type(e).__name__}: {e}") from None
                 except Retryable as e:
                     self._down[url] = time.monotonic()
                     self.num_retries += 1
@@ -210,16 +220,23 @@ class HttpEngine(WeightGroupCalls):
         ``slick serve``; from a server that does not send it, the request's ``weight_version`` per token).
         With ``fault_tolerant`` the request streams and survives the failure of its worker (:meth:`_generate_ft`)."""
         if self.fault_tolerant:
-            return await self._generate_ft(prompt_ids, sampling, uuid.uuid4().hex if rid is None else rid)
+            gen = await self._generate_ft(prompt_ids, sampling, uuid.uuid4().hex if rid is None else rid)
+            try:
+                check_generation(gen)
+            except AnswerError as e:
+                raise EngineError(f"{' or '.join(self.urls)}{self.generate_path}: unusable answer: {e}") from None
+            return gen
         payload = self._payload(list(prompt_ids), sampling, uuid.uuid4().hex if rid is None else rid, stream=False)
-        out = await self._request("POST", self.generate_path, payload)
-        try:
-            gen = self._parse(out)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise EngineError(f"could not parse {self.generate_path} response: {e}") from None
+        gen = await self._request("POST", self.generate_path, payload, parse=self._checked)
         if not gen.prompt_tokens:
             gen.prompt_tokens = len(prompt_ids)
         self._version = max(self._version, gen.weight_version)
+        return gen
+
+    def _checked(self, out: Any) -> Generation:
+        """:meth:`_parse`, then the checks of ``slick.engines.answer_check`` (one finite logprob <= 0 per token)."""
+        gen = self._parse(out)
+        check_generation(gen)
         return gen
 
     async def prompt_top_logprobs(self, token_ids: list[int], k: int) -> list[dict]:
@@ -229,11 +246,11 @@ class HttpEngine(WeightGroupCalls):
         body = {"input_ids": list(token_ids), "return_logprob": True, "logprob_start_len": 0,
                 "top_logprobs_num": int(k), "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
                 "rid": f"prompt-logprobs-{uuid.uuid4().hex}"}
-        out = await self._request("POST", "/generate", body)
-        try:
-            return prompt_logprobs_from_json((out[0] if isinstance(out, list) else out)["meta_info"], token_ids)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise EngineError(f"could not parse the prompt logprobs of a /generate answer: {e}") from None
+        def parse(out):
+            rows = prompt_logprobs_from_json((out[0] if isinstance(out, list) else out)["meta_info"], token_ids)
+            check_logprob_rows(rows)
+            return rows
+        return await self._request("POST", "/generate", body, parse=parse)
 
     # ------------------------------------------------------- fault tolerance
     async def _generate_ft(self, prompt_ids: list[int], sampling: SamplingParams, rid: str) -> Generation:

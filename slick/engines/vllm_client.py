@@ -30,6 +30,7 @@ import asyncio
 from typing import Any, Iterable, Optional
 
 from slick.engine.lora_merge import is_adapter_dir
+from slick.engines.answer_check import check_logprob_rows
 from slick.engines.client import EngineError, HttpEngine
 from slick.engines.flight import Flight, Retryable
 from slick.types import Generation, SamplingParams
@@ -171,11 +172,14 @@ class VllmEngine(HttpEngine):
                 "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": int(k)}}
         if self.adapter:
             body["model"] = self.adapter
-        out = await self._request("POST", GENERATE, body)
-        rows = (out or {}).get("prompt_logprobs") or []
-        if len(rows) != len(token_ids):
-            raise EngineError(f"prompt_logprobs: {len(rows)} positions for {len(token_ids)} tokens")
-        return [{int(t): float(v["logprob"]) for t, v in row.items()} for row in rows[1:]]
+        def parse(out):   # checked (slick.engines.answer_check): a wrong shape or logprob names the server
+            rows = (out or {}).get("prompt_logprobs") or []
+            if len(rows) != len(token_ids):
+                raise ValueError(f"prompt_logprobs: {len(rows)} positions for {len(token_ids)} tokens")
+            got = [{int(t): float(v["logprob"]) for t, v in row.items()} for row in rows[1:]]
+            check_logprob_rows(got)
+            return got
+        return await self._request("POST", GENERATE, body, parse=parse)
 
     # ------------------------------------------------------------ control
     async def update_weights(self, named_tensors: Optional[Iterable] = None, path: Optional[str] = None,

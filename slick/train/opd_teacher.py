@@ -18,6 +18,12 @@ from typing import Awaitable, Callable, Sequence
 
 import torch
 
+from slick.engines.answer_check import check_logprob
+
+
+class TeacherError(ValueError):
+    """The teacher answered something the run must not train on (names the teacher and the sample)."""
+
 
 class TrainerTeacher:
     """``trainer.compute_logprobs(samples, "teacher")`` through ``run_on_trainer(fn, *args)`` (the training
@@ -44,10 +50,10 @@ def response_logprobs(ids: Sequence[int], prompt_len: int, top: Sequence[dict]) 
         raise ValueError(f"prompt logprobs: {len(top)} positions for {len(ids)} tokens (need {len(ids) - 1})")
     out = []
     for i in range(prompt_len - 1, len(ids) - 1):
-        lp = top[i].get(int(ids[i + 1]))
+        lp = top[i].get(int(ids[i + 1])) if isinstance(top[i], dict) else None
         if lp is None:
             raise ValueError(f"prompt logprobs: position {i} does not score the token that follows ({ids[i + 1]})")
-        out.append(float(lp))
+        out.append(check_logprob(lp, f"the teacher's logprob at position {i}"))   # finite, <= 0: never trained on +5
     return torch.tensor(out, dtype=torch.float32)
 
 
@@ -61,6 +67,7 @@ class EngineTeacher:
             raise TypeError(f"{type(engine).__name__} returns no prompt logprobs (prompt_top_logprobs): it cannot "
                             "serve as an on-policy distillation teacher")
         self.engine = engine
+        self.where = " or ".join(getattr(engine, "urls", None) or [type(engine).__name__])   # for error messages
         self.concurrency = max(1, int(concurrency))
         self.owned = owned
 
@@ -73,7 +80,10 @@ class EngineTeacher:
             ids = [int(t) for t in s.prompt_ids] + [int(t) for t in s.response_ids]
             async with sem:
                 top = await self.engine.prompt_top_logprobs(ids, 0)
-            return response_logprobs(ids, len(s.prompt_ids), top)
+            try:
+                return response_logprobs(ids, len(s.prompt_ids), top)
+            except ValueError as e:
+                raise TeacherError(f"teacher {self.where}: unusable answer for sample {s.index}: {e}") from None
 
         return list(await asyncio.gather(*(one(s) for s in samples)))
 
