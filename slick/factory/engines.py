@@ -267,7 +267,7 @@ def _engine_set(cfg, urls: list, procs: list, key) -> EngineSet:
     front = urls
     if cfg.router == "sglang":
         try:
-            router = launch_router(urls, extra_args=["--api-key", key] if key else None)
+            router = launch_router(urls)
         except BaseException:
             for p in procs:
                 p.stop(timeout=10)
