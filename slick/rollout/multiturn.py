@@ -38,7 +38,9 @@ and ``Sample.apply_generation`` for the engine's output.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import random
 import time
 from typing import Optional
@@ -103,9 +105,15 @@ def _prompt_messages(sample: Sample) -> list[dict]:
     return [dict(m) for m in sample.prompt]
 
 
-async def _maybe_await(x):
-    import inspect
+async def _env_step(env, content: str):
+    """``env.step(content)``: awaited when async, else on a worker thread, so that a slow synchronous step (a
+    simulator, a sleep) does not hold up the event loop, and with it every other episode's decoding."""
+    if inspect.iscoroutinefunction(env.step):
+        return await env.step(content)
+    return await _maybe_await(await asyncio.to_thread(env.step, content))
 
+
+async def _maybe_await(x):
     return await x if inspect.isawaitable(x) else x
 
 
@@ -247,7 +255,7 @@ class MultiTurnRollout:
         env = self._envs.get(sample.index)
         if env is None:
             return []
-        obs, reward, done = await _maybe_await(env.step(content))
+        obs, reward, done = await _env_step(env, content)
         if reward is not None:
             st["env_reward"] = (st["env_reward"] or 0.0) + float(reward)
         if done or obs is None:
