@@ -127,6 +127,34 @@ def throughput(model_dir, batches, new_tokens, rounds) -> dict:
             "runs": {b: row for b, row in results.items()}}
 
 
+def sglang_throughput(model_dir, batches, new_tokens, rounds) -> dict:
+    """SGLang 0.5.23's CPU server (`make sglang`) as slick launches it, alone on the cores: start-up seconds and the
+    median tokens/s of each batch over ``rounds``."""
+    from slick.engines.sglang_client import SglangEngine
+    from slick.engines.sglang_launch import launch_sglang
+    from slick.models.tiny import load_demo_tokenizer
+
+    prompts = make_prompts(load_demo_tokenizer(), max(batches))
+    t0 = time.perf_counter()
+    (proc,) = launch_sglang(model_dir, 1, dtype="bfloat16", startup_timeout=600,
+                            options={"max_running_requests": max(batches)})
+    startup = time.perf_counter() - t0
+    runs: dict = {b: [] for b in batches}
+    try:
+        eng = SglangEngine([proc.url], api_key=proc.api_key)
+        loop = asyncio.new_event_loop()
+        for r in range(rounds):
+            for b in batches:
+                runs[b].append(loop.run_until_complete(timed(eng, prompts[:b], new_tokens)))
+                print(f"SGLang round {r + 1} batch {b}: {runs[b][-1]:.0f} tok/s", flush=True)
+        loop.run_until_complete(eng.close())
+        loop.close()
+    finally:
+        proc.stop()
+    return {"startup_seconds": startup, "tokens_per_sec": {b: statistics.median(v) for b, v in runs.items()},
+            "runs": runs}
+
+
 def train_with(engine: str, model_dir: str, steps: int, work: Path) -> dict:
     from slick.demo.addition import write_addition_data
     train, test = write_addition_data(work / "data")
@@ -171,7 +199,11 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=10, help="0 skips the training comparison")
     ap.add_argument("--train-only", action="store_true",
                     help="run only the training comparison; keep the throughput rows of the last results file")
+    ap.add_argument("--sglang-only", action="store_true",
+                    help="time only SGLang's CPU server (alone) and add its rows to the last results file")
     a = ap.parse_args(argv)
+    if a.sglang_only:
+        return sglang_main(a)
     if a.train_only and not a.train_steps:
         ap.error("--train-only needs --train-steps > 0")
     from slick.models.smollm2 import prepare_smollm2
@@ -210,6 +242,22 @@ def main(argv=None) -> int:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))
     print(f"\nwrote {out} (load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end)")
+    return 0
+
+
+def sglang_main(a) -> int:
+    from slick.models.smollm2 import prepare_smollm2
+    out = ROOT / "bench" / "results" / "engines.json"
+    res = json.loads(out.read_text()) if out.exists() else {}
+    load0 = os.getloadavg()[0]
+    row = sglang_throughput(str(prepare_smollm2()), a.batches, a.new_tokens, a.rounds)
+    row["machine"] = {"cores": os.cpu_count(), "loadavg_at_start": load0, "loadavg_at_end": os.getloadavg()[0]}
+    res["sglang"] = row
+    print(f"SGLang-CPU 0.5.23: start-up {row['startup_seconds']:.1f} s; " +
+          ", ".join(f"batch {b} {v:.0f} tok/s" for b, v in row["tokens_per_sec"].items()))
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=str))
+    print(f"wrote {out} (load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end)")
     return 0
 
 
