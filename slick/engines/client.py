@@ -215,18 +215,18 @@ class HttpEngine(WeightGroupCalls):
     # ------------------------------------------------------------ Engine
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        rid: Optional[str] = None) -> Generation:
-        """POST /generate with ``return_logprob`` and ``rid`` (a fresh uuid when None); returns tokens,
-        logprobs, finish reason, version, and per-token versions (``output_token_weight_versions`` from
-        ``slick serve``; from a server that does not send it, the request's ``weight_version`` per token).
-        With ``fault_tolerant`` the request streams and survives the failure of its worker (:meth:`_generate_ft`)."""
+        """POST /generate with ``return_logprob`` and ``rid`` (a fresh uuid when None); returns tokens, logprobs,
+        finish reason, version, and per-token versions (``output_token_weight_versions``, else the request's
+        version), checked (``slick.engines.answer_check``). ``fault_tolerant``: streamed, surviving its worker."""
+        rid = uuid.uuid4().hex if rid is None else rid
         if self.fault_tolerant:
-            gen = await self._generate_ft(prompt_ids, sampling, uuid.uuid4().hex if rid is None else rid)
+            gen = await self._generate_ft(prompt_ids, sampling, rid)
             try:
                 check_generation(gen)
             except AnswerError as e:
                 raise EngineError(f"{' or '.join(self.urls)}{self.generate_path}: unusable answer: {e}") from None
             return gen
-        payload = self._payload(list(prompt_ids), sampling, uuid.uuid4().hex if rid is None else rid, stream=False)
+        payload = self._payload(list(prompt_ids), sampling, rid, stream=False)
         gen = await self._request("POST", self.generate_path, payload, parse=self._checked)
         if not gen.prompt_tokens:
             gen.prompt_tokens = len(prompt_ids)
