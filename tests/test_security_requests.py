@@ -142,7 +142,8 @@ def test_250001_stop_strings_are_refused_fast(server):
 @pytest.mark.parametrize("path,body,needle", [
     ("/v1/chat/completions", {"stop": ["x" * 513]}, "stop: a stop string of 513 characters; the limit is 512 "
                                                     "(--max-stop-chars)"),
-    ("/v1/chat/completions", {"n": 129}, "'n' must be between 1 and 128"),
+    ("/generate", {"sampling_params": {"stop": ["y" * 600]}}, "sampling_params.stop: a stop string of 600 "
+                                                               "characters; the limit is 512 (--max-stop-chars)"),
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": nested(60)}}}, "nested 121 levels deep; the limit is 64 (--max-grammar-depth)"),
     ("/generate", {"sampling_params": {"ebnf": "start: " + " | ".join(f'"{i}"' for i in range(30_000))}},
@@ -183,7 +184,7 @@ def test_limits_are_flags(tiny_model_dir):
     finally:
         w.stop()
     from slick.serve.serve_cli import parse_args
-    for bad in (["--max-n", "0"], ["--grammar-timeout-s", "nan"], ["--max-stop-strings", "-1"]):
+    for bad in (["--max-n", "0"], ["--max-n", "129"], ["--grammar-timeout-s", "nan"], ["--max-stop-strings", "-1"]):
         with pytest.raises(SystemExit):
             parse_args(["--hf-checkpoint", str(tiny_model_dir), *bad])
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from slick.serve import server as _server
 from slick.serve.http_guard import parse_allowed_hosts
+from slick.serve.openai_protocol import MAX_N
 from slick.engine.local import LocalEngine
 from slick.engine.limits import DEFAULTS as LIMIT_DEFAULTS, RequestLimits
 from slick.serve.server import SlickServer
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stop-chars", dest="max_stop_chars", type=int, default=d["max_stop_chars"],
                    help=f"Longest stop string, in characters (default {d['max_stop_chars']}).")
     p.add_argument("--max-n", dest="max_n", type=int, default=d["max_n"],
-                   help=f"Most choices (n) of one OpenAI request (default {d['max_n']}).")
+                   help=f"Most choices (n) of one OpenAI request (at most and by default {d['max_n']}).")
     p.add_argument("--max-grammar-bytes", dest="max_grammar_bytes", type=int, default=d["max_grammar_bytes"],
                    help="Largest json_schema / regex / ebnf constraint (response_format, tool_choice, sampling "
                         f"params), in UTF-8 bytes (default {d['max_grammar_bytes']}).")
@@ -128,6 +129,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         args.limits = RequestLimits(**{k: getattr(args, k) for k in LIMIT_DEFAULTS})
     except ValueError as e:
         parser.error(str(e))
+    if args.max_n > MAX_N:
+        parser.error(f"--max-n {args.max_n}: at most {MAX_N} (OpenAI's limit on n)")
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         parser.error(f"--max-request-bytes {args.max_request_bytes}: must be at least 1024")
     if unknown:
