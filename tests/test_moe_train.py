@@ -200,3 +200,20 @@ def test_replay_refused_with_engines_that_return_no_routing(tmp_path, engine):
         validate_config(cfg, check_files=False)
     assert any("--use-routing-replay" in p and f"--rollout-engine {engine} does not return routing" in p
                for p in e.value.problems), e.value.problems
+
+
+def test_interrupted_generation_keeps_the_routing_of_its_last_request():
+    """A generation resubmitted after a pause (rollout/interrupt.py) is rebuilt from its pieces; the last piece's
+    prompt held every earlier token, so its routing covers the whole sequence and is the one kept."""
+    from slick.algo.routing import encode_routing
+    from slick.engines.fault import PartialGeneration
+    from slick.types import Generation
+
+    first = Generation([5, 6], [-1.0, -1.0], "abort", routed_experts=encode_routing(torch.zeros(3, 1, 2)))
+    last = Generation([7], [-1.0], "stop", routed_experts=encode_routing(torch.ones(4, 1, 2)))
+    acc = PartialGeneration()
+    acc.add(first)
+    acc.add(last)
+    out = acc.result(last, prompt_len=2)
+    assert out.token_ids == [5, 6, 7]
+    assert torch.equal(decode_routing(out.routed_experts), torch.ones(4, 1, 2, dtype=torch.uint8))

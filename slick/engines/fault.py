@@ -88,7 +88,8 @@ class PartialGeneration:
         tops = self.tops if self.tops is not None and (self.tokens or last.top_logprobs is not None) else None
         return Generation(token_ids=list(self.tokens), logprobs=list(self.logprobs), finish_reason=last.finish_reason,
                           weight_version=last.weight_version, prompt_tokens=prompt_len,
-                          weight_versions=list(self.versions), top_logprobs=None if tops is None else list(tops))
+                          weight_versions=list(self.versions), top_logprobs=None if tops is None else list(tops),
+                          routed_experts=last.routed_experts)   # its prompt held every earlier token (docs/moe.md)
 
 
 class Recovery:
