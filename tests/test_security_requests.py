@@ -96,7 +96,7 @@ def test_ebnf_of_5000_chained_rules_does_not_crash(server):
         "max_new_tokens": 6, "temperature": 0, "ebnf": grammar}}, timeout=120)
     assert st == 200, out
     text = out["text"]
-    assert text and set(text) <= set("xyz") and text.rstrip("x")[-1:] in ("y", "z") or len(text) == 6, out
+    assert text and set(text) <= set("xyz") and set(text[:-1]) <= {"x"}, out     # x...x, then y or z (or cut)
     _serves(server.url)
 
 
