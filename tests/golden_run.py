@@ -38,7 +38,7 @@ ABS_TOL = 1e-7          # values that should be 0 (advantage means) differ by ro
 # metrics that are rounding noise by definition (engine vs trainer logprobs in fp32, ~1e-7): an absolute floor
 NOISE_FLOOR = {"train/train_rollout_logprob_abs_diff": 1e-5, "train/train_rollout_logprob_abs_diff_max": 1e-5}
 # metrics that measure the machine, not the algorithm: timings, throughput, memory (reward/timeouts counts)
-VOLATILE = re.compile(r"^perf/|^time$|(^|/|_)time($|/|_)|_per_sec|throughput|memory|(^|/|_)mem($|/|_)|rss|_mb$")
+VOLATILE = re.compile(r"^perf/|^time$|(^|/|_)time($|/|_)|_per_sec|throughput|memory|(^|/|_)mem($|/|_)|rss|_mb$|in_flight")
 
 
 # ------------------------------------------------------------------------------------------ plug-ins

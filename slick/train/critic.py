@@ -161,6 +161,7 @@ class Critic(Trainer):
                 head.bias.copy_(saved["bias"])
         self.model = ValueModel(backbone, head).to(self.device)
         self.model.train()
+        self.moe = None   # the value model's MoE blocks, if any, route by their own router (no replay)
         tok_dir = cfg.hf_checkpoint if cfg.hf_checkpoint and Path(cfg.hf_checkpoint).is_dir() else backbone_dir
         self.tokenizer = load_tokenizer(tok_dir)
         self.mesh = make_mesh(self.device) if self.fsdp else None
