@@ -14,6 +14,8 @@ from .test_engine_local import PROMPTS, hf_greedy, hf_logprobs, make_spiky_model
 
 needs_pack = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32),
                                 reason="oneDNN packed linears unavailable on this torch build")
+# the engine dtype whose linears pack here: bf16 where the CPU has bf16 oneDNN (avx512_bf16/AMX), fp32 elsewhere
+PACKED_DTYPE = "bf16" if can_pack(torch.device("cpu"), torch.bfloat16) else "fp32"
 
 
 @needs_pack
@@ -88,7 +90,7 @@ def test_packed_engine_keeps_one_copy_and_updates_exactly(tmp_path, tied):
     d = make_tiny_model(tmp_path / "a", arch="qwen2", tie_word_embeddings=tied, seed=1)
     m2 = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "b", arch="qwen2",
                                                               tie_word_embeddings=tied, seed=2))
-    eng = LocalEngine(d, dtype="bf16")
+    eng = LocalEngine(d, dtype=PACKED_DTYPE)
     try:
         model = eng.model
         assert model.packed
@@ -118,7 +120,8 @@ def test_packed_engine_keeps_one_copy_and_updates_exactly(tmp_path, tied):
             return out
 
         old = weights()
-        new = {n: t.to(torch.bfloat16) for n, t in m2.state_dict().items()}
+        wdtype = torch.bfloat16 if PACKED_DTYPE == "bf16" else torch.float32
+        new = {n: t.to(wdtype) for n, t in m2.state_dict().items()}
         if tied:
             new["lm_head.weight"] = new["model.embed_tokens.weight"]
         partial = ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"]
@@ -146,7 +149,7 @@ def test_released_engine_refuses_work_until_a_full_update_restores_it(tmp_path, 
     from slick.models.tiny import make_tiny_model
 
     d = make_tiny_model(tmp_path / "a", arch="qwen2", tie_word_embeddings=tied, seed=1)
-    eng = LocalEngine(d, dtype="bf16")
+    eng = LocalEngine(d, dtype=PACKED_DTYPE)
     sp = SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=[], ignore_eos=True)
     prompt = eng.tokenizer.encode(PROMPTS[0])
 
