@@ -120,7 +120,8 @@ def test_sync_parts_are_built_as_slick_train_needs_them(tiny_model_dir, run_cfg)
     try:
         assert run.parts.mode == "sync"
         assert run.buffer.max_staleness == cfg.max_staleness == staleness_bound(cfg, "sync")
-        assert isinstance(run.engine, LocalEngine) and run.manager.engine is run.engine is run.engines.engine
+        # the manager holds a timed view of the engine (rollout/timeline.py)
+        assert isinstance(run.engine, LocalEngine) and run.manager.engine.engine is run.engine is run.engines.engine
         assert run.trainer.thread_budget is None and run.threads.take_turns and not run.threads.share_cores
         assert run.events is None and run.exporter is None
         assert run.rewards.on_scored is None and run.manager.on_generated is None
@@ -135,7 +136,7 @@ def test_async_parts_get_the_bound_the_engine_wrapper_the_budget_and_the_hooks(t
     run = Run(cfg, overlap=True)
     try:
         assert run.buffer.max_staleness == async_lead(cfg) * 2 == 2 == staleness_bound(cfg, "async")
-        assert isinstance(run.engine, InterruptibleEngine) and run.manager.engine is run.engine
+        assert isinstance(run.engine, InterruptibleEngine) and run.manager.engine.engine is run.engine
         assert run.engine.engine is run.engines.engine and run.engine.mode == cfg.async_weight_update
         # the trainer asks the policy before each micro-batch: its share while a request is in flight
         assert run.threads.share_cores and not run.threads.take_turns
