@@ -45,7 +45,7 @@ demo-distill: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo distill
 
 test: $(STAMP) $(REF_STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
-	$(BIN)/python -m pytest -x -q --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -q --durations=30 --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-fast: $(STAMP) $(REF_STAMP)
 	$(BIN)/python -m pytest -x -q -m "not slow" tests

@@ -226,11 +226,12 @@ def test_a_sleeping_tool_or_environment_does_not_stall_other_episodes(tiny_model
     # the other 7 episodes decode the rest of their turns during the nap; the napping one's later turns come after
     (turns,) = {s.metadata["multiturn"]["turns"] for g in groups for s in g}
     assert turns == (4 if kind == "tool" else 2)
-    # each later turn: a 4-token generation = 3 batched decode steps (the first token comes from the prefill).
-    # During the nap the other episodes decode at least one more turn (a blocked loop decodes 0), and at most all
-    # their remaining turns (how many fit in 1 s depends on the machine's load); the napping episode's own later
+    # each later turn: a 4-token generation = 3 decode steps (the first token comes from the prefill). During the
+    # nap the other 7 episodes decode at least one more turn (a blocked loop decodes 0), and at most all their
+    # remaining turns, batched together or not (episodes that finished their last turn at different moments decode
+    # in different batches; how many fit in 1 s depends on the machine's load); the napping episode's own later
     # turns come after it.
-    assert 3 <= after - before <= 3 * (turns - 1), (before, after, total)
+    assert 3 <= after - before <= 7 * 3 * (turns - 1), (before, after, total)
     assert total - after >= 3 * (turns - 1), (before, after, total)
     assert wall > 1.0                             # the nap did happen inside the rollout
     assert metrics["perf/tool_wait_overlapped_time"] > 0.0
