@@ -69,6 +69,14 @@ if mode == "late":             # healthy, then its engine fails and the process 
     time.sleep(2.0)
     print("EngineCore failed: RuntimeError: no CPU kernel for this model's attention", flush=True)
     os._exit(1)
+if mode == "alive500":         # healthy and alive, but every request fails (as vLLM on a model its kernels lack)
+    class H500(H):
+        def do_POST(self):
+            print("ERROR EngineCore: RuntimeError: no CPU kernel for this model's attention", flush=True)
+            self.send_response(500); self.send_header("Content-Length", "21"); self.end_headers()
+            self.wfile.write(b"Internal Server Error")
+    time.sleep(0.5)
+    http.server.HTTPServer(("127.0.0.1", port), H500).serve_forever()
 if mode == "child":            # the listening socket belongs to a child, as with vLLM's API server
     pid = os.fork()
     if pid:
@@ -132,3 +140,32 @@ def test_a_launched_server_that_dies_after_ready_ends_the_run_quoting_its_log(tm
     assert msg.startswith(f"engine worker {w.url} (pid {w.pid}) failed: its process exited") and "[3, 4]" in msg
     assert msg.endswith(f"last lines of {w.log_path}:\nloading the model\n"
                         f"EngineCore failed: RuntimeError: no CPU kernel for this model's attention"), msg
+
+
+@pytest.mark.parametrize("ft", [False, True])
+def test_a_launched_server_answering_500_ends_the_run_quoting_its_log(tmp_path, ft):
+    """A launched server stays alive and healthy but answers every request with a bare 500: the run's error
+    quotes the last lines of its log (the cause), not only the 500 (--use-fault-tolerance's streamed path too)."""
+    from slick.engines.client import EngineError, HttpEngine
+    from slick.factory.engines import server_logs
+    from slick.types import SamplingParams
+
+    w = _fake(tmp_path, "alive500")
+    try:
+        w.wait_ready(30)
+        eng = HttpEngine([w.url], server_logs=server_logs([w]), max_retries=1, timeout=3 if ft else 30)
+        eng.fault_tolerant = ft
+
+        async def go():
+            try:
+                return await eng.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+            finally:
+                await eng.close()
+        with pytest.raises(EngineError) as e:
+            asyncio.run(go())
+    finally:
+        w.stop(timeout=5)
+    msg = str(e.value)
+    assert "HTTP 500" in msg, msg
+    assert f"last lines of {w.log_path}:\nloading the model\nERROR EngineCore: RuntimeError: no CPU kernel" in msg, msg
+    assert HttpEngine([w.url]).logs_of([w.url]) == ""          # a server slick did not launch: no log to quote

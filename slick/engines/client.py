@@ -7,7 +7,8 @@ Drives ``slick serve`` workers, real SGLang servers, or an sglang-router in fron
     await engine.update_weights(path="/ckpt/step_3", version=3)
 
 Requests go round-robin over ``urls``; a connection error or a 5xx moves the request to the next
-worker (at most ``max_retries`` retries). When no worker answers, ``EngineError`` is raised.
+worker (at most ``max_retries`` retries). When no worker answers, ``EngineError`` is raised; for servers slick
+launched (``server_logs``: url -> their log files) it quotes the last lines of their logs, where the cause is.
 Control calls (``update_weights``, ``abort``, ``abort_all``, ``pause_generation``, ``continue_generation``)
 go to every URL of ``control_urls`` (default: ``urls``); behind a router, pass the workers' URLs there.
 """
@@ -26,6 +27,7 @@ import aiohttp
 from slick.engines.answer_check import AnswerError, check_generation, check_logprob_rows, decode_body
 from slick.engines.fault import PartialGeneration
 from slick.engines.flight import Failed, Flight, Retryable, error_message, norm_url, unless
+from slick.engines.launch_ready import log_tail
 from slick.engines.weight_calls import WeightGroupCalls
 from slick.serve.http_protocol import generation_from_json, parse_weight_version, prompt_logprobs_from_json
 from slick.types import Generation, SamplingParams
@@ -45,7 +47,8 @@ class HttpEngine(WeightGroupCalls):
     """
 
     def __init__(self, urls: list[str], *, api_key: Optional[str] = None, concurrency: int = 256,
-                 timeout: float = 600.0, max_retries: int = 3, control_urls: Optional[list[str]] = None):
+                 timeout: float = 600.0, max_retries: int = 3, control_urls: Optional[list[str]] = None,
+                 server_logs: Optional[dict[str, list[str]]] = None):
         if isinstance(urls, str):
             urls = [urls]
         if not urls:
@@ -56,6 +59,7 @@ class HttpEngine(WeightGroupCalls):
         self.concurrency = int(concurrency)
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
+        self.server_logs = {norm_url(u): list(paths) for u, paths in (server_logs or {}).items()}
         self._rr = itertools.count()
         self._down: dict[str, float] = {}     # url -> time it last failed
         self._session: Optional[aiohttp.ClientSession] = None
@@ -136,7 +140,7 @@ class HttpEngine(WeightGroupCalls):
         """Send to one worker, retrying on others after connection errors / 5xx; returns ``parse(answer)`` when given
         (its ValueError, KeyError, TypeError, IndexError: an EngineError naming the worker that answered)."""
         _, sem = self._ensure()
-        errors = []
+        errors, failed = [], []
         order = self._order()
         async with sem:
             for attempt in range(self.max_retries + 1):
@@ -152,10 +156,17 @@ class HttpEngine(WeightGroupCalls):
                     self._down[url] = time.monotonic()
                     self.num_retries += 1
                     errors.append(str(e))
+                    failed.append(url)
                     if attempt < self.max_retries:
                         await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
         raise EngineError(f"no worker could serve {path} after {len(errors)} attempt(s) over "
-                          f"{len(self.urls)} worker(s): " + " | ".join(errors[-4:]))
+                          f"{len(self.urls)} worker(s): " + " | ".join(errors[-4:]) + self.logs_of(failed))
+
+    def logs_of(self, urls: Iterable[str]) -> str:
+        """The last lines of the logs of the launched servers among ``urls`` (empty for servers slick did not
+        start): an engine that answers 500 or drops the connection says why only there."""
+        paths = dict.fromkeys(p for u in urls for p in self.server_logs.get(u, ()))
+        return "".join(f"\nlast lines of {p}:\n{log_tail(p)}" for p in paths)
 
     async def _broadcast(self, method: str, path: str, payload: Any = None) -> list[Any]:
         """Send to every control URL (no fail-over: each one must answer). With fault tolerance a worker that
@@ -261,6 +272,7 @@ class HttpEngine(WeightGroupCalls):
         part = PartialGeneration()
         deadline = time.monotonic() + self.timeout
         errors: list[str] = []
+        failed: list[str] = []
         attempt = 0
         async with sem:
             while True:
@@ -277,6 +289,7 @@ class HttpEngine(WeightGroupCalls):
                     return part.result(gen, len(prompt_ids))
                 except Retryable as e:
                     errors.append(str(e))
+                    failed.append(url)
                     self._down[url] = time.monotonic()
                 finally:
                     self._flights.pop(rid_now, None)
@@ -290,7 +303,7 @@ class HttpEngine(WeightGroupCalls):
                                        len(prompt_ids))
                 if time.monotonic() >= deadline:
                     raise EngineError(f"request {rid} could not finish within {self.timeout:g}s over "
-                                      f"{attempt} attempt(s): " + " | ".join(errors[-4:]))
+                                      f"{attempt} attempt(s): " + " | ".join(errors[-4:]) + self.logs_of(failed))
                 await asyncio.sleep(min(0.05 * 2 ** min(attempt, 5), 1.0))
 
     async def _stream(self, url: str, payload: dict, flight: "Flight", deadline: float) -> Generation:

@@ -208,8 +208,19 @@ def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
         log.info("sglang-router at %s in front of %s", router.url, worker_urls)
     # generation goes through the router; weight updates and aborts go to every worker directly
     eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout,
-                     control_urls=worker_urls)
+                     control_urls=worker_urls, server_logs=server_logs(procs))
     return EngineSet(eng, sync_mode, procs, worker_urls)
+
+
+def server_logs(procs: list) -> dict:
+    """url -> log files to quote when requests to it fail: each launched server's own log; the router's is
+    its workers' (a router passes their 500s on; the cause is in their logs)."""
+    workers = [p for p in procs if isinstance(p, WorkerProcess) and getattr(p, "log_path", None)]
+    logs = {p.url: [p.log_path] for p in workers}
+    for p in procs:
+        if isinstance(p, RouterProcess):
+            logs[p.url] = [w.log_path for w in workers]
+    return logs
 
 
 def _vllm_launch_kwargs(cfg, weight_dir, key: str) -> dict:
@@ -263,7 +274,7 @@ def _engine_set(cfg, urls: list, procs: list, key) -> EngineSet:
     is stopped with them), while weight updates, pauses and aborts go to every server directly."""
     kw = dict(api_key=key, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)
     if cfg.rollout_engine == "vllm":
-        return EngineSet(VllmEngine(urls, **kw), "disk", procs, urls)
+        return EngineSet(VllmEngine(urls, server_logs=server_logs(procs), **kw), "disk", procs, urls)
     front = urls
     if cfg.router == "sglang":
         try:
@@ -275,4 +286,5 @@ def _engine_set(cfg, urls: list, procs: list, key) -> EngineSet:
         procs = [*procs, router]
         front = [router.url]
         log.info("sglang-router at %s in front of %s", router.url, urls)
-    return EngineSet(SglangEngine(front, control_urls=urls, **kw), "disk", procs, urls)
+    return EngineSet(SglangEngine(front, control_urls=urls, server_logs=server_logs(procs), **kw), "disk", procs,
+                     urls)

@@ -21,6 +21,7 @@ from typing import Optional
 from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.data.dataset import DataError
+from slick.engines.client import EngineError
 from slick.engines.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
@@ -127,7 +128,7 @@ def main(argv=None, prog: str = "slick train", defaults: Optional[dict] = None) 
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
         run = asyncio.run(until_sigterm(train(cfg), prog))
-    except (NonFiniteTrainingError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
+    except (NonFiniteTrainingError, ClusterFailure, EngineDied, EngineError, CheckpointWriteError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     except (DataError, UnsafeCheckpointError) as e:   # bad prompt data or checkpoint file: named in the message

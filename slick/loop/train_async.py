@@ -17,6 +17,7 @@ from slick.cluster.layout import ClusterFailure
 from slick.config import ConfigError, build_parser, parse_config
 from slick.config.validate import async_lead
 from slick.data.dataset import DataError
+from slick.engines.client import EngineError
 from slick.engines.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
 
     try:   # SIGTERM shuts down like Ctrl-C: Run.close stops the workers, router, Ray cluster
         run = asyncio.run(until_sigterm(train_async(cfg), "slick train-async"))
-    except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied, CheckpointWriteError) as e:
+    except (NonFiniteTrainingError, TimeoutError, ClusterFailure, EngineDied, EngineError, CheckpointWriteError) as e:
         print(f"slick train-async: error: {e}", file=sys.stderr)
         return 1
     except (DataError, UnsafeCheckpointError) as e:   # bad prompt data or checkpoint file: named in the message
