@@ -198,3 +198,59 @@ def test_a_bad_sglang_option_ends_the_launch_quoting_sglang(sglang_model_dir):
                                            "--no-such-option 3"):
         launch_sglang(str(sglang_model_dir), 1, options={"no_such_option": "3"}, startup_timeout=120)
     assert time.monotonic() - t0 < 90
+
+
+def test_agent_sessions_pass_tool_choice_and_json_schema_to_sglang(server, sglang_model_dir):
+    """An agent session's OpenAI endpoint in front of a real SGLang server: forced tool calls (tool_choice
+    "required" / named) and response_format json_schema reach SGLang's own constrained decoding (llguidance, the
+    backend slick launches it with) as grammars; a tiny random model's every answer parses and validates, which it
+    would not unconstrained."""
+    import json
+
+    import jsonschema
+    import openai
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from slick.rollout.agent import AgentSession
+    from slick.serve.openai_api import OpenAIEndpoint
+    from tests.test_openai_structured import MSGS, SCHEMA, TOOLS
+
+    tok = AutoTokenizer.from_pretrained(str(sglang_model_dir))
+
+    async def main():
+        eng = SglangEngine([server.url], api_key=server.api_key)
+        sessions = {"a": AgentSession("a", tok, SamplingParams(temperature=1.0, max_new_tokens=150, seed=3), 8)}
+        app = web.Application()
+        OpenAIEndpoint(eng, tok, model_name="m", vocab_size=len(tok), eos_ids=[tok.eos_token_id],
+                       sessions=sessions).add_routes(app)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{runner.addresses[0][1]}/sessions/a/v1", api_key="x",
+                               max_retries=0, timeout=300)
+        try:
+            named = await c.chat.completions.create(model="m", messages=MSGS, n=4, tools=TOOLS,
+                                                    tool_choice={"type": "function", "function": {"name": "flag"}})
+            required = await c.chat.completions.create(model="m", messages=MSGS, n=4, tools=TOOLS,
+                                                       tool_choice="required", parallel_tool_calls=False)
+            structured = await c.chat.completions.create(model="m", messages=MSGS, n=4, response_format={
+                "type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}})
+            return named, required, structured, sessions["a"].calls
+        finally:
+            await c.close()
+            await runner.cleanup()
+            await eng.close()
+
+    named, required, structured, calls = asyncio.run(main())
+    for r, names in ((named, {"flag"}), (required, {"add", "flag"})):
+        for ch in r.choices:
+            assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch.message
+            call = ch.message.tool_calls[0]
+            assert call.function.name in names
+            tool = next(t for t in TOOLS if t["function"]["name"] == call.function.name)
+            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    for ch in structured.choices:
+        assert ch.finish_reason == "stop", ch.message.content
+        jsonschema.validate(json.loads(ch.message.content), SCHEMA)
+    assert len(calls) == 3 and all(len(c.choices) == 4 for c in calls)   # every call recorded for training

@@ -1,5 +1,6 @@
 """`slick train --rollout-engine sglang` with real SGLang servers slick launches on this CPU: every sync lands and
-is verified on every server, a server killed mid-rollout is healed with every prompt trained once, and a killed
+is verified on every server, train-async keeps each token's version with each --async-weight-update mode, a
+server killed (SIGKILL) or hung (SIGSTOP) mid-rollout is healed with every prompt trained once, and a killed
 driver leaves no SGLang process. .venv-sglang comes from `make sglang` (CI sets SLICK_REQUIRE_SGLANG=1)."""
 import asyncio
 import os
@@ -15,6 +16,7 @@ from slick.types import Sample, SamplingParams
 from tests.test_fault_engine import _assert_each_prompt_once, _prompts, _steps
 from tests.test_loop import make_cfg, read_jsonl
 from tests.test_sglang_engine import need_sglang, sglang_model_dir  # noqa: F401  (fixture)
+from tests.test_vllm_loop import train_async_keeps_versions_per_token
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +56,15 @@ def test_train_with_sglang_behind_the_router_syncs_every_step(sglang_model_dir, 
     assert _sglang_procs() == []    # the run stopped its servers and the router
 
 
+@pytest.mark.parametrize("mode", ["wait", "continue", "resubmit"])
+def test_train_async_with_sglang_keeps_versions_per_token(sglang_model_dir, tmp_path, mode):  # noqa: F811
+    """train-async with each --async-weight-update mode against real SGLang servers: pause_generation in place,
+    abort + resubmit, or waiting, each keeps every token's version within the staleness bound."""
+    need_sglang()
+    train_async_keeps_versions_per_token(sglang_model_dir, tmp_path, "sglang", mode)
+    assert _sglang_procs() == []
+
+
 async def _when_serving(engine, url, timeout=120):
     deadline = time.monotonic() + timeout
     while url not in engine.inflight().values():
@@ -61,7 +72,8 @@ async def _when_serving(engine, url, timeout=120):
         await asyncio.sleep(0.01)
 
 
-def test_a_killed_sglang_server_mid_rollout_is_replaced(sglang_model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
+def test_a_killed_or_hung_sglang_server_mid_rollout_is_replaced(sglang_model_dir, tmp_path, sig):  # noqa: F811
     need_sglang()
     from slick.engines.sglang_client import SglangEngine
     from slick.loop.run import Run
@@ -77,7 +89,7 @@ def test_a_killed_sglang_server_mid_rollout_is_replaced(sglang_model_dir, tmp_pa
         victim = run.engines.recovery.workers[run.engines.worker_urls[0]]
         await _when_serving(run.engines.engine, victim.url)
         killed.update(url=victim.url, pid=victim.pid)
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim.pid, sig)
 
     run = Run(cfg)
 
@@ -106,6 +118,8 @@ def test_a_killed_sglang_server_mid_rollout_is_replaced(sglang_model_dir, tmp_pa
         assert max(abs(x - y) for x, y in zip(ref, gen.logprobs)) < 2e-4   # the replacement has the trainer's weights
     finally:
         sys.path.remove(str(tmp_path))
+        if sig == signal.SIGSTOP and psutil.pid_exists(killed.get("pid", -1)):
+            os.kill(killed["pid"], signal.SIGCONT)
     _assert_each_prompt_once(steps, 6, 2)
     assert _sglang_procs() == []
 

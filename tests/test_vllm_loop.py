@@ -82,6 +82,13 @@ def test_train_with_vllm_syncs_every_step(vllm_model_dir, tmp_path):
 @pytest.mark.parametrize("mode", ["continue", "resubmit"])
 def test_train_async_with_vllm_keeps_versions_per_token(vllm_model_dir, tmp_path, mode):
     need_vllm()
+    train_async_keeps_versions_per_token(vllm_model_dir, tmp_path, "vllm", mode)
+    assert _servers() == []
+
+
+def train_async_keeps_versions_per_token(model_dir, tmp_path, engine: str, mode: str) -> None:
+    """`slick train-async --max-staleness 1 --async-weight-update MODE` with launched ``engine`` servers: 4 steps,
+    every prompt trained once, every token's version within the staleness bound and non-decreasing."""
     from slick.config import Config
     from slick.config.validate import validate_config
     from slick.loop.train_async import train_async
@@ -89,10 +96,10 @@ def test_train_async_with_vllm_keeps_versions_per_token(vllm_model_dir, tmp_path
     prompts = _prompts(tmp_path, 8)
     sys.path.insert(0, str(tmp_path))
     try:
-        values = dict(hf_checkpoint=str(vllm_model_dir), prompt_data=str(prompts), rollout_batch_size=2,
+        values = dict(hf_checkpoint=str(model_dir), prompt_data=str(prompts), rollout_batch_size=2,
                       n_samples_per_prompt=4, rollout_max_response_len=64, custom_rm_path="even_rm.even_tokens",
                       lr=1e-3, num_rollout=4, dtype="fp32", run_dir=str(tmp_path / "run"), no_progress=True,
-                      micro_batch_size=4, rollout_engine="vllm", max_staleness=1, async_weight_update=mode,
+                      micro_batch_size=4, rollout_engine=engine, max_staleness=1, async_weight_update=mode,
                       use_tis=True, save_debug_train_data=str(tmp_path / "dbg"))
         run = asyncio.run(train_async(validate_config(Config.from_flat(values), driver="async")))
     finally:
@@ -107,7 +114,6 @@ def test_train_async_with_vllm_keeps_versions_per_token(vllm_model_dir, tmp_path
             v = s["weight_versions"]
             assert v == sorted(v) and step - 1 <= v[0] and v[-1] <= step, (step, v)   # bounded staleness, per token
     assert sorted(seen) == list(range(8))      # every prompt trained once
-    assert _servers() == []
 
 
 def test_train_on_ray_with_one_vllm_server_per_engine_bundle(vllm_model_dir, tmp_path):

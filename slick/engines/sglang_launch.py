@@ -6,8 +6,10 @@
 SGLang lives in an environment of its own (``make sglang`` makes ``.venv-sglang``), found by
 :func:`slick.engines.vllm_launch.engine_python`. Each server is ``python -m sglang.launch_server`` on a free loopback
 port, under slick's parent watch (it exits when the driver dies, SIGKILL included), in a session of its own, with a
-fresh random ``--api-key``, ``--weight-version 0`` (the trainer's first version), ``--random-seed``, ``--dtype`` and
-every ``--sglang-KEY VALUE`` the user gave as ``--KEY VALUE`` (they win over slick's defaults).
+fresh random ``--api-key``, ``--weight-version 0`` (the trainer's first version), ``--random-seed``, ``--dtype``,
+``--grammar-backend llguidance`` (the grammars of forced tool calls and structured output are llguidance's Lark
+syntax, slick/serve/openai_constraints.py; SGLang's default backend, xgrammar, reads only GBNF) and every
+``--sglang-KEY VALUE`` the user gave as ``--KEY VALUE`` (they win over slick's defaults).
 
 On a CPU (the default, ``--sglang-device cpu``) the server also gets ``SGLANG_USE_CPU_ENGINE=1``, SGLang's
 plain-torch attention (``--attention-backend torch_native``), a bounded KV cache (``--max-total-tokens 16384
@@ -49,7 +51,7 @@ def sglang_options(options: Optional[dict], dtype: str, seed: int) -> dict:
     user = {str(k).replace("-", "_"): v for k, v in (options or {}).items()}
     device = str(user.get("device", "cpu"))
     base = {"device": device, "dtype": _sglang_dtype(dtype), "random_seed": seed, "weight_version": 0,
-            **(CPU_DEFAULTS if device == "cpu" else {})}
+            "grammar_backend": "llguidance", **(CPU_DEFAULTS if device == "cpu" else {})}
     return {**base, **user}
 
 
