@@ -318,7 +318,10 @@ def _health_poller(url, stop, worst):
 
 def test_big_input_ids_are_refused_while_health_stays_responsive(server):
     """A body just under the 4 MiB limit (about 1.4M token ids over 680 prompts, the last id out of the
-    vocabulary) is checked off the event loop: four at once, and /health answers in < 0.5 s throughout."""
+    vocabulary) is checked off the event loop: four at once, and /health answers throughout, each time within 0.5 s
+    or 40% of the time the four take, whichever is longer (checked on the loop, /health would wait for all four:
+    about 100% of it; the relative bound keeps a loaded 2-core machine, whose parsing threads still share the GIL
+    with the loop, from failing it)."""
     url = server.url
     prompts = [[5] * 2047 for _ in range(680)]
     prompts[-1][-1] = 10**6
@@ -336,10 +339,12 @@ def test_big_input_ids_are_refused_while_health_stays_responsive(server):
         huge = threading.Thread(target=lambda: results.append(request(
             url, "POST", "/generate", b'{"input_ids": [' + b"7, " * (20 * 2**20) + b"7]}",
             {"Content-Type": "application/json"}, timeout=120)))
+        t0 = time.monotonic()
         for t in senders + [huge]:
             t.start()
         for t in senders + [huge]:
             t.join()
+        elapsed = time.monotonic() - t0
     finally:
         stop.set()
         poller.join()
@@ -347,7 +352,8 @@ def test_big_input_ids_are_refused_while_health_stays_responsive(server):
     assert statuses == [400, 400, 400, 400, 413], [(r[0], str(r[1])[:200]) for r in results]
     msg = [r[1]["error"] for r in results if r[0] == 400][0]
     assert "input_ids[679][2046]" in msg and "vocabulary" in msg
-    assert len(worst) >= 3 and max(worst) < 0.5, f"/health took up to {max(worst):.2f}s"
+    assert len(worst) >= 3 and max(worst) < max(0.5, 0.4 * elapsed), \
+        f"/health took up to {max(worst):.2f}s while the four took {elapsed:.2f}s"
 
 
 # ---------------------------------------------------------------------------------------------- finding 8

@@ -56,10 +56,12 @@ def test_train_with_sglang_behind_the_router_syncs_every_step(sglang_model_dir, 
     assert _sglang_procs() == []    # the run stopped its servers and the router
 
 
-@pytest.mark.parametrize("mode", ["wait", "continue", "resubmit"])
+@pytest.mark.parametrize("mode", ["continue", "resubmit"])
 def test_train_async_with_sglang_keeps_versions_per_token(sglang_model_dir, tmp_path, mode):  # noqa: F811
-    """train-async with each --async-weight-update mode against real SGLang servers: pause_generation in place,
-    abort + resubmit, or waiting, each keeps every token's version within the staleness bound."""
+    """train-async against real SGLang servers with the --async-weight-update modes that act on requests in flight
+    (pause_generation in place, or abort + resubmit): every token's version stays within the staleness bound.
+    (``wait`` drives SGLang as `slick train` does, test_train_with_sglang_behind_the_router_syncs_every_step; it
+    passed here, 88 s, and is left out of the suite for time.)"""
     need_sglang()
     train_async_keeps_versions_per_token(sglang_model_dir, tmp_path, "sglang", mode)
     assert _sglang_procs() == []

@@ -12,7 +12,7 @@ import pytest
 from slick.types import Sample, SamplingParams
 from tests.test_fault_engine import _assert_each_prompt_once, _prompts, _steps
 from tests.test_loop import make_cfg
-from tests.test_vllm_loop import need_vllm, vllm_model_dir  # noqa: F401  (fixture)
+from tests.test_vllm_loop import EAGER, need_vllm, vllm_model_dir  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +33,7 @@ def test_a_killed_or_hung_vllm_server_mid_rollout_is_replaced(vllm_model_dir, tm
 
     sys.path.insert(0, str(tmp_path))
     cfg = make_cfg(vllm_model_dir, _prompts(tmp_path, 6), tmp_path / "run", num_rollout=3, rollout_engine="vllm",
+                   vllm=EAGER,
                    rollout_num_workers=2, use_fault_tolerance=True, n_samples_per_prompt=2,
                    rollout_max_response_len=200, rollout_health_check_interval=1.0,
                    rollout_health_check_timeout=10.0)
@@ -87,7 +88,7 @@ def test_sigkill_of_the_driver_leaves_no_vllm_process(vllm_model_dir, tmp_path):
     cmd = [sys.executable, "-m", "slick.cli", "train", "--hf-checkpoint", str(vllm_model_dir), "--prompt-data",
            str(prompts), "--rollout-engine", "vllm", "--custom-rm-path", "even_rm.even_tokens", "--num-rollout",
            "1000", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-           "--dtype", "fp32", "--run-dir", str(tmp_path / "run"), "--no-progress"]
+           "--dtype", "fp32", "--run-dir", str(tmp_path / "run"), "--no-progress", "--vllm-enforce-eager"]
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     log = open(tmp_path / "driver.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

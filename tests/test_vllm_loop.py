@@ -17,6 +17,12 @@ from tests.test_loop import REWARD_MODULE, make_cfg, read_jsonl  # noqa: F401  (
 pytestmark = pytest.mark.slow
 
 
+# vLLM without its torch.compile warm-up (about 15 s of each start-up here): the tests of slick's driving of vLLM
+# (faults, train-async, Ray) do not need it; test_train_with_vllm_syncs_every_step and test_vllm_engine.py keep
+# vLLM's default, compiled, as users run it.
+EAGER = {"enforce_eager": True}
+
+
 def need_vllm() -> str:
     try:
         return engine_python(None, "vllm")
@@ -100,7 +106,8 @@ def train_async_keeps_versions_per_token(model_dir, tmp_path, engine: str, mode:
                       n_samples_per_prompt=4, rollout_max_response_len=64, custom_rm_path="even_rm.even_tokens",
                       lr=1e-3, num_rollout=4, dtype="fp32", run_dir=str(tmp_path / "run"), no_progress=True,
                       micro_batch_size=4, rollout_engine=engine, max_staleness=1, async_weight_update=mode,
-                      use_tis=True, save_debug_train_data=str(tmp_path / "dbg"))
+                      use_tis=True, save_debug_train_data=str(tmp_path / "dbg"),
+                      **({"vllm": EAGER} if engine == "vllm" else {}))
         run = asyncio.run(train_async(validate_config(Config.from_flat(values), driver="async")))
     finally:
         sys.path.remove(str(tmp_path))
@@ -126,7 +133,7 @@ def test_train_on_ray_with_one_vllm_server_per_engine_bundle(vllm_model_dir, tmp
     sys.path.insert(0, str(tmp_path))
     try:
         cfg = make_cfg(vllm_model_dir, prompts, tmp_path / "run", num_rollout=2, rollout_engine="vllm",
-                       rollout_num_gpus=1, ray_start_timeout=300.0)
+                       rollout_num_gpus=1, ray_start_timeout=300.0, vllm=EAGER)
         run = asyncio.run(train(cfg))
     finally:
         sys.path.remove(str(tmp_path))

@@ -78,9 +78,15 @@ def llg_grammar(name: str, text: str, where: str = "sampling") -> str:
         raise GrammarError(f"{where}.{name}: {e}", f"{where}.{name}") from None
 
 
+def compact_schema(schema: dict) -> dict:
+    """``schema`` with llguidance's compact-JSON options in it (``x-guidance``; the schema's own options win), so
+    an engine that compiles it elsewhere (SGLang's llguidance backend) holds the same JSON as slick's engine."""
+    return {**schema, "x-guidance": {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}}
+
+
 def json_lark(schema: dict) -> str:
     """A Lark rule body embedding ``schema`` with compact JSON (for grammars built around JSON values)."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
+    return "%json " + json.dumps(compact_schema(schema), ensure_ascii=False)
 
 
 class Grammars:

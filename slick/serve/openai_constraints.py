@@ -10,7 +10,8 @@
 
 The grammars are llguidance's Lark syntax (sent as the engine's ``ebnf`` field) or a JSON schema (``json_schema``),
 SGLang's names, so the same request fields reach an SGLang server behind ``--rollout-urls`` unchanged. JSON is
-compact (``{"a": 1, "b": [1, 2]}``, no free whitespace). The Hermes format is the one ``slick.chat.toolcall``
+compact (``{"a": 1, "b": [1, 2]}``, no free whitespace): the schema carries llguidance's options (``x-guidance``),
+so SGLang's llguidance backend holds the same JSON as slick's engine. The Hermes format is the one ``slick.chat.toolcall``
 renders into prompts and parses; another ``--tool-parser`` cannot be forced (refused by name).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from slick.engine.grammar import json_lark
+from slick.engine.grammar import compact_schema, json_lark
 from slick.serve.openai_protocol import OpenAIError, forced_tool
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
@@ -90,4 +91,4 @@ def constraint(body: dict, tools: Optional[list], tool_parser: str = "hermes") -
     if calls_possible:          # auto: calls, or the structured answer
         rules = tool_calls_lark(tools, None, parallel)
         return {"ebnf": "\n".join(["start: calls | answer", f"answer: {json_lark(schema)}"] + rules)}
-    return {"json_schema": json.dumps(schema, ensure_ascii=False)}
+    return {"json_schema": json.dumps(compact_schema(schema), ensure_ascii=False)}
