@@ -6,7 +6,9 @@ and a multi-turn case whose tool answers after 1 s, on a tiny random model and o
 
 Every run is a whole `slick` process (start-up, model load and exit included, as a user waits for it), with the
 same flags and seeds: `slick train`, then `slick train-async --max-staleness 1` and `--max-staleness 2` (both with
---use-tis). The task is the issue's: 8 prompts x 4 samples per step, 16 new tokens, the reward from a real HTTP
+--use-tis), and `--max-staleness 2 --async-weight-update continue` (an update that does not wait for the samples in
+flight: with the default, `wait`, it waits until no admitted sample is generating, a multi-turn episode's tool
+calls included). The task is the issue's: 8 prompts x 4 samples per step, 16 new tokens, the reward from a real HTTP
 server on loopback (--rm-type remote_rm; its latency is the case's). The multi-turn case (tool1) has two turns per
 episode and a tool call after the first that answers after 1 s (bench/async_tools.py), rewards at once.
 Prints completions/s (whole process), the speed-up over `slick train`, and the engine's busy fraction in the async
@@ -30,7 +32,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from slow_reward import SlowRewardServer  # noqa: E402
 
 DRIVERS = (("train", []), ("train-async s1", ["--max-staleness", "1", "--use-tis"]),
-           ("train-async s2", ["--max-staleness", "2", "--use-tis"]))
+           ("train-async s2", ["--max-staleness", "2", "--use-tis"]),
+           # a weight update that does not wait for the episodes in flight (their tool calls included)
+           ("train-async s2 continue", ["--max-staleness", "2", "--use-tis", "--async-weight-update", "continue"]))
 B, N, TOKENS = 8, 4, 16
 
 
