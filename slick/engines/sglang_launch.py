@@ -15,6 +15,7 @@ On a CPU (the default, ``--sglang-device cpu``) the server also gets ``SGLANG_US
 plain-torch attention (``--attention-backend torch_native``), a bounded KV cache (``--max-total-tokens 16384
 --mem-fraction-static 0.3``), ``--skip-server-warmup``, ``--disable-radix-cache`` (a weight update under an
 in-place pause then needs no cache flush, which SGLang refuses while requests run; sglang_client.py),
+``--sleep-on-idle`` (an idle server's scheduler otherwise polls on a whole core, which the trainer needs),
 ``OMP_NUM_THREADS`` = its share of the cores, and :mod:`slick.engines.sglang_shim` first on its ``PYTHONPATH``
 (``sgl_kernel``'s CPU functions in torch, and a torchvision stand-in). A server that exits before it is healthy
 (a bad ``--sglang-*`` option) ends the launch with SGLang's own error line quoted, and every server started is
@@ -32,7 +33,7 @@ from slick.engines.vllm_launch import SGLANG_MODULE, EngineServer, _start_all, e
 from slick.proc import foreign_engine_env
 
 CPU_DEFAULTS = {"attention_backend": "torch_native", "max_total_tokens": 16384, "mem_fraction_static": 0.3,
-                "skip_server_warmup": True, "disable_radix_cache": True}
+                "skip_server_warmup": True, "disable_radix_cache": True, "sleep_on_idle": True}
 
 
 def sglang_env(base: dict, device: str, threads: int) -> dict:
