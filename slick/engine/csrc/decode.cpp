@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -48,12 +48,39 @@ inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }
-#if defined(__AVX512BF16__)
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 ld8(const BF16* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// e^x for x <= 0, 8 lanes: exp_neg's reduction and polynomial; 2^n built in the exponent bits, as exp_neg does.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 inline __m512 bf16_round16(__m512 v) {  // round 16 floats through bf16 (nearest even)
     const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-#endif
 #endif
 
 // RMSNorm of one row: out = round(round(x * rsqrt(mean(x^2) + eps)) * w)  (HF order).
@@ -302,7 +329,10 @@ void sample_rows(const T* logits, int64_t B, int64_t V, const float* inv_t, cons
         const float it = greedy ? 1.f : inv_t[b];
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-        for (int64_t i = 0; i < V; i++) mx = std::fmax(mx, load(x[i]));
+        for (int64_t i = 0; i < V; i++) {   // fmax would be a libm call per element; NaN is skipped the same way
+            const float v = load(x[i]);
+            mx = v > mx ? v : mx;
+        }
         const float m = mx * it;
         const int64_t nb = (V + 15) / 16;
         float* blk = new float[nb];
@@ -314,6 +344,12 @@ void sample_rows(const T* logits, int64_t B, int64_t V, const float* inv_t, cons
             if (e - k * 16 == 16) {
                 const __m512 z = _mm512_fmsub_ps(ld16(x + k * 16), _mm512_set1_ps(it), _mm512_set1_ps(m));
                 sum = _mm512_reduce_add_ps(exp16(z));
+            } else
+#elif defined(__AVX2__) && defined(__FMA__)
+            if (e - k * 16 == 16) {
+                const __m256 iv = _mm256_set1_ps(it), mv = _mm256_set1_ps(m);
+                sum = hsum8(_mm256_add_ps(exp8(_mm256_fmsub_ps(ld8(x + k * 16), iv, mv)),
+                                          exp8(_mm256_fmsub_ps(ld8(x + k * 16 + 8), iv, mv))));
             } else
 #endif
                 for (int64_t i = k * 16; i < e; i++) sum += exp_neg(load(x[i]) * it - m);
