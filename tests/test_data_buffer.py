@@ -66,9 +66,9 @@ def test_sync_drops_anything_older_than_current():
 def test_buffer_filter_selects_and_keeps_rest():
     seen = {}
 
-    def prefer_high_reward(args, groups):
-        seen["args"], seen["n"] = args, len(groups)
-        return sorted(groups, key=lambda g: -g[0].reward)
+    def prefer_high_reward(args, rollout_id, buffer, num_samples):
+        seen.update(args=args, n=len(buffer), rollout_id=rollout_id, num_samples=num_samples)
+        return sorted(buffer, key=lambda g: -g[0].reward)
 
     buf = RolloutBuffer(max_staleness=0, buffer_filter=prefer_high_reward, args="ARGS")
     gs = [grp(i, [0]) for i in range(4)]
@@ -76,10 +76,10 @@ def test_buffer_filter_selects_and_keeps_rest():
         g[0].reward = r
     buf.put(gs + [grp(9, [-1])])   # group 9 is stale: the filter never sees it
     assert gids(buf.take(2, current_version=0)) == [1, 3]
-    assert seen == {"args": "ARGS", "n": 4}
+    assert seen == {"args": "ARGS", "n": 4, "rollout_id": 0, "num_samples": 2}
     assert gids(buf.take(5, current_version=0)) == [2, 0]
 
-    buf2 = RolloutBuffer(buffer_filter=lambda args, groups: [grp(7, [0])])
+    buf2 = RolloutBuffer(buffer_filter=lambda args, rollout_id, buffer, n: [grp(7, [0])])
     buf2.put([grp(0, [0])])
     with pytest.raises(ValueError, match="groups it was given"):
         buf2.take(1, current_version=0)
@@ -88,13 +88,27 @@ def test_buffer_filter_selects_and_keeps_rest():
 def test_from_config_loads_filter_by_path(tmp_path, monkeypatch):
     from slick.config import Config
 
-    (tmp_path / "my_buf_filter.py").write_text("def newest_first(args, groups):\n    return groups[::-1]\n")
+    (tmp_path / "my_buf_filter.py").write_text("def newest_first(args, rollout_id, buffer, num_samples):\n"
+                                               "    return buffer[::-1]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = Config.from_flat({"max_staleness": 2, "buffer_filter_path": "my_buf_filter.newest_first"})
     buf = RolloutBuffer.from_config(cfg)
     assert buf.max_staleness == 2 and buf.args is cfg
     buf.put([grp(i, [0]) for i in range(3)])
     assert gids(buf.take(2, current_version=1)) == [2, 1]
+
+
+def test_slimes_pop_first_runs_unchanged():
+    def pop_first(args, rollout_id, buffer, num_samples):   # slime's default buffer filter, as slime writes it
+        num_to_pop = min(len(buffer), num_samples)
+        samples = buffer[:num_to_pop]
+        del buffer[:num_to_pop]
+        return samples
+
+    buf = RolloutBuffer(buffer_filter=pop_first)
+    buf.put([grp(i, [3]) for i in range(5)])
+    assert gids(buf.take(2, current_version=3)) == [0, 1]
+    assert gids(buf.take(9, current_version=3)) == [2, 3, 4] and len(buf) == 0
 
 
 def test_put_rejects_non_groups():

@@ -83,3 +83,20 @@ def test_anthropic_messages_plain_tool_and_stream(server):
     st, out = call(server.url, "/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]})
     assert st == 400 and out == {"type": "error", "error": {"type": "invalid_request_error",
                                                             "message": "max_tokens: Field required"}}
+
+
+def test_anthropic_structured_output_by_output_config(server):
+    """output_config.format json_schema (Anthropic's structured output) holds on a random model; it was refused."""
+    a = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                               "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    for _ in range(3):
+        m = a.messages.create(model="m", max_tokens=40, messages=[{"role": "user", "content": "Answer."}],
+                              extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}},
+                                          "temperature": 1.0})
+        value = json.loads(m.content[0].text)
+        assert set(value) == {"n", "ok"} and 0 <= value["n"] <= 9 and isinstance(value["ok"], bool), value
+    st, out = call(server.url, "/v1/messages", {"model": "m", "max_tokens": 4, "output_config": {"effort": "high"},
+                                                "messages": [{"role": "user", "content": "x"}]})
+    assert st == 400 and "output_config: effort is not supported" in out["error"]["message"]

@@ -58,11 +58,13 @@ def test_json_object(client):
     assert done and all(isinstance(json.loads(c.message.content), dict) for c in done)
 
 
+@pytest.mark.parametrize("parallel", [False, None])    # None: not sent; a forced answer is one call either way
 @pytest.mark.parametrize("choice,names", [("required", {"add", "flag"}),
                                           ({"type": "function", "function": {"name": "flag"}}, {"flag"})])
-def test_forced_tool_calls_always_parse(client, choice, names):
+def test_forced_tool_calls_always_parse(client, choice, names, parallel):
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
     r = client.chat.completions.create(model="m", messages=MSGS, n=20, max_tokens=150, seed=2, tools=TOOLS,
-                                       tool_choice=choice, parallel_tool_calls=False)
+                                       tool_choice=choice, **extra)
     seen = set()
     for ch in r.choices:
         assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch.message
@@ -71,6 +73,22 @@ def test_forced_tool_calls_always_parse(client, choice, names):
         jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
         seen.add(call.function.name)
     assert seen <= names and seen
+
+
+def test_parallel_forced_calls_are_bounded_and_all_parse(client):
+    """parallel_tool_calls: true lets a forced answer hold 1..MAX_PARALLEL_CALLS calls; the random model, which
+    never wants to stop, used to repeat calls up to max_tokens and leave the cut one as content."""
+    from slick.serve.openai_constraints import MAX_PARALLEL_CALLS
+    r = client.chat.completions.create(model="m", messages=MSGS, n=12, max_tokens=400, seed=4, tools=TOOLS,
+                                       tool_choice="required", parallel_tool_calls=True)
+    counts = []
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls" and not ch.message.content, ch.message
+        for call in ch.message.tool_calls:
+            tool = next(t for t in TOOLS if t["function"]["name"] == call.function.name)
+            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+        counts.append(len(ch.message.tool_calls))
+    assert 1 <= min(counts) and max(counts) <= MAX_PARALLEL_CALLS and max(counts) > 1, counts
 
 
 def test_langchain_structured_output_and_bound_tool_choice(server):
@@ -97,3 +115,16 @@ def test_refusals_name_the_field(client):
         constraint({"tool_choice": "required"}, None)
     with pytest.raises(GrammarError, match="sampling.json_schema is not JSON"):
         llg_grammar("json_schema", "{", "sampling")
+
+
+def test_response_format_keys_are_honoured_or_refused():
+    """instructor's JSON_SCHEMA mode puts the schema beside json_object: it holds; an unknown key is refused by
+    name instead of being dropped."""
+    small = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    grammar = constraint({"response_format": {"type": "json_object", "schema": small}}, None)
+    assert json.loads(grammar["json_schema"])["required"] == ["x"]
+    assert json.loads(constraint({"response_format": {"type": "json_object"}}, None)["json_schema"])["type"] == "object"
+    with pytest.raises(OpenAIError, match="response_format of type 'json_object' has no field 'schemaa'"):
+        constraint({"response_format": {"type": "json_object", "schemaa": small}}, None)
+    with pytest.raises(OpenAIError, match="has no field 'strict'"):
+        constraint({"response_format": {"type": "json_schema", "strict": True, "json_schema": {"schema": small}}}, None)

@@ -133,6 +133,21 @@ def test_unclosed_tags_parse_in_linear_time():
     assert ratio < 3, ratio
 
 
+def test_closing_tag_inside_a_json_string_does_not_end_the_call():
+    # a forced get_time call SmolLM2 wrote at T=1 (issue 58): the grammar lets a string hold the closing tag
+    text = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "]}</tool_call> 1"}}\n</tool_call>'
+    (call,) = parse_hermes(text)
+    assert (call.name, call.arguments, call.error) == ("get_time", {"tz": "]}</tool_call> 1"}, None)
+    assert strip_tool_calls(text + " after") == " after"
+    escaped = '<tool_call>{"name": "f", "arguments": {"s": "\\"}</tool_call>"}}</tool_call>'
+    assert [(c.name, c.arguments) for c in parse_hermes(escaped)] == [("f", {"s": '"}</tool_call>'})]
+    # a string that never closes: bodies end at the first closing tag again, and parsing stays linear
+    hostile = lambda n: '<tool_call>{"' + '</tool_call><tool_call>{"' * n
+    assert len(parse_hermes(hostile(3))) == 4
+    ratio = best_time(parse_hermes, hostile(40_000)) / best_time(parse_hermes, hostile(20_000))
+    assert ratio < 3, ratio
+
+
 def test_same_calls_as_before_on_ordinary_text():
     text = 'a <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call> b <tool_call><tool_call>' \
            '{"name": "x"}</tool_call> c </tool_call> d <tool_call>{"na'

@@ -179,6 +179,24 @@ def test_metrics_prometheus_text(server):
         out["meta_info"]["prompt_tokens"]
 
 
+def test_metrics_count_the_openai_and_anthropic_routes(server):
+    """/v1 requests, their errors and their tokens reach the counters (they stayed 0 while /generate counted)."""
+    before = _metrics(server.url)
+    st, chat = call(server.url, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                         "max_tokens": 5, "n": 2, "temperature": 1.0})
+    st2, msg = call(server.url, "/v1/messages", {"model": "m", "max_tokens": 4,
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+    st3, _ = call(server.url, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": -1})
+    after = _metrics(server.url)
+    assert (st, st2, st3) == (200, 200, 400), (chat, msg)
+    assert after["slick_requests_total"] - before["slick_requests_total"] == 3
+    assert after["slick_request_errors_total"] - before["slick_request_errors_total"] == 1
+    assert after["slick_http_generation_tokens_total"] - before["slick_http_generation_tokens_total"] == \
+        chat["usage"]["completion_tokens"] + msg["usage"]["output_tokens"]
+    assert after["slick_prompt_tokens_total"] - before["slick_prompt_tokens_total"] == \
+        chat["usage"]["prompt_tokens"] + msg["usage"]["input_tokens"]
+
+
 def test_update_weights_from_disk_changes_version(server, tiny_model_dir, tmp_path):
     from slick.models.tiny import make_tiny_model
 

@@ -164,9 +164,10 @@ def test_slime_spelling_parses_and_sft_refusals_name_the_flag(tiny_model_dir, tm
     argv = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data), "--input-key", "messages",
             "--loss-type", "sft_loss", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout",
             "--calculate-per-token-loss", "--disable-compute-advantages-and-returns", "--debug-train-only",
-            "--n-samples-per-prompt", "1", "--rollout-batch-size", "4"]
+            "--rollout-batch-size", "4"]     # slime's SFT scripts leave --n-samples-per-prompt at slime's 1
     cfg = parse_config(argv, build_parser())
     assert cfg.loss_type == "sft_loss" and cfg.calculate_per_token_loss and cfg.global_batch_size == 4
+    assert cfg.n_samples_per_prompt == 1 and cfg.offload_rollout is False
     with pytest.raises(ConfigError, match="--n-samples-per-prompt must be 1"):
         parse_config(argv + ["--n-samples-per-prompt", "4"], build_parser())
     with pytest.raises(ConfigError, match="--use-kl-loss does not apply"):

@@ -197,3 +197,56 @@ def test_import_slime_resolves_to_the_stand_in_only_without_slime(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["slime.utils.types", "False", "True"]   # the installed slime wins
+
+
+def test_concurrent_first_samples_share_one_generate_front():
+    """Eight first samples asking for the /generate front at once get one server, and close leaves no listener
+    (each used to start its own; all but one were never closed)."""
+    import psutil
+
+    from slick.rollout.slime_generate import SGLangFront
+
+    def listeners():
+        return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+    async def go():
+        before = listeners()
+        front = SGLangFront(lambda: None, None, set())
+        ports = await asyncio.gather(*(front.start() for _ in range(8)))
+        during = listeners() - before
+        await front.close()
+        return set(ports), during, listeners() - before
+
+    ports, during, after = asyncio.run(go())
+    assert len(ports) == 1 and during == ports and after == set()
+
+
+HELPERS = textwrap.dedent("""
+    import asyncio, threading
+    from slick.plugins import load_function
+    load_function("slime.utils.types.Sample", "probe")          # the stand-in answers for slime from here on
+    from slime.utils.misc import load_function as slime_load
+    from slime.utils.async_utils import run
+    from slime.rollout.base_types import RolloutFnTrainOutput, RolloutFnEvalOutput, call_rollout_fn
+
+    async def where():
+        await asyncio.sleep(0.01)
+        return threading.current_thread().name, id(asyncio.get_running_loop())
+
+    first, second = run(where()), run(where())
+    legacy = call_rollout_fn(lambda *a, evaluation: [["s"]], 1, evaluation=False)
+    ev = call_rollout_fn(lambda *a, evaluation: {"aime": {}}, 1, evaluation=True)
+    own = RolloutFnTrainOutput(samples=[], metrics={"m": 1})
+    print(slime_load("os.path.join") is __import__("os").path.join, first == second, first[0],
+          legacy.samples == [["s"]], isinstance(ev, RolloutFnEvalOutput), call_rollout_fn(
+              lambda *a, evaluation: own, evaluation=False) is own)
+""")
+
+
+def test_slime_utility_modules_plug_ins_import():
+    """slime.utils.misc.load_function, slime.utils.async_utils.run (one background loop for every call) and
+    slime.rollout.base_types, as slime's plug-ins import them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", HELPERS], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "slime-async-utils", "True", "True", "True"]

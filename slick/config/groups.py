@@ -82,7 +82,7 @@ class RolloutConfig:
     custom_generate_function_path: Optional[str] = F(None, "Dotted path to `async def generate(args, sample, sampling_params, engine) -> Sample`, or slime's `async def generate(args, sample, sampling_params)` (docs/slime.md).")
     rollout_function_path: Optional[str] = F(None, "Dotted path to a function replacing the whole rollout step.")
     dynamic_sampling_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, group) -> bool` (keep group); `slick.rollout.filters.check_reward_nonzero_std` is built in.")
-    buffer_filter_path: Optional[str] = F(None, "Dotted path to `filter(args, groups) -> groups` applied when taking from the buffer.")
+    buffer_filter_path: Optional[str] = F(None, "Dotted path to slime's `filter(args, rollout_id, buffer, num_samples) -> groups`, applied when taking from the buffer (docs/data.md).")
     sglang: dict = F({}, "Engine options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE} and goes to the "
                          "engines slick launches (see `--sglang-*` above); servers you start yourself take their own flags.",
                      flag=None)

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 from slick.config.config import Config, ConfigError
 from slick.config.fields import field_choices, field_help, flag_name, registry_names  # noqa: F401 - also names here
 from slick.config.groups import GROUPS
+from slick.config.sft_distill import sft_defaults
 from slick.config.slime import add_slime_arguments, resolve_slime_flags
 from slick.config.validate import validate_config
 from slick.serve.sglang_args import split_sglang_args
@@ -136,6 +137,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
     values.update(load_yaml(ns.pop("config")) if ns.get("config") else {})
     ns.pop("config", None)
     values.update(ns)
+    sft_defaults(values)
     if sglang:
         values["sglang"] = {**values.get("sglang", {}), **sglang}
     if vllm:

@@ -12,6 +12,19 @@ SFT_ROLLOUT_PATHS = ("slick.rollout.sft.generate_rollout", "slime.rollout.sft_ro
 OPD_TYPES = {"trainer": "trainer", "megatron": "trainer", "engine": "engine", "sglang": "engine"}
 
 
+# what --loss-type sft_loss implies unless a flag or the YAML says otherwise: one sample per chat (slime's default,
+# which its SFT scripts rely on) and no engine memory to release
+SFT_IMPLIED = {"n_samples_per_prompt": 1, "offload_rollout": False}
+
+
+def sft_defaults(values: dict) -> None:
+    """Fill ``values`` (flat config values: command defaults, YAML, flags) with :data:`SFT_IMPLIED` where the run
+    is SFT and they are not set."""
+    if values.get("loss_type") == "sft_loss":
+        for key, value in SFT_IMPLIED.items():
+            values.setdefault(key, value)
+
+
 def is_sft(cfg) -> bool:
     return getattr(cfg, "loss_type", "policy_loss") == "sft_loss"
 

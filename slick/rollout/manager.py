@@ -235,17 +235,20 @@ class RolloutManager:
         rewards = [self.rewards.scalar(s) for s in samples]
         zero_std = sum(1 for g in groups if len({round(self.rewards.scalar(s), 8) for s in g}) <= 1)
         tokens = sum(len(s.response_ids) for s in samples)
+        # sampled by the policy: a multi-turn response's tool and environment tokens (loss_mask 0) are not
+        sampled = sum(sum(s.loss_mask) if len(s.loss_mask) == len(s.response_ids) else len(s.response_ids)
+                      for s in samples)
         m = {
             "rollout/raw_reward": sum(rewards) / n,
             "rollout/response_len/mean": tokens / n,
             "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / n,
             "rollout/zero_std/count": zero_std,
             "rollout/filtered_groups": dropped,
-            "rollout/generated_tokens": tokens,
+            "rollout/generated_tokens": sampled,
             "perf/rollout_time": seconds,
             # time inside reward calls, summed over groups; it overlaps the generation of other groups
             "perf/reward_time": sum(g[0].timings.get("reward", 0.0) for g in groups if g),
-            "perf/rollout_tokens_per_sec": tokens / max(seconds, 1e-9),
+            "perf/rollout_tokens_per_sec": sampled / max(seconds, 1e-9),
         }
         m.update({f"rollout/dynamic_filter/drop_{r}": float(n) for r, n in self.drop_reasons.items()})
         self.drop_reasons = {}

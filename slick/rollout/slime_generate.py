@@ -149,12 +149,23 @@ class SGLangFront:
         self._engine, self.tok, self.eos_ids = engine, tokenizer, eos_ids
         self.ledger = Ledger()
         self._runner = self._loop = None
+        self._starting: Optional[asyncio.Task] = None    # the one start of this loop's server, shared by callers
         self.port: Optional[int] = None
 
     async def start(self) -> int:
+        """The server's port, started once per event loop: the concurrent first samples of a rollout share one
+        start (each used to start a server of its own, and all but the last were never closed)."""
         loop = asyncio.get_running_loop()
-        if self._runner is not None and self._loop is loop:
-            return self.port
+        if self._starting is None or self._loop is not loop:
+            self._loop, self._runner = loop, None
+            self._starting = loop.create_task(self._start())
+        try:
+            return await asyncio.shield(self._starting)
+        except Exception:
+            self._starting = None     # a failed start is tried again by the next caller
+            raise
+
+    async def _start(self) -> int:
         from aiohttp import web
 
         app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[guard_middleware(HostPolicy())])
@@ -163,14 +174,16 @@ class SGLangFront:
         runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self._runner, self._loop, self.port = runner, loop, runner.addresses[0][1]
+        self._runner, self.port = runner, runner.addresses[0][1]
         log.info("SGLang /generate for slime plug-ins at http://127.0.0.1:%d", self.port)
         return self.port
 
     async def close(self) -> None:
-        if self._runner is not None and self._loop is asyncio.get_running_loop():
-            await self._runner.cleanup()
-        self._runner = self._loop = None
+        if self._starting is not None and self._loop is asyncio.get_running_loop():
+            await asyncio.gather(self._starting, return_exceptions=True)
+            if self._runner is not None:
+                await self._runner.cleanup()
+        self._runner = self._loop = self._starting = None
 
     async def health(self, request):
         from aiohttp import web

@@ -4,7 +4,9 @@ So agents written for Claude (the ``anthropic`` client, or slime's adapters) can
 ``messages`` (string content or blocks: ``text``, ``tool_use``, ``tool_result``), ``system`` (a string or text
 blocks), ``max_tokens`` (required, as in Anthropic's API), ``tools`` (``name``, ``description``,
 ``input_schema``), ``tool_choice`` (``auto``, ``any`` = OpenAI's "required", ``tool`` = a named function, ``none``;
-forced by grammar), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``stream``. Accepted and ignored:
+forced by grammar), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``stream``, ``output_config``
+(``format`` ``json_schema``: structured output by grammar, as the chat path's ``response_format``; its other keys
+are refused). Accepted and ignored:
 ``metadata``, ``service_tier``, ``model``. Refused by name: ``thinking`` when enabled, image/document blocks.
 Answers: ``content`` blocks (``text``, then one ``tool_use`` per call with ``input`` an object), ``stop_reason``
 (``end_turn``, also when a stop sequence matched; ``max_tokens``, ``tool_use``) and ``usage``. Errors use Anthropic's shape
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 from aiohttp import web
 
@@ -32,7 +34,7 @@ from slick.serve.sse import ChunkEvents, LeadingSpace
 
 IGNORED = {"model", "metadata", "service_tier", "container", "mcp_servers"}
 KNOWN = {"messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences", "temperature", "top_p",
-         "top_k", "stream", "thinking"}
+         "top_k", "stream", "thinking", "output_config"}
 
 
 def _error(message: str, status: int = 400) -> web.Response:
@@ -131,7 +133,32 @@ def chat_body(body: Any) -> dict:
                      ("top_k", "top_k")):
         if body.get(src) is not None:
             out[dst] = body[src]
+    fmt = _output_format(body.get("output_config"))
+    if fmt is not None:
+        out["response_format"] = fmt
     return out
+
+
+def _output_config_error(message: str) -> OpenAIError:
+    return OpenAIError(f"output_config: {message}", param="output_config")
+
+
+def _output_format(cfg: Any) -> Optional[dict]:
+    """Anthropic's structured output, ``output_config: {"format": {"type": "json_schema", "schema": S}}``, as the
+    chat ``response_format`` it means (the answer's text is JSON valid against ``S``); None when absent."""
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        raise _output_config_error("must be an object {\"format\": {\"type\": \"json_schema\", \"schema\": ...}}")
+    extra = sorted(set(cfg) - {"format"})
+    if extra:
+        raise _output_config_error(f"{extra[0]} is not supported by slick (only format)")
+    fmt = cfg.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise _output_config_error("format must be {\"type\": \"json_schema\", \"schema\": {...}}")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
 def message_object(body: dict, chat: dict) -> dict:

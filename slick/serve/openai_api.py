@@ -82,9 +82,11 @@ class OpenAIEndpoint:
 
     def __init__(self, engine: Any, tokenizer, *, model_name: str, max_context: Optional[int] = None,
                  vocab_size: Optional[int] = None, eos_ids=(), sessions: Any = None, tool_parser: str = "hermes",
-                 max_text_chars: Optional[int] = None, on_disconnect: Optional[Callable[[int], None]] = None):
+                 max_text_chars: Optional[int] = None, on_disconnect: Optional[Callable[[int], None]] = None,
+                 on_generated: Optional[Callable[[int, int], None]] = None):
         self._engine = engine
         self.on_disconnect = on_disconnect      # hears how many choices a client that went away left unfinished
+        self.on_generated = on_generated        # hears (prompt tokens, tokens generated for its choices) per prompt
         self.tok = tokenizer
         self.model_name = model_name
         self.max_context = max_context
@@ -215,8 +217,14 @@ class OpenAIEndpoint:
         return [dataclasses.replace(session.sampling(params, max_new, i), **params.engine_fields())
                 for i in range(params.n)]
 
-    async def _generate(self, ids: list[int], sps: list[SamplingParams]) -> list[Generation]:
-        return await generate_all(self.engine, [(ids, sp) for sp in sps], on_cancel=self.on_disconnect)
+    async def _generate(self, ids: list[int], sps: list[SamplingParams], progress=None) -> list[Generation]:
+        """The choices of one prompt (streamed to ``progress`` when given), counted for ``on_generated``."""
+        jobs = [(ids, sp) for sp in sps]
+        gens = await (generate_all(self.engine, jobs, on_cancel=self.on_disconnect) if progress is None else
+                      run_polled(self.engine, jobs, progress, on_disconnect=self.on_disconnect))
+        if self.on_generated is not None:
+            self.on_generated(len(ids), sum(len(g.token_ids) for g in gens))
+        return gens
 
     def _id_fields(self, params: Params) -> dict:
         return {"created": int(time.time()), "model": params.model or self.model_name}
@@ -252,7 +260,7 @@ class OpenAIEndpoint:
         if params.stream:
             st = Streamer(request, "chat", stream_head("chat", params.model or self.model_name), self.tok, params,
                           params.stop, parse_calls, params.n, sse=None if writer is None else writer(len(ids)))
-            return await self._stream(st, [(ids, sp) for sp in sps], result)
+            return await self._stream(st, ids, sps, result)
         return result(await self._generate(ids, sps))[0]
 
     def _chat_result(self, params: Params, ids: list[int], sps: list, gens: list, parse_calls: bool, session,
@@ -287,11 +295,11 @@ class OpenAIEndpoint:
             out["prompt_token_ids"] = list(ids)
         return out, n_texts
 
-    async def _stream(self, st: Streamer, jobs: list, result) -> web.StreamResponse:
+    async def _stream(self, st: Streamer, ids: list[int], sps: list, result) -> web.StreamResponse:
         """Stream one prompt's choices (module doc of ``openai_stream``); ``result(gens)`` is the final answer."""
         await st.start()
         try:
-            gens = await run_polled(self.engine, jobs, st.progress, on_disconnect=self.on_disconnect)
+            gens = await self._generate(ids, sps, st.progress)
             out, n_texts = result(gens)
         except (OpenAIError, ValueError) as e:
             return await st.error(str(e), "invalid_request_error")
@@ -330,8 +338,7 @@ class OpenAIEndpoint:
                     await st.sse.open()
                 st.next_prompt(params.n, len(choices))
                 try:
-                    gens = await run_polled(self.engine, [(ids, sp) for sp in sps], st.progress,
-                                            on_disconnect=self.on_disconnect)
+                    gens = await self._generate(ids, sps, st.progress)
                 except (OpenAIError, ValueError) as e:
                     return await st.error(str(e), "invalid_request_error")
             else:

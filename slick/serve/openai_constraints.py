@@ -1,12 +1,16 @@
 """Forced tool calls and structured output as grammars for the engine (``slick/engine/grammar.py``).
 
-- ``tool_choice: "required"`` -> the answer is one or more Hermes calls ``<tool_call>\\n{"name": N, "arguments":
-  {...}}\\n</tool_call>`` (exactly one when ``parallel_tool_calls`` is false), each ``name`` one of ``tools`` and
-  its ``arguments`` valid against that tool's ``parameters`` schema;
+- ``tool_choice: "required"`` -> the answer is Hermes calls ``<tool_call>\\n{"name": N, "arguments":
+  {...}}\\n</tool_call>``, each ``name`` one of ``tools`` and its ``arguments`` valid against that tool's
+  ``parameters`` schema: exactly one unless the request sets ``parallel_tool_calls: true``, then one to
+  :data:`MAX_PARALLEL_CALLS` (a forced answer stops after its calls instead of repeating them up to
+  ``max_tokens``);
 - ``tool_choice: {"type": "function", "function": {"name": N}}`` -> exactly one call of ``N``;
-- ``response_format: {"type": "json_object"}`` -> a JSON object; ``{"type": "json_schema", "json_schema":
+- ``response_format: {"type": "json_object"}`` -> a JSON object (with instructor's ``"schema"`` beside the type:
+  JSON valid against it); ``{"type": "json_schema", "json_schema":
   {"name", "schema", "strict"}}`` -> JSON valid against ``schema`` (``strict`` or not: the grammar always holds);
-- ``response_format`` with ``tools`` and ``tool_choice`` "auto": either calls or the structured answer.
+- ``response_format`` with ``tools`` and ``tool_choice`` "auto": either calls (one to :data:`MAX_PARALLEL_CALLS`,
+  one when ``parallel_tool_calls`` is false) or the structured answer.
 
 The grammars are llguidance's Lark syntax (sent as the engine's ``ebnf`` field) or a JSON schema (``json_schema``),
 SGLang's names, so the same request fields reach an SGLang server behind ``--rollout-urls`` unchanged. JSON is
@@ -23,15 +27,27 @@ from slick.engine.grammar import compact_schema, json_lark
 from slick.serve.openai_protocol import OpenAIError, forced_tool
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+MAX_PARALLEL_CALLS = 8      # calls one constrained answer may hold when parallel calls are allowed
+
+
+FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
 
 
 def response_schema(fmt: Any) -> Optional[dict]:
-    """The JSON schema ``response_format`` asks for, or None for text / absent."""
+    """The JSON schema ``response_format`` asks for, or None for text / absent. ``json_object`` may carry a
+    ``schema`` (instructor's JSON_SCHEMA mode sends it there), which then holds; any other key is refused."""
     if fmt is None or fmt == {"type": "text"}:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    unknown = sorted(set(fmt) - FORMAT_KEYS[kind]) if kind in FORMAT_KEYS else []
+    if unknown:
+        raise OpenAIError(f"response_format of type {kind!r} has no field {unknown[0]!r} (it takes "
+                          f"{', '.join(sorted(FORMAT_KEYS[kind]))})", param="response_format")
     if kind == "json_object":
-        return {"type": "object"}
+        schema = fmt.get("schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise OpenAIError("response_format.schema must be a JSON schema object", param="response_format")
+        return schema
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict):
@@ -63,9 +79,10 @@ def _call_schema(tools: list, name: Optional[str]) -> dict:
 
 
 def tool_calls_lark(tools: list, name: Optional[str] = None, parallel: bool = True) -> list[str]:
-    """Lark rules (without ``start``) for rule ``calls``: Hermes calls of ``tools`` (only ``name`` if given)."""
-    many = parallel and name is None
-    return [f"calls: call{' (' + _lit(chr(10)) + ' call)*' if many else ''}",
+    """Lark rules (without ``start``) for rule ``calls``: Hermes calls of ``tools`` (only ``name`` if given), one,
+    or with ``parallel`` one to :data:`MAX_PARALLEL_CALLS`."""
+    many = f" ({_lit(chr(10))} call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel and name is None else ""
+    return [f"calls: call{many}",
             f"call: {_lit(OPEN)} call_body {_lit(CLOSE)}",
             f"call_body: {json_lark(_call_schema(tools, name))}"]
 
@@ -84,11 +101,11 @@ def constraint(body: dict, tools: Optional[list], tool_parser: str = "hermes") -
     if calls_possible and tool_parser != "hermes":
         raise OpenAIError(f"tool_choice / response_format with tools need the hermes tool format; this endpoint "
                           f"parses calls with {tool_parser!r}", param="tool_choice")
-    parallel = body.get("parallel_tool_calls") is not False
-    if forced is not None:
-        rules = tool_calls_lark(tools, None if forced == "required" else forced, parallel)
+    if forced is not None:   # one call unless parallel calls are asked for
+        rules = tool_calls_lark(tools, None if forced == "required" else forced,
+                                body.get("parallel_tool_calls") is True)
         return {"ebnf": "\n".join(["start: calls"] + rules)}
     if calls_possible:          # auto: calls, or the structured answer
-        rules = tool_calls_lark(tools, None, parallel)
+        rules = tool_calls_lark(tools, None, body.get("parallel_tool_calls") is not False)
         return {"ebnf": "\n".join(["start: calls | answer", f"answer: {json_lark(schema)}"] + rules)}
     return {"json_schema": json.dumps(compact_schema(schema), ensure_ascii=False)}

@@ -109,7 +109,7 @@ class SlickServer:
         OpenAIEndpoint(self.engine, self.engine.tokenizer, model_name=self.model_path,
                        max_context=self.engine.max_context, vocab_size=self.engine.vocab_size,
                        eos_ids=self.eos_ids, max_text_chars=self.max_text_chars,
-                       on_disconnect=self._count_disconnects).add_routes(app)
+                       on_disconnect=self._count_disconnects, on_generated=self._count_generated).add_routes(app)
         self.weight_groups = WeightGroupRoutes(self)    # broadcast updates: slick/serve/weight_group_routes.py
         self.weight_groups.register(r)
         return app
@@ -120,10 +120,18 @@ class SlickServer:
     def _count_disconnects(self, n: int) -> None:
         self.counters["disconnect_aborted_requests_total"] += n
 
+    def _count_generated(self, prompt_tokens: int, generated_tokens: int) -> None:
+        self.counters["prompt_tokens_total"] += prompt_tokens
+        self.counters["http_generation_tokens_total"] += generated_tokens
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
         try:
-            return await handler(request)
+            resp = await handler(request)
+            if request.method == "POST" and request.path.startswith("/v1/"):   # the OpenAI/Anthropic routes answer
+                self.counters["requests_total"] += 1                           # their own errors: count both here
+                self.counters["request_errors_total"] += resp.status >= 400
+            return resp
         except (RequestError, BodyError) as e:
             self.counters["request_errors_total"] += 1
             return _error(str(e), e.status)
