@@ -26,6 +26,7 @@ IMPORT_COST = {
     ("slick.config.validate", "slick.algo.inputs"),   # torch: `import slick.config` stays free of it
     ("slick.config.autoplan", "slick.train.precision"),   # torch, only when a micro-batch budget is sized
     ("slick.config.lora", "slick.train.lora"),        # torch and PEFT, only when a run asks for LoRA
+    ("slick.cli", "slick.config"),                    # 0.6 s, after the tcmalloc re-exec
     ("slick.demo.__main__", "slick.loop.sync"),       # torch, after the tcmalloc re-exec
     ("slick.demo.__main__", "slick.observe.plot"),    # matplotlib, likewise
     ("slick.demo.__main__", "slick.demo.agent"),

