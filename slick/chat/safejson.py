@@ -39,6 +39,31 @@ def depth(text: str) -> int:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
+def object_end(text: str, pos: int = 0) -> int:
+    """Where the JSON object that starts at ``text[pos]`` (after blanks) ends, the index after its closing brace,
+    or -1 (no object there, or it never closes). Strings are skipped whole, so a brace or a tag inside one is
+    text; linear in the characters scanned."""
+    n = len(text)
+    while pos < n and text[pos] in " \t\r\n":
+        pos += 1
+    if pos >= n or text[pos] != "{":
+        return -1
+    level, i = 0, pos
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i = _STRING.match(text, i).end()
+            continue
+        if c in "{[":
+            level += 1
+        elif c in "}]":
+            level -= 1
+            if level == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
 def _bounded_int(digits: str) -> int:
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
         raise JSONLimitError(f"an integer has {len(digits.lstrip('-'))} digits, more than {MAX_INT_DIGITS} allowed")

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from slick.plugins import load_function
-from slick.chat.safejson import JSONLimitError, loads
+from slick.chat.safejson import JSONLimitError, loads, object_end
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 log = logging.getLogger("slick.toolcall")
@@ -103,31 +103,6 @@ def _call_from_json(body: str) -> ToolCall:
     return ToolCall(name=obj["name"], arguments=args, id=str(obj.get("id") or ""))
 
 
-def _json_object_end(text: str, pos: int) -> int:
-    """Where the JSON object that starts at ``text[pos]`` (after blanks) ends, or -1 (no object there, or it does
-    not close). Strings are skipped whole, so a closing tag inside one is text, not the end of the call."""
-    n = len(text)
-    while pos < n and text[pos] in " \t\r\n":
-        pos += 1
-    if pos >= n or text[pos] != "{":
-        return -1
-    depth, i = 0, pos
-    while i < n:
-        c = text[i]
-        if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return -1
-
-
 def tool_call_spans(text: str) -> tuple[list[tuple[int, int]], int]:
     """``([(start, end), ...], unclosed)``: the ``<tool_call>...</tool_call>`` spans of ``text`` in order (each
     from its opening tag to the end of its closing tag) and the position of an opening tag no closing tag follows
@@ -141,7 +116,7 @@ def tool_call_spans(text: str) -> tuple[list[tuple[int, int]], int]:
         if start < 0:
             return spans, -1
         body = start + len(OPEN)
-        obj_end = _json_object_end(text, body) if scan else -1
+        obj_end = object_end(text, body) if scan else -1
         if obj_end < 0 and scan and text[body:body + 64].lstrip().startswith("{"):
             scan = False    # an object that runs to the end of the text: no later scan can close either
         end = text.find(CLOSE, obj_end if obj_end >= 0 else body)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slick.chat.safejson import depth
+
 DEFAULTS = {"max_stop": 64, "max_stop_chars": 512, "max_n": 128, "max_grammar_bytes": 128 * 1024,
             "max_grammar_depth": 64, "grammar_timeout_s": 10.0}
 FLAGS = {"max_stop": "--max-stop-strings", "max_stop_chars": "--max-stop-chars", "max_n": "--max-n",
@@ -77,33 +79,13 @@ class RequestLimits:
         if size > self.max_grammar_bytes:
             raise self.refuse("max_grammar_bytes", field, f"{size} bytes")
         if name == "json_schema":
-            d = json_depth(text)
+            d = depth(text)
             if d > self.max_grammar_depth:
                 raise self.refuse("max_grammar_depth", field, f"nested {d} levels deep")
 
     def check_n(self, n: int, field: str = "n") -> None:
         if n > self.max_n:
             raise self.refuse("max_n", field, f"{n} choices")
-
-
-def json_depth(text: str) -> int:
-    """Deepest nesting of objects and arrays in the JSON document ``text`` (0 for a scalar), counted in one pass
-    over its characters (strings skipped), so a document too deep for any recursive parser is measured safely."""
-    depth = best = 0
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-        elif c in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif c in "]}":
-            depth -= 1
-        i += 1
-    return best
 
 
 def limits_of(engine: Any) -> RequestLimits:
