@@ -6,12 +6,22 @@ import subprocess
 import sys
 
 _CODE = """
-import json, os, threading
+import json, os, threading, time
 import torch
 from slick.loop.omp import release_openmp_workers
 torch.set_num_threads(3)
 x = torch.ones(2**22)
-def tasks(): return len(os.listdir("/proc/self/task"))
+def tasks():
+    # released workers end asynchronously: count once the number has held for 0.2 s (at most 5 s)
+    n, since, end = -1, 0.0, time.monotonic() + 5
+    while time.monotonic() < end:
+        m = len(os.listdir("/proc/self/task"))
+        if m != n:
+            n, since = m, time.monotonic()
+        elif time.monotonic() - since >= 0.2:
+            break
+        time.sleep(0.01)
+    return n
 def phase(out):
     release_openmp_workers(); out.append(tasks())                # none (creating x may have started some)
     x.add_(1); out.append(tasks())                               # this thread's team: +2 workers

@@ -214,18 +214,20 @@ def test_grammars_reach_vllms_constrained_decoding(server, vllm_model_dir):  # n
 
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(str(vllm_model_dir))
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"type": "string", "maxLength": 5}},
+    # bounded, so that every sample fits in max_new_tokens (an unbounded integer from a random model did not)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                               "tag": {"type": "string", "maxLength": 5}},
               "required": ["n", "tag"], "additionalProperties": False}
     cases = {"regex": ("[0-9]{3}-[a-c]{2}", lambda t: re.fullmatch("[0-9]{3}-[a-c]{2}", t)),
              "ebnf": ('start: "yes" | "no"', lambda t: t in ("yes", "no")),
              "json_schema": (json.dumps(schema), lambda t: set(json.loads(t)) == {"n", "tag"}
-                             and isinstance(json.loads(t)["n"], int) and len(json.loads(t)["tag"]) <= 5)}
+                             and 0 <= json.loads(t)["n"] <= 999 and len(json.loads(t)["tag"]) <= 5)}
     proc, _ = server
 
     async def go(eng):
         out = {}
         for name, (grammar, _) in cases.items():
-            sp = SamplingParams(max_new_tokens=40, temperature=1.0, **{name: grammar})
+            sp = SamplingParams(max_new_tokens=64, temperature=1.0, **{name: grammar})
             gens = await asyncio.gather(*(eng.generate(PROMPT, sp) for _ in range(5)))
             out[name] = [tok.decode(g.token_ids, skip_special_tokens=True) for g in gens]
         return out
