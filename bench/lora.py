@@ -95,8 +95,8 @@ def measure_syncs(tr, model_dir: str, repeats: int = 2) -> dict:
     import types
 
     from slick.engine.local import LocalEngine
-    from slick.train.transport import make_transport
-    from slick.train.weight_sync import sync_weights
+    from slick.weights.transport import make_transport
+    from slick.weights.sync import sync_weights
 
     merged = types.SimpleNamespace(named_weights=tr.named_weights, version=tr.version)   # no adapter_payload
     modes = {"merged": merged, **({"adapter": tr} if tr.lora is not None else {})}

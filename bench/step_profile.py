@@ -38,7 +38,7 @@ from bench.trainer import loss_fn, matmul_ceiling, step_flops  # noqa: E402
 from slick.config import Config  # noqa: E402
 from slick.config.auto import ModelShape, Training, activation_bytes_per_token  # noqa: E402
 from slick.config.validate import validate  # noqa: E402
-from slick.train.memory import tcmalloc_loaded  # noqa: E402
+from slick.proc.memory import tcmalloc_loaded  # noqa: E402
 from slick.train.packing import pad_stack  # noqa: E402
 from slick.train.trainer import Trainer  # noqa: E402
 from slick.types import Sample  # noqa: E402
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from slick.train.memory import use_tcmalloc
+    from slick.proc.memory import use_tcmalloc
 
     use_tcmalloc()   # the allocator `slick train` runs with
     raise SystemExit(main())

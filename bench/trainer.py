@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slick.config import Config  # noqa: E402
-from slick.train.memory import tcmalloc_loaded  # noqa: E402
+from slick.proc.memory import tcmalloc_loaded  # noqa: E402
 from slick.train.trainer import Trainer  # noqa: E402
 from slick.types import Sample  # noqa: E402
 
@@ -306,7 +306,7 @@ def print_profile(scheme: str, prof: dict) -> None:
 
 
 if __name__ == "__main__":
-    from slick.train.memory import use_tcmalloc
+    from slick.proc.memory import use_tcmalloc
 
     use_tcmalloc()   # the allocator `slick train` runs with
     raise SystemExit(main())

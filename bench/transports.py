@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 async def _run(model_dir: str, dtype: str, repeats: int, bucket: int, named, url: str) -> dict:
     from slick.engines.client import HttpEngine
     from slick.engine.local import LocalEngine
-    from slick.train.transport import make_transport
+    from slick.weights.transport import make_transport
 
     res = {}
     http = HttpEngine([url])

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
-from slick.train.memory import tcmalloc_loaded, use_tcmalloc  # noqa: E402  (light: ctypes and os only)
+from slick.proc.memory import tcmalloc_loaded, use_tcmalloc  # noqa: E402  (light: ctypes and os only)
 
 
 def peak_rss_mb() -> float:

@@ -5,8 +5,8 @@ subcommand imports huggingface_hub, and a ``ConfigError`` from any subcommand is
 (exit code 2).
 
 Run as a program (the ``slick`` script, ``python -m slick.cli``), the process first re-executes itself with
-tcmalloc preloaded when it is installed (``SLICK_ALLOCATOR``; ``slick.train.memory.use_tcmalloc``); the process
-before that imports only this module and ``slick.train.memory``. When the command returns, the objects it built
+tcmalloc preloaded when it is installed (``SLICK_ALLOCATOR``; ``slick.proc.memory.use_tcmalloc``); the process
+before that imports only this module and ``slick.proc.memory``. When the command returns, the objects it built
 are frozen (``gc.freeze``), so the interpreter's last garbage collection does not walk them on the way out.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from slick.train.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
+from slick.proc.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
 
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
@@ -24,7 +24,7 @@ COMMANDS = {
     "sft": ("slick.loop.sft", "Supervised fine-tuning on chats (assistant tokens only; docs/sft.md)."),
     "train-async": ("slick.loop.train_async", "Run RL training with rollout and training overlapping (docs/async.md)."),
     "serve": ("slick.serve.serve_cli", "Serve a HF model over HTTP with SGLang's native API."),
-    "export": ("slick.train.export", "Turn a training checkpoint into a Hugging Face model directory."),
+    "export": ("slick.ckpt.export", "Turn a training checkpoint into a Hugging Face model directory."),
     "plot": ("slick.observe.plot", "Write PNG curves from a run directory's metrics.jsonl."),
     "rollouts": ("slick.observe.rollouts_cli", "Query a run's rollout store: filter samples, show one with its tokens."),
     "rescore": ("slick.observe.rescore", "Re-score stored rollouts with another verifier and report disagreements."),

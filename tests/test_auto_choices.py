@@ -254,8 +254,8 @@ def test_allocator_line_says_plainly_when_tcmalloc_cannot_be_had():
 
 def test_onednn_cache_line_and_the_entry_points_default(monkeypatch):
     from slick.config.auto import onednn_cache_reason
-    from slick.proc import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, ONEDNN_CACHE_MARK, foreign_engine_env
-    from slick.train.memory import limit_onednn_cache
+    from slick.proc.children import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, ONEDNN_CACHE_MARK, foreign_engine_env
+    from slick.proc.memory import limit_onednn_cache
     assert ONEDNN_CACHE_ENTRIES == 128 and ONEDNN_CACHE_ENV == "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
     assert onednn_cache_reason("128", 128) == (
         "auto: oneDNN primitive cache: 128 entries instead of 1024 (a micro-batch's shapes are new almost every "

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from slick.train import checkpoint as ckpt
-from slick.train.checkpoint import load_checkpoint, save_checkpoint, save_hf
+from slick.ckpt import checkpoint as ckpt
+from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint, save_hf
 from slick.train.trainer import Trainer
-from slick.train.weight_sync import sync_weights
+from slick.weights.sync import sync_weights
 from tests.test_train import make_cfg, make_samples, simple_loss
 
 
@@ -116,7 +116,7 @@ def _logits(model, ids):
 def test_save_hf_and_export_reload_identical_logits(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slick.train.export import main as export_main
+    from slick.ckpt.export import main as export_main
 
     tr = Trainer(make_cfg(tiny_model_dir, lr=1e-2))
     _step(tr, make_samples(3))

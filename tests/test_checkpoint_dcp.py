@@ -35,7 +35,7 @@ def full_state(tr):
 
 
 def _rank_main(rank, world, model_dir, legacy_root, sharded_root):
-    from slick.train.checkpoint import load_checkpoint, save_checkpoint
+    from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
     from slick.train.trainer import Trainer
 
     tr = Trainer(cfg_for(model_dir))
@@ -76,9 +76,9 @@ def _logits(model, ids):
 def test_sharded_checkpoint_resumes_across_rank_counts_and_exports(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slick.train.checkpoint import load_checkpoint, save_checkpoint
-    from slick.train.dcp import is_sharded
-    from slick.train.export import main as export_main
+    from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
+    from slick.ckpt.dcp import is_sharded
+    from slick.ckpt.export import main as export_main
     from slick.train.trainer import Trainer
 
     # one process: a step, a checkpoint in today's format, then the step the 2 ranks must reproduce
@@ -128,7 +128,7 @@ def test_sharded_checkpoint_resumes_across_rank_counts_and_exports(tiny_model_di
 
 
 def test_export_of_an_incomplete_sharded_checkpoint_is_refused(tmp_path):
-    from slick.train.export import main as export_main
+    from slick.ckpt.export import main as export_main
 
     d = tmp_path / "ck" / "step_000001"
     (d / "dcp").mkdir(parents=True)

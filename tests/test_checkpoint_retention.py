@@ -11,8 +11,8 @@ import torch
 
 from slick.config import ConfigError
 from slick.loop.sync import train
-from slick.train import checkpoint as ckpt
-from slick.train.checkpoint import load_checkpoint, save_checkpoint
+from slick.ckpt import checkpoint as ckpt
+from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
 from slick.train.trainer import Trainer
 from tests import test_loop
 from tests.test_loop import make_cfg
@@ -174,7 +174,7 @@ def _rank_main(rank, world, model_dir, root):
         step(tr)
         save_checkpoint(root, s, tr, {"cursor": s}, keep_last=2)
     kept = ckpt.list_steps(root)
-    from slick.train import dist as D
+    from slick.proc import dist as D
 
     D.barrier("test: checkpoints written")
     if rank == 0:

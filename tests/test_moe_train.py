@@ -141,7 +141,7 @@ def test_hf_export_and_checkpoint_round_trip(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from slick.engine.model import Transformer
-    from slick.train.checkpoint import load_checkpoint, save_checkpoint, save_hf
+    from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint, save_hf
 
     d, m = spiky_moe(tmp_path, "qwen3_moe_raw_sparse")
     samples = engine_samples(d, PROMPTS[:2])

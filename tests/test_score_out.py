@@ -9,7 +9,7 @@ import os
 import pytest
 
 from slick.cli import main as cli_main
-from slick.train.atomic_files import write_text_atomic
+from slick.ckpt.atomic_files import write_text_atomic
 
 ROWS = [{"prompt": f"{i}+0?", "response": f"\\boxed{{{i}}}", "label": str(i)} for i in range(5)]
 

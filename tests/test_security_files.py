@@ -20,11 +20,11 @@ import torch
 
 from slick.config import Config, ConfigError
 from slick.config.validate import validate_config
-from slick.train import checkpoint as ckpt
-from slick.train.checkpoint import load_checkpoint, save_checkpoint, save_hf
-from slick.train.export import main as export_main
-from slick.train.output_dirs import MARKER, OutputDirError
-from slick.train.safe_load import UnsafeCheckpointError
+from slick.ckpt import checkpoint as ckpt
+from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint, save_hf
+from slick.ckpt.export import main as export_main
+from slick.ckpt.output_dirs import MARKER, OutputDirError
+from slick.ckpt.safe_load import UnsafeCheckpointError
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples, simple_loss
 
@@ -360,7 +360,7 @@ def test_loop_state_as_state_pt_round_trips_and_unloadable_state_is_refused_at_s
 
 
 def test_no_torch_load_bypasses_the_safe_loader():
-    """Every torch.load call in slick/ is the one in slick/train/safe_load.py (weights_only=True), and no call
+    """Every torch.load call in slick/ is the one in slick/ckpt/safe_load.py (weights_only=True), and no call
     anywhere passes weights_only=False."""
     import ast
 
@@ -376,5 +376,5 @@ def test_no_torch_load_bypasses_the_safe_loader():
             if any(k.arg == "weights_only" and not (isinstance(k.value, ast.Constant) and k.value.value is True)
                    for k in node.keywords):
                 unsafe.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert [c for c in calls if not c.startswith("slick/train/safe_load.py:")] == [] and len(calls) == 2
+    assert [c for c in calls if not c.startswith("slick/ckpt/safe_load.py:")] == [] and len(calls) == 2
     assert unsafe == []

@@ -177,7 +177,7 @@ def test_update_weights_only_from_allowed_dirs(server, tiny_model_dir, tmp_path)
     from safetensors.torch import load_file
 
     from slick.models.tiny import make_tiny_model
-    from slick.train.transport.disk import write_weights_dir
+    from slick.weights.transport.disk import write_weights_dir
 
     url = server.url
     v0 = request(url, "GET", "/get_weight_version")[1]["weight_version"]

@@ -122,7 +122,7 @@ def _listening_after_all_reduce(rank, world):
 
 
 def test_trainer_ranks_rendezvous_and_gloo_listen_on_loopback_only(tmp_path):
-    """Trainer ranks on 127.0.0.1 (slick/train/dist.py): rank 0's TCPStore and gloo's sockets listen on loopback,
+    """Trainer ranks on 127.0.0.1 (slick/proc/dist.py): rank 0's TCPStore and gloo's sockets listen on loopback,
     not on '::' (what torch's own bind picks whatever address it is given)."""
     from tests.test_train_fsdp import run_ranks
     res = run_ranks(_listening_after_all_reduce, 2, (), tmp_path)

@@ -188,7 +188,7 @@ def test_slick_serve_answers_400_to_a_non_finite_adapter_and_keeps_serving_the_o
 @pytest.fixture(scope="module")
 def saved(tiny_model_dir, tmp_path_factory):
     """A real one-process checkpoint of the tiny model (step 1) and a trainer to load it into."""
-    from slick.train.checkpoint import save_checkpoint
+    from slick.ckpt.checkpoint import save_checkpoint
     from slick.train.trainer import Trainer
     from tests.test_train import make_cfg
 
@@ -218,7 +218,7 @@ def _manifest(d, add=None, **replace):
     (dict(add={"../../etc/passwd": 10}), "manifest.json: field 'files' names '../../etc/passwd', a path outside"),
 ])
 def test_load_refuses_a_manifest_with_wrong_types_naming_the_field(saved, tmp_path, edit, says):
-    from slick.train.checkpoint import load_checkpoint
+    from slick.ckpt.checkpoint import load_checkpoint
 
     d = _copy(saved[0], tmp_path)
     _manifest(d, **edit)
@@ -228,7 +228,7 @@ def test_load_refuses_a_manifest_with_wrong_types_naming_the_field(saved, tmp_pa
 
 
 def test_load_refuses_a_safetensors_header_claiming_a_huge_tensor(saved, tmp_path):
-    from slick.train.checkpoint import load_checkpoint
+    from slick.ckpt.checkpoint import load_checkpoint
 
     d = _copy(saved[0], tmp_path)
     f = sorted((d / "model").glob("*.safetensors"))[0]

@@ -16,7 +16,7 @@ from slick.engines.client import EngineError
 from slick.engines.sglang_client import SglangEngine
 from slick.engines.sglang_launch import launch_sglang
 from slick.engines.vllm_launch import engine_python
-from slick.train.transport.disk import write_weights_dir
+from slick.weights.transport.disk import write_weights_dir
 from slick.types import SamplingParams
 
 pytestmark = pytest.mark.slow

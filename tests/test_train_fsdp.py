@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slick.train import dist as D
+from slick.proc import dist as D
 from slick.types import Sample
 from tests.test_train import make_cfg
 

@@ -1,4 +1,4 @@
-"""slick.train.memory: the allocator settings a CPU run applies, checked in fresh processes."""
+"""slick.proc.memory: the allocator settings a CPU run applies, checked in fresh processes."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 # a training thread (not the main one) allocates, touches and frees a 48 MiB tensor 8 times
 _LOOP = """
 import json, resource, sys, threading
-from slick.train.memory import tune_cpu_allocator as t
+from slick.proc.memory import tune_cpu_allocator as t
 on = [t(), t()]
 import torch
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
@@ -63,12 +63,12 @@ def test_a_user_setting_for_huge_pages_is_kept():
 
 
 # tcmalloc: CI installs it (`make tcmalloc`) and sets SLICK_REQUIRE_TCMALLOC=1, so these tests run there
-from slick.train.memory import find_tcmalloc  # noqa: E402
+from slick.proc.memory import find_tcmalloc  # noqa: E402
 
 REQUIRE_TCMALLOC = os.environ.get("SLICK_REQUIRE_TCMALLOC", "0") == "1"
 _PRELOAD = """
 import json, os, sys
-from slick.train.memory import AllocatorError, tcmalloc_loaded, tune_cpu_allocator, use_tcmalloc
+from slick.proc.memory import AllocatorError, tcmalloc_loaded, tune_cpu_allocator, use_tcmalloc
 try:
     use_tcmalloc()
 except AllocatorError as e:
@@ -129,7 +129,7 @@ def test_own_memory_moves_memory_mapped_weights_into_the_process(tiny_model_dir)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slick.train.memory import own_memory
+    from slick.proc.memory import own_memory
     from slick.train.trainer import Trainer
     from tests.test_train import make_cfg
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from slick.train import optim as O
-from slick.train.checkpoint import load_checkpoint, save_checkpoint
+from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
 from slick.train.optim import LowPrecisionAdamW, stochastic_round_bf16
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples, simple_loss

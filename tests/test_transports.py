@@ -16,10 +16,10 @@ from slick.engine.local import LocalEngine
 from slick.engines.router import free_port, launch_workers
 from slick.serve.server import SlickServer
 from slick.train.trainer import Trainer
-from slick.train.transport import TransportError, make_transport
-from slick.train.transport.buckets import iter_buckets, with_last
-from slick.train.transport.disk import read_marker
-from slick.train.weight_sync import sync_weights
+from slick.weights.transport import TransportError, make_transport
+from slick.weights.transport.buckets import iter_buckets, with_last
+from slick.weights.transport.disk import read_marker
+from slick.weights.sync import sync_weights
 from slick.types import Sample, SamplingParams
 from tests.test_checkpoint import _step
 from tests.test_server import call

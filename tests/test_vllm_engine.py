@@ -12,7 +12,7 @@ import torch
 from slick.engines.client import EngineError
 from slick.engines.vllm_client import VllmEngine
 from slick.engines.vllm_launch import launch_vllm
-from slick.train.transport.disk import write_weights_dir
+from slick.weights.transport.disk import write_weights_dir
 from slick.types import SamplingParams
 from tests.test_vllm_loop import need_vllm, vllm_model_dir  # noqa: F401  (fixture)
 

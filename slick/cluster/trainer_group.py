@@ -2,7 +2,7 @@
 
 Each :class:`TrainerRank` actor sits on its bundle of the run's placement group, sets its torch threads
 (``slick.cluster.layout.threads_per_actor``), joins torch.distributed (gloo on CPU, NCCL on GPU) through
-``slick.train.dist.init_process_group`` when there is more than one rank, and builds ``Trainer(cfg)``, which
+``slick.proc.dist.init_process_group`` when there is more than one rank, and builds ``Trainer(cfg)``, which
 is then one data-parallel rank. Every Trainer method is collective: the group sends the same full arguments
 to every rank (one object in Ray's store) and returns rank 0's answer. Every fan-out waits at most
 ``timeout_s``; a rank that dies or does not answer ends the call with an error naming the rank and its pid.
@@ -19,12 +19,12 @@ from typing import Iterator, Optional, Sequence
 from slick.cluster.actors import RankError, set_actor_threads, wait_all  # noqa: F401 - RankError: raised to callers
 from slick.cluster.engine_actor import EngineHost
 from slick.engines.client import HttpEngine
-from slick.proc import rss_bytes
+from slick.proc.children import rss_bytes
 from slick.train.critic import Critic, needs_critic
-from slick.train.dist import destroy, init_process_group
-from slick.train.rng import seed_everything
+from slick.proc.dist import destroy, init_process_group
+from slick.ckpt.rng import seed_everything
 from slick.train.trainer import Trainer
-from slick.train.transport import make_transport
+from slick.weights.transport import make_transport
 
 log = logging.getLogger("slick.cluster")
 
@@ -108,7 +108,7 @@ class TrainerRank:
         if transport not in ("colocated", "broadcast"):
             raise ValueError(f"trainer ranks send weights by colocated or broadcast, not {transport!r} (the driver "
                              f"writes the disk transport's directory from the gathered weights)")
-        # LoRA with each rank's own engine: the adapter alone (slick.train.lora_sync); else the merged weights
+        # LoRA with each rank's own engine: the adapter alone (slick.weights.lora_sync); else the merged weights
         adapter = self.trainer.adapter_payload() if transport == "colocated" else None    # collective
         named = list(self.trainer.named_weights()) if adapter is None else None        # collective
         version = self.trainer.version
@@ -248,7 +248,7 @@ class RayTrainerGroup:
         return iter(self._fanout("named_weights", what="gather its weights"))
 
     def adapter_payload(self):
-        """The LoRA adapter gathered on the ranks (rank 0's copy; ``slick.train.lora_sync``); None without LoRA."""
+        """The LoRA adapter gathered on the ranks (rank 0's copy; ``slick.weights.lora_sync``); None without LoRA."""
         return self._fanout("adapter_payload", what="gather its LoRA adapter")
 
     def save(self, out_dir) -> None:

@@ -18,7 +18,7 @@ functions that decide take them as arguments, so tests give exact inputs and exp
   (``--engine-max-running``).
 * **The in-process engine's memory during a step** (:func:`offload_choice`): released whenever a weight sync
   follows the step (``--offload-rollout``), which rewrites every weight anyway.
-* **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.train.memory``);
+* **Threads** and **the allocator**: chosen elsewhere (``slick.loop.threads``, ``slick.proc.memory``);
   :func:`threads_reason` and :func:`allocator_reason` word their log lines.
 
 Standard library only (``psutil`` and torch are imported inside :func:`machine_now` when it runs).
@@ -371,7 +371,7 @@ def threads_reason(cores: int, train: int, rollout: int, overlap: bool, flags: b
 
 def allocator_reason(loaded: bool, installed: bool, choice: str, tuned: bool = False) -> tuple[int, str]:
     """(logging level, line) of the CPU allocator in use: tcmalloc, or why not, said once and plainly.
-    ``tuned``: glibc's settings of ``slick.train.memory.tune_cpu_allocator`` are in effect."""
+    ``tuned``: glibc's settings of ``slick.proc.memory.tune_cpu_allocator`` are in effect."""
     glibc = "glibc, tuned" if tuned else "glibc"
     if loaded:
         return logging.INFO, "CPU allocator: tcmalloc"
@@ -388,7 +388,7 @@ def allocator_reason(loaded: bool, installed: bool, choice: str, tuned: bool = F
 
 def onednn_cache_reason(capacity: Optional[str], default: int) -> str:
     """The line naming oneDNN's primitive cache capacity (``capacity``: ONEDNN_PRIMITIVE_CACHE_CAPACITY or None;
-    ``default``: the entry points' value, slick.proc.ONEDNN_CACHE_ENTRIES)."""
+    ``default``: the entry points' value, slick.proc.children.ONEDNN_CACHE_ENTRIES)."""
     if capacity is None:
         return "oneDNN primitive cache: 1024 entries (oneDNN's default; ONEDNN_PRIMITIVE_CACHE_CAPACITY unset)"
     if capacity == str(default):

@@ -331,7 +331,7 @@ def megatron_checkpoint(path) -> bool:
 
 
 def has_checkpoint(path) -> bool:
-    """Whether ``path`` holds a slick checkpoint or one being written (``slick.train.checkpoint``'s names: a step
+    """Whether ``path`` holds a slick checkpoint or one being written (``slick.ckpt.checkpoint``'s names: a step
     directory itself, ``step_*`` directories, ``latest``), or a Megatron one."""
     d = Path(str(path))
     return d.is_dir() and ((d / "trainer_state.json").is_file() or (d / "latest").exists()

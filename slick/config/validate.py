@@ -26,7 +26,7 @@ from slick.models.check import model_dir_problems, read_model_config
 from slick.plugins import load_function
 from slick.reward.registry import REMOTE, get_score_fn, known_types
 from slick.rollout.tools import load_tools
-from slick.train.output_dirs import config_problems as output_dir_problems   # no output replaces data
+from slick.ckpt.output_dirs import config_problems as output_dir_problems   # no output replaces data
 
 ROLLOUT_URLS_HINT = "launch SGLang servers yourself and pass --rollout-engine http --rollout-urls URL ..."
 

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from slick.train.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
+    from slick.proc.memory import AllocatorError, limit_onednn_cache, use_tcmalloc
 
     try:
         use_tcmalloc()   # returns only when tcmalloc is in use or not wanted

@@ -9,7 +9,7 @@ copies the result in through its ordinary all-or-nothing update; ``scaling`` is 
 ``W_base`` is read from the engine's own model directory (the ``--hf-checkpoint`` it was started with, memory-mapped;
 nothing is kept in memory between syncs): the engine serves that base plus the adapter, as vLLM's LoRA does. Each
 adapter replaces the previous one (the base is re-read every time, so no rounding accumulates). A trainer whose
-base differs from the engine's is caught by the weight check after the sync (``slick.train.sync_check``).
+base differs from the engine's is caught by the weight check after the sync (``slick.weights.check``).
 
 An adapter arrives as a :class:`LoraDelta` (in-process engines) or as a PEFT adapter directory
 (``adapter_config.json`` + ``adapter_model.safetensors``: :func:`read_adapter_dir`). Checked before any weight

@@ -29,7 +29,7 @@ lives on beside it). The three calls, with SGLang's request fields:
 * ``destroy_weights_update_group``: ``group_name``; drops the group and anything staged for it.
 
 :class:`WeightGroups` holds the groups of one engine; ``slick.serve.weight_group_routes`` serves it over
-HTTP (``slick serve``) and ``slick.train.transport.broadcast`` drives it directly for in-process engines
+HTTP (``slick serve``) and ``slick.weights.transport.broadcast`` drives it directly for in-process engines
 (the receiver then runs in a thread of the trainer's process).
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ import urllib.request
 from typing import Optional
 
 from slick.engines.launch_ready import ServerStartError, wait_ready
-from slick.proc import die_with_parent, watch_parent_args
+from slick.proc.children import die_with_parent, watch_parent_args
 
 
 def free_port(host: str = "127.0.0.1") -> int:

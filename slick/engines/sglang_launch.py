@@ -30,7 +30,7 @@ from typing import Optional
 from slick.engines.router import _log_path, free_port
 from slick.engines.sglang_shim import PATH as SHIM_PATH
 from slick.engines.vllm_launch import SGLANG_MODULE, EngineServer, _start_all, engine_python, option_args
-from slick.proc import foreign_engine_env
+from slick.proc.children import foreign_engine_env
 
 CPU_DEFAULTS = {"attention_backend": "torch_native", "max_total_tokens": 16384, "mem_fraction_static": 0.3,
                 "skip_server_warmup": True, "disable_radix_cache": True, "sleep_on_idle": True}

@@ -12,7 +12,7 @@ update_weights(path)   ``/start_weight_update`` -> ``/update_weights {"update_in
                        ``/finish_weight_update {"weight_version": V}`` (the ``slick_dir`` backend of
                        slick/engines/vllm_plugin.py) -> ``/reset_prefix_cache`` (prompt KV computed under the
                        old weights must not be reused), then ``GET /weight_info`` on every server must say V
-update_weights(path)   a PEFT adapter directory (a LoRA run, slick/train/lora_sync.py): ``/v1/load_lora_adapter``
+update_weights(path)   a PEFT adapter directory (a LoRA run, slick/weights/lora_sync.py): ``/v1/load_lora_adapter``
   of an adapter        (``slick-policy``, reloaded in place) -> ``/update_weight_version`` -> ``/reset_prefix_cache``,
                        checked with ``/weight_info``; from then on every generation asks for ``slick-policy``
 pause / continue       ``POST /pause?mode=keep`` (requests in flight keep their state) / ``POST /resume``
@@ -205,7 +205,7 @@ class VllmEngine(HttpEngine):
         if named_tensors is not None or path is None:
             raise EngineError("VllmEngine.update_weights needs path=<safetensors directory the servers can read>")
         new = self._version + 1 if version is None else int(version)
-        if is_adapter_dir(path):   # a LoRA run's adapter alone (slick.train.lora_sync)
+        if is_adapter_dir(path):   # a LoRA run's adapter alone (slick.weights.lora_sync)
             await self._load_adapter(None, path, new, None)
             self._version = new
             return new

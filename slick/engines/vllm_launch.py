@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from slick.engines.router import WorkerProcess, _log_path, free_port
-from slick.proc import foreign_engine_env, watch_parent_args
+from slick.proc.children import foreign_engine_env, watch_parent_args
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SGLANG_MODULE = "sglang.launch_server"

@@ -7,7 +7,7 @@ workers. It imports only vLLM, torch, safetensors and the standard library.
 
 * **``slick_dir``, a weight-transfer backend** (``--weight-transfer-config '{"backend": "slick_dir"}'``). vLLM's
   own backends (nccl, ipc, ...) move GPU memory; on CPU slick writes the trainer's weights as a safetensors
-  directory (its disk transport: ``slick.train.transport.disk``, under the run directory, renamed into place
+  directory (its disk transport: ``slick.weights.transport.disk``, under the run directory, renamed into place
   atomically) and vLLM's standard weight-update sequence loads it: ``/start_weight_update`` ->
   ``/update_weights {"update_info": {"path": DIR}}`` -> ``/finish_weight_update {"weight_version": V}``. Within
   the one ``/update_weights`` call the worker checks the directory, then streams each tensor out of the

@@ -8,7 +8,7 @@ from typing import Optional
 
 
 class WeightGroupCalls:
-    """Joining, feeding and leaving a worker's weight-update process group (``slick.train.transport.broadcast``)."""
+    """Joining, feeding and leaving a worker's weight-update process group (``slick.weights.transport.broadcast``)."""
 
     async def init_weights_update_group(self, url: str, *, master_address: str, master_port: int,
                                         rank_offset: int, world_size: int, group_name: str = "weight_update_group",

@@ -226,7 +226,7 @@ def server_logs(procs: list) -> dict:
 def _vllm_launch_kwargs(cfg, weight_dir, key: str) -> dict:
     """launch_vllm keyword arguments of a run (the servers' dtype follows the trainer's)."""
     dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
-    spec = spec_from_config(cfg)    # LoRA: the servers load the adapter itself (slick.train.lora_sync)
+    spec = spec_from_config(cfg)    # LoRA: the servers load the adapter itself (slick.weights.lora_sync)
     lora = lora_options(spec.rank) if spec is not None else {}
     return dict(weight_dir=weight_dir, python=cfg.rollout_engine_python, dtype=dtype, seed=cfg.rollout_seed,
                 api_key=key, options={"max_logprobs": max(20, cfg.mismatch_probe_top_k), **lora, **cfg.vllm})

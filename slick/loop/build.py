@@ -44,16 +44,16 @@ from slick.observe.progress import Progress
 from slick.observe.prometheus import RunEvents, start_exporter
 from slick.observe.store import RolloutStore
 from slick.plugins import load_function
-from slick.proc import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV
+from slick.proc.children import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV
 from slick.reward import RewardHub
 from slick.rollout.interrupt import InterruptibleEngine
 from slick.rollout.manager import RolloutManager
 from slick.rollout.timeline import Timeline
-from slick.train.checkpoint import clean_stale_temp, load_checkpoint
+from slick.ckpt.checkpoint import clean_stale_temp, load_checkpoint
 from slick.train.critic import with_critic
-from slick.train.memory import find_tcmalloc, release_free_memory, tcmalloc_loaded, tune_cpu_allocator
+from slick.proc.memory import find_tcmalloc, release_free_memory, tcmalloc_loaded, tune_cpu_allocator
 from slick.train.precision import resolve_device
-from slick.train.rng import seed_everything
+from slick.ckpt.rng import seed_everything
 
 log = logging.getLogger("slick")
 MODES = ("sync", "async")   # slick train (phases in turn) | slick train-async (rollout and training overlap)

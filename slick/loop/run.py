@@ -27,9 +27,9 @@ from slick.observe.store import store_step
 from slick.observe.trace import trace_path, write_trace
 from slick.reward import NonFiniteRewardError
 from slick.rollout.eval import evaluate
-from slick.train.checkpoint import save_checkpoint, save_hf
+from slick.ckpt.checkpoint import save_checkpoint, save_hf
 from slick.train.critic import with_critic
-from slick.train.sync_check import check_engine_weights, check_tolerance
+from slick.weights.check import check_engine_weights, check_tolerance
 
 log = logging.getLogger("slick")
 
@@ -188,7 +188,7 @@ class Run:
 
     async def check_weights(self) -> dict:
         """After a sync, once the engines generate again: their version and a probe's logprobs against the
-        trainer's (slick/train/sync_check.py; LoRA or --weight-check-tol). Raises WeightSyncError."""
+        trainer's (slick/weights/check.py; LoRA or --weight-check-tol). Raises WeightSyncError."""
         tol = check_tolerance(self.cfg, self.trainer.dtype)
         if tol is None or not self.engines or self.cfg.debug_train_only or self._actor_unchanged():
             return {}

@@ -25,9 +25,9 @@ from slick.engines.client import EngineError
 from slick.engines.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
-from slick.proc import until_sigterm
-from slick.train.checkpoint import CheckpointWriteError
-from slick.train.safe_load import UnsafeCheckpointError
+from slick.proc.children import until_sigterm
+from slick.ckpt.checkpoint import CheckpointWriteError
+from slick.ckpt.safe_load import UnsafeCheckpointError
 
 log = logging.getLogger("slick")
 

@@ -22,10 +22,10 @@ from slick.engines.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
 from slick.loop.sync import due
-from slick.proc import until_sigterm
+from slick.proc.children import until_sigterm
 from slick.rollout.producer import Producer
-from slick.train.checkpoint import CheckpointWriteError
-from slick.train.safe_load import UnsafeCheckpointError
+from slick.ckpt.checkpoint import CheckpointWriteError
+from slick.ckpt.safe_load import UnsafeCheckpointError
 
 log = logging.getLogger("slick")
 

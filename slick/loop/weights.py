@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slick.train.transport import make_transport
-from slick.train.weight_sync import sync_weights
+from slick.weights.transport import make_transport
+from slick.weights.sync import sync_weights
 
 
 def resolve_transport(cfg, engines, cluster) -> str:

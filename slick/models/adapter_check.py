@@ -26,6 +26,7 @@ from slick.models.safetensors_header import SafetensorsHeaderError, read_header
 
 MAX_RANK = 1 << 16
 MAX_ALPHA = 65536.0
+ADAPTER = "default"            # PEFT's adapter name; a policy has one
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."

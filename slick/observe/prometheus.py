@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from slick.proc import rss_bytes
+from slick.proc.children import rss_bytes
 from slick.types import Status
 
 log = logging.getLogger("slick")

@@ -24,8 +24,8 @@ from slick.config import Config, ConfigError
 from slick.config.fields import field_choices, field_help, flag_name
 from slick.config.groups import RewardConfig, SandboxConfig
 from slick.reward import RewardHub
-from slick.train.atomic_files import write_text_atomic
-from slick.train.output_dirs import file_target_problem
+from slick.ckpt.atomic_files import write_text_atomic
+from slick.ckpt.output_dirs import file_target_problem
 from slick.types import Sample
 
 FLAG_GROUPS = (RewardConfig, SandboxConfig)

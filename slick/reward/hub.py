@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional, Union
 
 from slick.compat.view import is_slime_plugin, prompt_text, to_slime
 from slick.plugins import load_function
-from slick.proc import DaemonThreadPool
+from slick.proc.children import DaemonThreadPool
 from slick.reward.errors import LabelError, NonFiniteRewardError
 from slick.reward.evidence import Judgement, make_evidence, reply_evidence
 from slick.reward.registry import REMOTE, get_judge_fn, get_score_fn

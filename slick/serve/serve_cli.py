@@ -19,7 +19,7 @@ from slick.serve.server import SlickServer
 from slick.serve.sglang_args import KNOWN, engine_options, flag, split_sglang_args, unknown_warning
 from slick.serve.weight_dirs import parse_dirs
 from slick.models.check import model_dir_problems
-from slick.proc import watch_parent
+from slick.proc.children import watch_parent
 
 
 def build_parser() -> argparse.ArgumentParser:

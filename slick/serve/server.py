@@ -34,7 +34,7 @@ from slick.serve.http_protocol import (GenerateItem, RequestError, generation_js
 from slick.serve.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
 from slick.serve.weight_dirs import WeightDirPolicy
 from slick.serve.weight_group_routes import WeightGroupRoutes
-from slick.proc import rss_bytes   # the same reading as the training run's /metrics
+from slick.proc.children import rss_bytes   # the same reading as the training run's /metrics
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.serve")

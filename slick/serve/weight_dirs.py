@@ -5,7 +5,7 @@ A ``model_path`` is resolved (symlinks followed) and accepted when it is
 
 1. the served ``--hf-checkpoint`` directory or a directory under it (reloading the model being served);
 2. under a directory given with ``--allowed-weight-dirs`` (comma-separated; each one and everything below it);
-3. a directory written by slick's disk weight transport (``slick.train.transport.disk``): it holds the
+3. a directory written by slick's disk weight transport (``slick.weights.transport.disk``): it holds the
    transport's version marker ``slick_weights.json``, and the directory and the marker belong to the user this
    server runs as and are writable by no other user (no "other" write bit), so no other account can have
    planted them.
@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Iterable, Optional
 
-MARKER = "slick_weights.json"       # the disk transport's version marker (slick.train.transport.disk.MARKER)
+MARKER = "slick_weights.json"       # the disk transport's version marker (slick.weights.transport.disk.MARKER)
 
 
 def parse_dirs(value: Optional[str]) -> list[str]:

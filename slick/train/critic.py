@@ -3,7 +3,7 @@
 The critic is a :class:`~slick.train.trainer.Trainer` whose forward returns one value per response token instead
 of logprobs, so it shares the trainer's machinery unchanged: packed micro-batches (``slick.train.packing``, prompt
 sharing included), the precision schemes (``slick.train.precision``), FSDP2 ranks and their work split and gathers
-(``slick.train.fsdp``, ``slick.train.dist``), gradient clipping with ``--clip-grad`` and the skipped-step rules of
+(``slick.train.fsdp``, ``slick.proc.dist``), gradient clipping with ``--clip-grad`` and the skipped-step rules of
 ``optimizer_step``. What differs: the model (``AutoModel`` backbone of the checkpoint, no LM head, plus
 ``Linear(hidden, 1)`` initialised to ZERO, weight and bias, so a fresh critic predicts 0 everywhere and its first
 GAE equals the lambda-return), its own AdamW (``--critic-lr``, warm-up ``--critic-lr-warmup-iters``), the loss
@@ -19,7 +19,7 @@ One-process critic directory (``save``)::
       value_head.safetensors  head.weight [1, H], head.bias [1]
       optimizer.pt scheduler.pt trainer_state.json
 
-Sharded (FSDP) critics write ``slick.train.dcp``'s layout into the same directory.
+Sharded (FSDP) critics write ``slick.ckpt.dcp``'s layout into the same directory.
 """
 from __future__ import annotations
 
@@ -35,15 +35,15 @@ from torch import nn
 from slick.algo.inputs import LossInputs
 from slick.algo.value import explained_variance, value_loss
 from slick.models.tokenizer import load_tokenizer
-from slick.train import dist as D
+from slick.proc import dist as D
 from slick.train.attention import use_segments
-from slick.train.dcp import is_sharded, load_sharded, save_sharded
+from slick.ckpt.dcp import is_sharded, load_sharded, save_sharded
 from slick.train.fsdp import make_mesh, shard
 from slick.train.optim import make_adamw
 from slick.train.packing import loss_mask, pad
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
-from slick.train.rng import rng_state, set_rng_state
-from slick.train.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
+from slick.ckpt.rng import rng_state, set_rng_state
+from slick.ckpt.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
 from slick.train.trainer import Trainer
 
 HEAD_FILE = "value_head.safetensors"
@@ -211,7 +211,7 @@ class Critic(Trainer):
 
     def save(self, out_dir) -> None:
         """Weights (full precision), optimizer, scheduler and version into ``out_dir`` (layout in the module doc).
-        Sharded: ``slick.train.dcp``'s layout, collective. RNG states are the trainer's to save."""
+        Sharded: ``slick.ckpt.dcp``'s layout, collective. RNG states are the trainer's to save."""
         if self.fsdp:
             save_sharded(self, out_dir)
             return
@@ -270,7 +270,7 @@ class Critic(Trainer):
 
 class CheckpointPair:
     """The trainer as checkpoints see it, with the critic in ``critic/`` of the same step directory: written inside
-    the same temp dir + rename (``slick.train.checkpoint``), restored with it. Everything else is the trainer's."""
+    the same temp dir + rename (``slick.ckpt.checkpoint``), restored with it. Everything else is the trainer's."""
 
     def __init__(self, trainer, critic):
         self.trainer, self.critic = trainer, critic

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from slick.train import dist as D
+from slick.proc import dist as D
 from slick.train.attention import use_segments
 from slick.train.fsdp import LogprobForward, decoder_layers, shard
 from slick.train.fused_layers import fuse_decoder_layers

@@ -27,11 +27,12 @@ from typing import Iterator
 
 import torch
 
-from slick.train import dist as D
-from slick.train.dcp import load_legacy_sharded
+from slick.proc import dist as D
+from slick.ckpt.dcp import load_legacy_sharded
 from slick.train.fsdp import full_tensor
-from slick.train.lora_spec import ADAPTER, read_adapter_config
-from slick.train.rng import read_rng_file, rng_state, save_rng_file, set_rng_state
+from slick.models.adapter_check import ADAPTER
+from slick.train.lora_spec import read_adapter_config
+from slick.ckpt.rng import read_rng_file, rng_state, save_rng_file, set_rng_state
 
 PEFT_PREFIX = "base_model.model."   # PeftModel's names of the wrapped model's parameters
 
@@ -67,7 +68,7 @@ def merged_weights(tr) -> list[tuple[str, torch.Tensor]]:
 
 def adapter_payload(tr):
     """``tr.lora.adapter_payload()`` of a sharded trainer ``tr``: the adapters all-gathered (a few MiB), copied to
-    the CPU (what a rank's weight transport sends alone to engines that merge it: ``slick.train.lora_sync``)."""
+    the CPU (what a rank's weight transport sends alone to engines that merge it: ``slick.weights.lora_sync``)."""
     p = tr.lora.adapter_payload()               # DTensor shards (FSDP2's state dict), in the same order on every rank
     with D.named_errors("all-gathering the LoRA adapters"):
         return type(p)(p.config, {n: full_tensor(t).cpu() for n, t in p.tensors.items()})

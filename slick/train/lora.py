@@ -19,7 +19,6 @@ model (:func:`meta_model` builds one without weights, so validation loads nothin
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from pathlib import Path
 from typing import Iterator, Optional
@@ -27,10 +26,9 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
-from slick.models.adapter_check import ADAPTER_WEIGHTS, weights_problems
-from slick.models.tokenizer import load_tokenizer
-from slick.train.lora_spec import ADAPTER, ADAPTER_CONFIG, ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
-from slick.train.lora_sync import AdapterPayload, peft_config_dict
+from slick.models.adapter_check import ADAPTER, ADAPTER_WEIGHTS, weights_problems
+from slick.train.lora_spec import ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
+from slick.weights.lora_sync import AdapterPayload, peft_config_dict
 
 # ---------------------------------------------------------------------------------------------- checks
 def meta_model(model_dir) -> nn.Module:
@@ -172,7 +170,7 @@ class PolicyLora:
         return get_peft_model_state_dict(self.peft, adapter_name=ADAPTER)
 
     def adapter_payload(self):
-        """The adapter alone, as a weight sync carries it (``slick.train.lora_sync.AdapterPayload``: PEFT's config
+        """The adapter alone, as a weight sync carries it (``slick.weights.lora_sync.AdapterPayload``: PEFT's config
         and fp32 ``lora_A``/``lora_B`` tensors, detached copies)."""
         tensors = {n: t.detach().clone() for n, t in self.adapter_state_dict().items()}
         return AdapterPayload(peft_config_dict(self.peft.peft_config[ADAPTER]), tensors)
@@ -209,29 +207,3 @@ def attach_lora(model: nn.Module, cfg, where: str = "the model") -> Optional[Pol
     return None if spec is None else PolicyLora(model, spec, where)
 
 
-def export_lora(step_dir, out_dir, adapter_only: bool = False) -> None:
-    """Export a LoRA checkpoint step (``adapter/``) into ``out_dir``: the PEFT adapter directory as saved
-    (``adapter_only``), or a merged HF model in fp32: the base model (``model_path`` in ``trainer_state.json``,
-    the run's --hf-checkpoint) with the adapter merged by PEFT's ``merge_and_unload``, and the base's tokenizer."""
-    import shutil
-
-    d = Path(step_dir)
-    if not (d / "adapter" / ADAPTER_CONFIG).is_file():
-        raise ValueError(f"{d}: not a LoRA checkpoint (no adapter/{ADAPTER_CONFIG}); --lora-adapter exports "
-                         f"the adapter of a run trained with --lora-rank")
-    if adapter_only:
-        for f in (d / "adapter").iterdir():
-            if f.is_file():
-                shutil.copy2(f, Path(out_dir) / f.name)
-        return
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = json.loads((d / "trainer_state.json").read_text())["model_path"]
-    if not (Path(base) / "config.json").is_file():
-        raise FileNotFoundError(f"{d}: a LoRA checkpoint holds the adapter only; its base model {base} "
-                                f"(trainer_state.json model_path) is not a model directory any more")
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, str(d / "adapter"), adapter_name=ADAPTER).merge_and_unload()
-    merged.save_pretrained(str(out_dir))
-    load_tokenizer(base).save_pretrained(str(out_dir))

@@ -8,7 +8,6 @@ from typing import Optional
 
 from slick.models.adapter_check import ADAPTER_CONFIG, config_problems, read_config
 
-ADAPTER = "default"            # PEFT's adapter name; a policy has one
 ALL_LINEAR = "all-linear"
 
 

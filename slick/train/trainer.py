@@ -32,10 +32,10 @@ from slick.algo.correction import GAP_THRESHOLD, gap_stats
 from slick.algo.inputs import LossInputs
 from slick.train.probe import candidate_logprobs
 from slick.models.tokenizer import load_tokenizer
-from slick.train import dist as D
+from slick.proc import dist as D
 from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
-from slick.train.memory import own_memory, tune_cpu_allocator
+from slick.proc.memory import own_memory, tune_cpu_allocator
 from slick.train.optim import make_adamw
 from slick.train.fsdp import LogprobForward, decoder_layers, make_mesh, reshard, shard, total_norm
 from slick.train import fsdp_lora, trainer_io
@@ -62,7 +62,7 @@ class Trainer:
     ``cfg``: a ``slick.config.Config`` or a view with the groups in ``CONFIG_GROUPS`` (the trainer keeps only those). ``precision`` picks the bf16 scheme
     (``"autocast"`` default, or ``"bf16"``; see ``slick.train.precision``); ignored for fp32.
 
-    Built while ``torch.distributed`` is initialised with world_size > 1 (``slick.train.dist``), it is one
+    Built while ``torch.distributed`` is initialised with world_size > 1 (``slick.proc.dist``), it is one
     FSDP2 rank (``slick.train.fsdp``): every public method is then collective -- all ranks call it with the
     same full arguments and get the same result; each rank computes its share of the samples.
     """
@@ -95,7 +95,7 @@ class Trainer:
             weight_dtype = self.dtype
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
-        own_memory(p for p in self.model.parameters() if p.requires_grad)   # not the file's pages (train/memory.py)
+        own_memory(p for p in self.model.parameters() if p.requires_grad)   # not the file's pages (proc/memory.py)
         use_segments(self.model)
         self.lora = attach_lora(self.model, cfg, self.model_path)   # PEFT adapters (slick.train.lora) or None
         self.fused_layers = 0 if cfg.disable_fused_layers or self.lora else fuse_decoder_layers(
@@ -447,7 +447,7 @@ class Trainer:
         return trainer_io.named_weights(self)
 
     def adapter_payload(self):
-        """The LoRA adapter alone, for engines that merge it on arrival (``slick.train.lora_sync``); None without
+        """The LoRA adapter alone, for engines that merge it on arrival (``slick.weights.lora_sync``); None without
         LoRA. Sharded: all-gathered (collective, slick.train.fsdp_lora)."""
         if self.lora is None:
             return None
@@ -473,7 +473,7 @@ class Trainer:
         """Model, optimizer, scheduler, RNG states and version into ``out_dir`` (slick.train.trainer_io).
 
         One process: a full HF dir under ``model/`` (LoRA: PEFT's ``adapter/``) + ``optimizer.pt``... Sharded: a
-        ``torch.distributed.checkpoint`` directory (``slick.train.dcp``), collective, ``trainer_state.json``
+        ``torch.distributed.checkpoint`` directory (``slick.ckpt.dcp``), collective, ``trainer_state.json``
         written last by rank 0. Both load with any number of ranks.
         """
         trainer_io.save(self, out_dir)

@@ -3,9 +3,9 @@
 
 One process writes a full HF directory under ``model/`` (a LoRA trainer: PEFT's ``adapter/`` only, the base is
 ``--hf-checkpoint``), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and ``trainer_state.json`` (last). Sharded
-trainers write a ``torch.distributed.checkpoint`` directory (``slick.train.dcp``; LoRA: the one-process layout,
+trainers write a ``torch.distributed.checkpoint`` directory (``slick.ckpt.dcp``; LoRA: the one-process layout,
 gathered by ``slick.train.fsdp_lora``). Every format loads with any number of ranks; ``.pt`` files load with
-``weights_only=True`` (``slick.train.safe_load``): a checkpoint runs no code.
+``weights_only=True`` (``slick.ckpt.safe_load``): a checkpoint runs no code.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from typing import Iterator
 import torch
 
 from slick.models.safetensors_header import read_header
-from slick.train import dist as D
+from slick.proc import dist as D
 from slick.train import fsdp_lora
 from slick.train.fsdp import full_tensor
-from slick.train.dcp import (is_sharded, load_legacy_sharded, load_sharded, number_groups, save_sharded,
+from slick.ckpt.dcp import (is_sharded, load_legacy_sharded, load_sharded, number_groups, save_sharded,
                              write_hf_dir)
 from slick.train.moe import fuse_expert_weights
-from slick.train.rng import read_rng_file, rng_state, set_rng_state
-from slick.train.safe_load import load_pt
+from slick.ckpt.rng import read_rng_file, rng_state, set_rng_state
+from slick.ckpt.safe_load import load_pt
 
 
 def save_hf_files(tr, out_dir) -> None:
@@ -112,7 +112,7 @@ def _load_adapter(tr, d: Path) -> None:
 
 def _read_legacy_weights(tr, d: Path) -> dict[str, torch.Tensor]:
     """The one-process checkpoint's ``model/*.safetensors``, every parameter of ``tr.model`` present."""
-    from safetensors.torch import load_file   # import cost: as in slick.train.dcp
+    from safetensors.torch import load_file   # import cost: as in slick.ckpt.dcp
 
     sd = {}
     shapes = {n: tuple(p.shape) for n, p in tr.model.named_parameters()}

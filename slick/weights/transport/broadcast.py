@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 import torch
 
 from slick.engine.weight_group import JOINED_KEY, MAX_TIMEOUT_S, WeightGroups, dtype_name, in_daemon_thread, make_group
-from slick.train.transport.buckets import iter_buckets, tensor_bytes, with_last
-from slick.train.transport.common import TransportError, bounded, engine_name, is_http
+from slick.weights.transport.buckets import iter_buckets, tensor_bytes, with_last
+from slick.weights.transport.common import TransportError, bounded, engine_name, is_http
 
 GRACE_S = 5.0        # after the first failure, how long the other members get to report theirs
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from slick.train import dist as D
-from slick.train.atomic_files import write_text_atomic
-from slick.train.rng import read_rng_file, save_rng_file, set_rng_state
-from slick.train.safe_load import load_pt
+from slick.proc import dist as D
+from slick.ckpt.atomic_files import write_text_atomic
+from slick.ckpt.rng import read_rng_file, save_rng_file, set_rng_state
+from slick.ckpt.safe_load import load_pt
 
 MARKER = "trainer_state.json"
 

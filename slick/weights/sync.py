@@ -1,24 +1,24 @@
-"""Push the trainer's weights to rollout engines through a weight transport (``slick.train.transport``).
+"""Push the trainer's weights to rollout engines through a weight transport (``slick.weights.transport``).
 
 ``await sync_weights(trainer, engines, transport)`` sends ``trainer.named_weights()`` as version
 ``trainer.version`` and returns the elapsed seconds (the driver logs them as ``perf/update_weights_time``).
 
-* ``transport`` is a :class:`slick.train.transport.WeightTransport` kept by the caller (connected to ``engines``
+* ``transport`` is a :class:`slick.weights.transport.WeightTransport` kept by the caller (connected to ``engines``
   on first use, reused afterwards: the broadcast group is formed once), or a transport name ("disk",
   "broadcast", "colocated") for a one-shot transfer (connect, send, disconnect).
 * The older ``mode=`` keyword still works: ``"tensors"`` is the colocated transport, ``"disk"`` the disk
   transport writing ``disk_dir``.
 * Instead of a trainer, ``source`` may be an iterable of ``(hf_name, tensor)``; then ``version`` is required.
 * A LoRA trainer's ``adapter_payload()`` travels alone (``transport.send_adapter``) when the transport can carry it
-  and every engine accepts adapters (``slick.train.lora_sync``); otherwise the merged ``named_weights()`` do.
+  and every engine accepts adapters (``slick.weights.lora_sync``); otherwise the merged ``named_weights()`` do.
 """
 from __future__ import annotations
 
 import time
 from typing import Optional, Sequence
 
-from slick.train.lora_sync import accept_adapters
-from slick.train.transport import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, make_transport
+from slick.weights.lora_sync import accept_adapters
+from slick.weights.transport import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, make_transport
 
 LEGACY_MODES = {"tensors": "colocated", "disk": "disk"}
 
@@ -50,7 +50,7 @@ async def sync_weights(source, engines: Sequence, transport=None, *, mode: Optio
     try:
         adapter = source.adapter_payload() if hasattr(source, "adapter_payload") else None
         if adapter is not None and hasattr(transport, "send_adapter") and await accept_adapters(transport.engines):
-            await transport.send_adapter(int(version), adapter)   # LoRA, adapter only (slick.train.lora_sync)
+            await transport.send_adapter(int(version), adapter)   # LoRA, adapter only (slick.weights.lora_sync)
         else:
             await transport.send(int(version), source.named_weights() if named is None else named)
     finally:

@@ -7,7 +7,7 @@ weight map), or one ``model.safetensors`` when everything fits one bucket; ``sli
 SGLang's ``/update_weights_from_disk`` expects). The directory is written to a sibling temp directory and
 renamed into place: an engine never sees half a version. Each engine is then told
 ``update_weights(path=disk_dir, version=version)`` (HTTP engines: ``/update_weights_from_disk``).
-``send_adapter`` (a LoRA run whose engines take adapters: ``slick.train.lora_sync``) writes a PEFT adapter
+``send_adapter`` (a LoRA run whose engines take adapters: ``slick.weights.lora_sync``) writes a PEFT adapter
 directory there instead (``adapter_config.json``, ``adapter_model.safetensors``, the marker) and tells the engines
 the same.
 """
@@ -20,9 +20,9 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from slick.train.checkpoint import write_dir_atomic
-from slick.train.transport.buckets import iter_buckets, tensor_bytes
-from slick.train.transport.common import bounded, on_every_engine
+from slick.ckpt.checkpoint import write_dir_atomic
+from slick.weights.transport.buckets import iter_buckets, tensor_bytes
+from slick.weights.transport.common import bounded, on_every_engine
 
 MARKER = "slick_weights.json"
 _SKIP = {".safetensors", ".bin", ".pt", ".pth", ".gguf"}
@@ -57,11 +57,11 @@ def write_weights_dir(out_dir, version: int, named: Iterable[tuple[str, torch.Te
                 {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
         (tmp / MARKER).write_text(json.dumps({"version": int(version), "tensors": count, "bytes": total}))
 
-    return write_dir_atomic(out_dir, writer, kind="weights")   # slick.train.output_dirs
+    return write_dir_atomic(out_dir, writer, kind="weights")   # slick.ckpt.output_dirs
 
 
 def write_adapter_dir(out_dir, version: int, payload) -> Path:
-    """Write a LoRA adapter (``slick.train.lora_sync.AdapterPayload``) as a PEFT adapter directory
+    """Write a LoRA adapter (``slick.weights.lora_sync.AdapterPayload``) as a PEFT adapter directory
     (``adapter_config.json``, ``adapter_model.safetensors``) with the version marker (``"kind": "lora_adapter"``),
     atomically like :func:`write_weights_dir`; return its path."""
     from safetensors.torch import save_file
@@ -108,7 +108,7 @@ class DiskTransport:
                               self.timeout_s, f"loading {self.disk_dir} (version {version})")
 
     async def send_adapter(self, version: int, payload) -> None:
-        """A LoRA adapter alone: ``disk_dir`` becomes a PEFT adapter directory (``slick.train.lora_sync``) that every
+        """A LoRA adapter alone: ``disk_dir`` becomes a PEFT adapter directory (``slick.weights.lora_sync``) that every
         engine loads (merging it into its base, or serving it as vLLM's LoRA adapter)."""
         import asyncio
 

@@ -1,4 +1,4 @@
-"""Run checkpoints and HF exports, written atomically.
+"""Run checkpoints, written atomically (HF exports of them: ``slick.ckpt.export``).
 
 Layout of ``save_root``::
 
@@ -18,15 +18,15 @@ one with a warning naming what is wrong. :func:`clean_stale_temp` removes the ``
 were interrupted; :func:`prune_checkpoints` applies retention (``--keep-checkpoints``,
 ``--save-retain-interval``) by renaming a doomed checkpoint to ``.tmp-delete-*`` before removing it.
 
-With several trainer ranks (``slick.train.dist``) every rank calls these functions: the trainer's writes are
-collective (a sharded ``slick.train.dcp`` directory instead of ``model/`` + ``optimizer.pt``), rank 0 alone
+With several trainer ranks (``slick.proc.dist``) every rank calls these functions: the trainer's writes are
+collective (a sharded ``slick.ckpt.dcp`` directory instead of ``model/`` + ``optimizer.pt``), rank 0 alone
 creates and renames the temp directory and writes ``state``, ``step.json`` and ``latest``, with barriers in
 between; all ranks return once the checkpoint is in place. The filesystem must be shared by the ranks.
 
-No write removes what slick did not create (``slick.train.output_dirs``): :func:`write_dir_atomic` replaces an
+No write removes what slick did not create (``slick.ckpt.output_dirs``): :func:`write_dir_atomic` replaces an
 existing directory only when it is empty or slick's output of the same kind (an HF export carries
 ``.slick-output.json``); retention and the stale-temp cleanup touch only ``step_*`` checkpoints and slick's
-own temp entries. Every ``.pt`` file loads with ``weights_only=True`` (``slick.train.safe_load``).
+own temp entries. Every ``.pt`` file loads with ``weights_only=True`` (``slick.ckpt.safe_load``).
 """
 from __future__ import annotations
 
@@ -39,13 +39,11 @@ from typing import Optional
 
 import torch
 
-from slick.train import dist as D
-from slick.train.atomic_files import fsync_dir, write_text_atomic
-from slick.train.output_dirs import (CHECKPOINT_ROOT, CHECKPOINT_STEP, HF_EXPORT, TEMP_ENTRY, OutputDirError,
-                                     describe, export_problems, is_checkpoint_step, owned, write_marker)
-from slick.train.dcp import export_sharded, is_sharded
-from slick.train.lora import export_lora
-from slick.train.safe_load import load_pt, unsafe_globals
+from slick.proc import dist as D
+from slick.ckpt.atomic_files import fsync_dir, write_text_atomic
+from slick.ckpt.output_dirs import (CHECKPOINT_ROOT, CHECKPOINT_STEP, HF_EXPORT, TEMP_ENTRY, OutputDirError,
+                                     describe, is_checkpoint_step, owned, write_marker)
+from slick.ckpt.safe_load import load_pt, unsafe_globals
 from slick.types import ClusterFailure
 
 STEP_PREFIX = "step_"
@@ -75,7 +73,7 @@ def _check_replaceable(final_dir: Path, kind: str) -> None:
 
 def replace_dir_atomic(tmp_dir: Path, final_dir: Path, kind: str) -> None:
     """Move the finished ``tmp_dir`` to ``final_dir``; an existing ``final_dir`` is swapped out first, and only
-    when it is empty or slick's output of ``kind`` (``slick.train.output_dirs.owned``)."""
+    when it is empty or slick's output of ``kind`` (``slick.ckpt.output_dirs.owned``)."""
     _check_replaceable(final_dir, kind)
     old = None
     if final_dir.exists():
@@ -92,7 +90,7 @@ def replace_dir_atomic(tmp_dir: Path, final_dir: Path, kind: str) -> None:
 def write_dir_atomic(final_dir, writer, *, kind: str) -> Path:
     """Call ``writer(tmp_dir)`` on a fresh sibling temp dir, then rename it to ``final_dir``.
 
-    ``kind`` (``slick.train.output_dirs``): an existing ``final_dir`` is replaced only when it is empty or
+    ``kind`` (``slick.ckpt.output_dirs``): an existing ``final_dir`` is replaced only when it is empty or
     slick's output of that kind, else OutputDirError before ``writer`` runs; an ``hf-export`` gets its marker.
     If ``writer`` raises, the temp dir is removed and ``final_dir`` is untouched. With several ranks: call it
     on every rank with a collective ``writer``; rank 0 owns the directories.
@@ -458,28 +456,3 @@ def save_hf(out_dir, trainer) -> Path:
     """Write an HF model directory (safetensors, config, generation config, tokenizer) atomically, marked as
     slick's export; an existing ``out_dir`` must be empty or a previous export (OutputDirError otherwise)."""
     return write_dir_atomic(out_dir, trainer.save_hf_files, kind=HF_EXPORT)
-
-
-def export_checkpoint(load_root, out_dir, step: Optional[int] = None, lora_adapter: bool = False) -> Path:
-    """HF model directory of a run checkpoint in ``out_dir``, atomically: a copy of a one-process checkpoint's
-    ``model/`` (no model is loaded), or the fp32 weights gathered from a sharded one (``slick.train.dcp``).
-    ``out_dir`` is checked first (``output_dirs.export_problems``): not the checkpoint nor inside it, and new,
-    empty or a previous slick export; OutputDirError otherwise, before any work."""
-    problems = export_problems(load_root, out_dir)
-    if problems:
-        raise OutputDirError("; ".join(problems))
-    s, d = resolve_step_dir(load_root, step)
-    if lora_adapter or (d / "adapter").is_dir():   # a LoRA checkpoint (slick.train.lora): merged, or the adapter
-        return write_dir_atomic(out_dir, lambda tmp: export_lora(d, tmp, lora_adapter), kind=HF_EXPORT)
-    if is_sharded(d):
-        return write_dir_atomic(out_dir, lambda tmp: export_sharded(d, tmp), kind=HF_EXPORT)
-    src = d / "model"
-    if not (src / "config.json").is_file():
-        raise FileNotFoundError(f"{src}: checkpoint has no HF model (config.json missing)")
-
-    def writer(tmp: Path) -> None:
-        for f in src.iterdir():
-            if f.is_file():
-                shutil.copy2(f, tmp / f.name)
-
-    return write_dir_atomic(out_dir, writer, kind=HF_EXPORT)

@@ -1,6 +1,6 @@
 """Where slick may write: no write removes what slick did not create.
 
-An output directory is replaced as a whole (temp dir + rename, ``slick.train.checkpoint.write_dir_atomic``),
+An output directory is replaced as a whole (temp dir + rename, ``slick.ckpt.checkpoint.write_dir_atomic``),
 so slick writes one only where that deletes nothing of anyone else's:
 
 * a new directory, or an empty one;
@@ -38,7 +38,7 @@ HF_EXPORT, CHECKPOINT_ROOT, CHECKPOINT_STEP, WEIGHTS = "hf-export", "checkpoint-
 STEP_PREFIX = "step_"
 TRAINER_MARKER = "trainer_state.json"
 WEIGHTS_MARKER = "slick_weights.json"
-# temp entries of slick's own atomic writes (slick.train.checkpoint): .tmp-NAME-PID, .tmp-NAME-ranks,
+# temp entries of slick's own atomic writes (slick.ckpt.checkpoint): .tmp-NAME-PID, .tmp-NAME-ranks,
 # .tmp-delete-NAME-PID, .old-NAME-PID, .latest.tmp-PID
 TEMP_ENTRY = re.compile(r"^\.(tmp|old)-.+-(\d+|ranks)$|^\.latest\.tmp-\d+$")
 WHAT = {HF_EXPORT: "an HF export", CHECKPOINT_ROOT: "checkpoints", CHECKPOINT_STEP: "a checkpoint",

@@ -1,4 +1,4 @@
-"""Durable small writes shared by checkpoints (slick.train.checkpoint) and sharded checkpoints (slick.train.dcp):
+"""Durable small writes shared by checkpoints (slick.ckpt.checkpoint) and sharded checkpoints (slick.ckpt.dcp):
 a file written whole or not at all, and its directory entry flushed."""
 from __future__ import annotations
 

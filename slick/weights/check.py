@@ -9,7 +9,7 @@
 
 A failed check raises :class:`WeightSyncError` (the run stops): an adapter or weight update that did not reach the
 engine is an error, never silent staleness. It checks merged-weight syncs and adapter-only ones
-(``slick.train.lora_sync``) alike: the probe sees whatever the engine serves, adapter included. It is on with LoRA (``--lora-rank``/``--lora-load``), where an
+(``slick.weights.lora_sync``) alike: the probe sees whatever the engine serves, adapter included. It is on with LoRA (``--lora-rank``/``--lora-load``), where an
 update that merged nothing would leave the engine on the base weights, and whenever ``--weight-check-tol`` is set.
 The default bound is 1e-3 when trainer and engine compute in fp32 and 0.5 in bf16 (both numerics differ by
 roundings only, up to 0.16 measured in bf16 (docs/lora.md); a probe of a dropped update differs by the update's effect: see docs/lora.md for what that

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import torch
 
-from slick.train.safe_load import load_pt
+from slick.ckpt.safe_load import load_pt
 
 
 def seed_everything(seed: int) -> None:
@@ -68,8 +68,8 @@ def save_rng_file(path) -> None:
 
 
 def read_rng_file(path) -> dict:
-    """An ``rng.pt`` read with ``weights_only=True`` (:mod:`slick.train.safe_load`); a file that holds anything
-    else raises :class:`slick.train.safe_load.UnsafeCheckpointError` naming it."""
+    """An ``rng.pt`` read with ``weights_only=True`` (:mod:`slick.ckpt.safe_load`); a file that holds anything
+    else raises :class:`slick.ckpt.safe_load.UnsafeCheckpointError` naming it."""
     st = load_pt(path, safe_globals=_legacy_numpy_globals())
     if not isinstance(st, dict) or not {"python", "numpy", "torch"} <= set(st):
         raise ValueError(f"{path}: not an RNG state file (expected the keys python, numpy, torch)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from slick.train.transport.common import TransportError, engine_name, is_http, on_every_engine
+from slick.weights.transport.common import TransportError, engine_name, is_http, on_every_engine
 
 
 class ColocatedTransport:
@@ -35,7 +35,7 @@ class ColocatedTransport:
                               self.timeout_s, f"update to version {version}")
 
     async def send_adapter(self, version: int, payload) -> None:
-        """A LoRA adapter alone (``slick.train.lora_sync``): every engine merges it into its base on arrival."""
+        """A LoRA adapter alone (``slick.weights.lora_sync``): every engine merges it into its base on arrival."""
         delta = payload.delta()
         self.last_bytes = payload.nbytes
         await on_every_engine(self.engines, lambda e: e.update_adapter(delta, version=version),

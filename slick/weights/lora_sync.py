@@ -6,14 +6,14 @@ started with LoRA enabled), the weight transport carries an :class:`AdapterPaylo
 its ``lora_A``/``lora_B`` tensors, fp32) instead of the merged weights:
 
 * ``colocated``: the engines get the adapter's tensors themselves (``engine.update_adapter``);
-* ``disk``: the payload is written as a PEFT adapter directory (``slick.train.transport.disk.write_adapter_dir``:
+* ``disk``: the payload is written as a PEFT adapter directory (``slick.weights.transport.disk.write_adapter_dir``:
   ``adapter_config.json``, ``adapter_model.safetensors`` and the transport's version marker, atomically) and every
   engine loads it (``update_weights(path=...)``, over HTTP ``/update_weights_from_disk``; vLLM:
   ``/v1/load_lora_adapter``).
 
 Anything else (the broadcast transport, SGLang servers, engines that do not say they accept adapters) gets the
 merged full weights, as a full fine-tuning run does. Either way the weight check after the sync
-(``slick.train.sync_check``) compares the engines' version and a probe's logprobs with the trainer's.
+(``slick.weights.check``) compares the engines' version and a probe's logprobs with the trainer's.
 """
 from __future__ import annotations
 

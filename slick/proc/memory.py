@@ -63,7 +63,7 @@ import logging
 import os
 import sys
 
-from slick.proc import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, ONEDNN_CACHE_MARK
+from slick.proc.children import ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_ENV, ONEDNN_CACHE_MARK
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def use_tcmalloc() -> None:
 def limit_onednn_cache() -> str:
     """Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to ONEDNN_CACHE_ENTRIES unless it is set; the value in effect. oneDNN
     reads it when it builds its first primitive, so call it before any torch work (the entry points do). The
-    processes slick starts inherit it, except vLLM and SGLang servers (``slick.proc.foreign_engine_env``)."""
+    processes slick starts inherit it, except vLLM and SGLang servers (``slick.proc.children.foreign_engine_env``)."""
     if ONEDNN_CACHE_ENV not in os.environ:
         os.environ[ONEDNN_CACHE_ENV] = os.environ[ONEDNN_CACHE_MARK] = str(ONEDNN_CACHE_ENTRIES)
     return os.environ[ONEDNN_CACHE_ENV]

@@ -20,10 +20,10 @@ from typing import Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from slick.train.transport.broadcast import BroadcastTransport
-from slick.train.transport.colocated import ColocatedTransport
-from slick.train.transport.common import TransportError, engine_name, is_http  # noqa: F401 - names of this package
-from slick.train.transport.disk import DiskTransport
+from slick.weights.transport.broadcast import BroadcastTransport
+from slick.weights.transport.colocated import ColocatedTransport
+from slick.weights.transport.common import TransportError, engine_name, is_http  # noqa: F401 - names of this package
+from slick.weights.transport.disk import DiskTransport
 
 NAMES = ("disk", "broadcast", "colocated")
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024

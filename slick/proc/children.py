@@ -41,7 +41,7 @@ from typing import Callable, Optional
 log = logging.getLogger("slick.proc")
 
 PR_SET_PDEATHSIG = 1
-# oneDNN's primitive cache capacity as slick's entry points set it (slick.train.memory.limit_onednn_cache), and
+# oneDNN's primitive cache capacity as slick's entry points set it (slick.proc.memory.limit_onednn_cache), and
 # the variable that marks it as slick's value rather than the user's: engines of other projects keep their own
 ONEDNN_CACHE_ENV, ONEDNN_CACHE_ENTRIES, ONEDNN_CACHE_MARK = "ONEDNN_PRIMITIVE_CACHE_CAPACITY", 128, "SLICK_ONEDNN_CACHE"
 POLL_S = 0.5
@@ -259,7 +259,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     sys.argv = [args.module, *rest]
     runpy.run_module(args.module, run_name="__main__", alter_sys=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
