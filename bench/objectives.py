@@ -27,7 +27,7 @@ COMMON = ["--num-steps-per-rollout", "2"]
 
 
 def run_one(name: str, seed: int, model_dir: Path, runs_dir: Path, steps: int) -> dict:
-    from slick.config import build_parser, parse_config
+    from slick.configure import build_parser, parse_config
     from slick.demo.__main__ import demo_argv
     from slick.loop.sync import train
     from slick.observe.metrics import read_metrics

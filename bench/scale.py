@@ -37,7 +37,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from slick.config import Config  # noqa: E402
-from slick.config.validate import validate_config  # noqa: E402
+from slick.configure.validate import validate_config  # noqa: E402
 from slick.types import Sample  # noqa: E402
 
 

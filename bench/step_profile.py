@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from bench.trainer import loss_fn, matmul_ceiling, step_flops  # noqa: E402
 from slick.config import Config  # noqa: E402
 from slick.config.auto import ModelShape, Training, activation_bytes_per_token  # noqa: E402
-from slick.config.validate import validate  # noqa: E402
+from slick.configure.validate import validate  # noqa: E402
 from slick.proc.memory import tcmalloc_loaded  # noqa: E402
 from slick.train.packing import pad_stack  # noqa: E402
 from slick.train.trainer import Trainer  # noqa: E402

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.engine.local import LocalEngine
 from slick.serve.openai_protocol import Call, Choice
 from slick.reward import RewardHub

@@ -79,8 +79,9 @@ def test_old_signature_custom_functions_are_refused(tmp_path):
             compute_advantages(cfg(custom_advantage_function_path="old_style_algo.returns_tuple"), samples(),
                                [1.0, 0.0])
         # slick train refuses them while validating the flags, before any model loads
-        from slick.config import ConfigError, parse_config
-        from slick.config.validate import validate_config
+        from slick.config import ConfigError
+        from slick.configure import parse_config
+        from slick.configure.validate import validate_config
         parsed = parse_config(["--custom-advantage-function-path", "old_style_algo.advantage",
                                "--custom-loss-function-path", "old_style_algo.loss"], validate=False)
         with pytest.raises(ConfigError) as e:

@@ -10,15 +10,16 @@ import sys
 import pytest
 import torch
 
-from slick.config import Config, parse_config
+from slick.config import Config
+from slick.configure import parse_config
 from slick.cluster.engine_actor import engine_kwargs
 from slick.config.auto import (FUSED_MODEL_TYPES, LEAN_DEFAULTS, GiB, Machine, ModelShape, Training,
                                activation_bytes_per_token, allocator_reason, engine_slots, lean_choice,
                                micro_batch_tokens, offload_choice, state_bytes, threads_reason)
 from slick.config.config import ConfigError
-from slick.config.autoplan import offload_blockers
-from slick.config.plan import derive_plan
-from slick.config.validate import validate
+from slick.configure.autoplan import offload_blockers
+from slick.configure.plan import derive_plan
+from slick.configure.validate import validate
 from slick.loop.threads import thread_split
 from slick.models.tiny import make_tiny_model
 from slick.train.fused_layers import FUSED_LAYERS

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.loop.run import Run
 from slick.loop.sync import train
 from tests.ray_head import RayHead

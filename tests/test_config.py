@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slick.config import Config, ConfigError, build_parser, parse_config
-from slick.config.validate import validate_config
+from slick.config import Config, ConfigError
+from slick.configure import build_parser, parse_config
+from slick.configure.validate import validate_config
 from tests.hf_dirs import write_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,7 +269,7 @@ def test_train_parser_help_lists_every_flag(parser):
 
 
 def test_flags_command_prints_the_reference():
-    from slick.config.docs import render_markdown
+    from slick.configure.docs import render_markdown
 
     r = run_cli("flags")
     assert r.returncode == 0, r.stderr
@@ -276,14 +277,14 @@ def test_flags_command_prints_the_reference():
 
 
 def test_committed_flag_docs_are_current():
-    from slick.config.docs import render_markdown
+    from slick.configure.docs import render_markdown
 
     committed = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
     assert committed == render_markdown(), "docs/flags.md is stale: run `slick flags --write docs/flags.md`"
 
 
 def test_flag_docs_cover_every_flag_with_type_and_default(parser):
-    from slick.config.docs import render_markdown
+    from slick.configure.docs import render_markdown
 
     text = render_markdown()
     flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
@@ -296,7 +297,7 @@ def test_flag_docs_cover_every_flag_with_type_and_default(parser):
 
 
 def test_write_flag_docs(tmp_path):
-    from slick.config.docs import main, render_markdown
+    from slick.configure.docs import main, render_markdown
 
     out = tmp_path / "sub" / "flags.md"
     assert main(["--write", str(out)]) == 0

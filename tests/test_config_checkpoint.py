@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.models.check import model_dir_problems, read_model_config
 from tests.hf_dirs import write_model_dir
 

@@ -4,9 +4,10 @@ import dataclasses
 
 import pytest
 
-from slick.config import ConfigError, parse_config
+from slick.config import ConfigError
+from slick.configure import parse_config
 from slick.config.groups import ClusterConfig
-from slick.config.validate import num_engine_actors, trainer_ranks, uses_ray
+from slick.configure.validate import num_engine_actors, trainer_ranks, uses_ray
 from tests.hf_dirs import write_model_dir
 
 HTTP = ["--rollout-engine", "http", "--rollout-urls", "http://127.0.0.1:1"]

@@ -4,7 +4,8 @@ import logging
 
 import pytest
 
-from slick.config import ConfigError, parse_config
+from slick.config import ConfigError
+from slick.configure import parse_config
 from tests.hf_dirs import write_model_dir
 
 # the shape of the tiny Llama that slick.models.tiny writes (tests/hf_dirs.py LLAMA_CONFIG), in Megatron flags

@@ -12,8 +12,8 @@ import torch
 from slick.algo import AdvantageInputs, AlgoParams, LossInputs, compute_policy_objective, grpo, rloo
 from slick.config import Config, ConfigError
 from slick.config.groups import AlgorithmConfig
-from slick.config.plan import Plan
-from slick.config.validate import validate, validate_config
+from slick.configure.plan import Plan
+from slick.configure.validate import validate, validate_config
 from slick.loop.step import make_loss_fn
 
 ALGO = Path(__file__).resolve().parents[1] / "slick" / "algo"

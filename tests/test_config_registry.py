@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from slick.algo import estimators
-from slick.config import Config, ConfigError, build_parser
-from slick.config.docs import render_markdown
+from slick.config import Config, ConfigError
+from slick.configure import build_parser
+from slick.configure.docs import render_markdown
 from slick.config.groups import AlgorithmConfig, RewardConfig
-from slick.config.parse import field_help
-from slick.config.validate import validate_config
+from slick.configure.parse import field_help
+from slick.configure.validate import validate_config
 from slick.reward import registry
 from tests.hf_dirs import write_model_dir
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_slick_config_does_not_import_torch():
-    code = ("import sys, slick.config, slick.config.validate, slick.config.docs, slick.models.check; "
+    code = ("import sys, slick.config, slick.configure.validate, slick.configure.docs, slick.models.check; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'transformers'))))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -73,5 +74,5 @@ def test_rm_type_validation_follows_the_registry(monkeypatch, tmp_path):
 def test_no_hand_written_name_lists_remain():
     est_field = next(f for f in dataclasses.fields(AlgorithmConfig) if f.name == "advantage_estimator")
     assert "choices" not in est_field.metadata and est_field.metadata["choices_from"] == "slick.algo.estimators:ESTIMATORS"
-    import slick.config.validate as v
+    import slick.configure.validate as v
     assert not hasattr(v, "ESTIMATORS") and not hasattr(v, "RM_TYPES")

@@ -3,7 +3,8 @@ import dataclasses
 
 import pytest
 
-from slick.config import ConfigError, parse_config
+from slick.config import ConfigError
+from slick.configure import parse_config
 from slick.config.groups import GROUPS
 from tests import slime_flags as S
 
@@ -70,7 +71,7 @@ def test_listed_difference_is_slicks_default(flag, slime_default, slick_default,
 
 
 def test_every_flag_of_the_table_is_a_slick_or_slime_spelling():
-    from slick.config.parse import build_parser
+    from slick.configure.parse import build_parser
 
     known = build_parser()._option_string_actions
     rows = [r[0] for r in S.SAME + S.SAME_MEANING + S.ALIASES + S.SAME_VIA_ALIAS + S.DIFFERS]

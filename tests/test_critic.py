@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
 from slick.train.critic import Critic, critic_source, value_objective, with_critic
 from slick.types import Sample

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.loop.sync import train
 from tests.test_loop import learnable_task
 

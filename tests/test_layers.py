@@ -23,10 +23,10 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # The function-local imports of slick modules that remain, each with its reason in a comment beside it.
 IMPORT_COST = {
-    ("slick.config.validate", "slick.algo.inputs"),   # torch: `import slick.config` stays free of it
-    ("slick.config.autoplan", "slick.train.precision"),   # torch, only when a micro-batch budget is sized
-    ("slick.config.lora", "slick.train.lora"),        # torch and PEFT, only when a run asks for LoRA
-    ("slick.cli", "slick.config"),                    # 0.6 s, after the tcmalloc re-exec
+    ("slick.configure.validate", "slick.algo.inputs"),   # torch: `import slick.configure` stays free of it
+    ("slick.configure.autoplan", "slick.train.precision"),   # torch, only when a micro-batch budget is sized
+    ("slick.configure.lora", "slick.train.lora"),        # torch and PEFT, only when a run asks for LoRA
+    ("slick.cli", "slick.config"),                    # after the tcmalloc re-exec
     ("slick.demo.__main__", "slick.loop.sync"),       # torch, after the tcmalloc re-exec
     ("slick.demo.__main__", "slick.observe.plot"),    # matplotlib, likewise
     ("slick.demo.__main__", "slick.demo.agent"),

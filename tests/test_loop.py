@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.data import PromptDataset
 from slick.data.source import epoch_order
 from slick.loop.sync import train

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.loop.sync import train
 from slick.loop.train_async import train_async
 from tests.test_loop import make_cfg, prompts, read_jsonl  # noqa: F401 - prompts is a fixture

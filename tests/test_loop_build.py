@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slick.config import Config
-from slick.config.validate import async_lead, validate_config
+from slick.configure.validate import async_lead, validate_config
 from slick.engine.local import LocalEngine
 from slick.loop.build import MODES, Components, build, staleness_bound
 from slick.loop.run import Run

@@ -8,7 +8,7 @@ import torch
 
 from slick.config import Config
 from slick.config.config import ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.models.adapter_check import ADAPTER
 from slick.train.trainer import Trainer
 from slick.types import Sample

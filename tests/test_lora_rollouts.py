@@ -4,7 +4,7 @@ import asyncio
 import json
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.loop.sync import train
 from tests.test_agent import agents_module, make_cfg as agent_cfg  # noqa: F401  (agents_module: a fixture)
 

@@ -190,7 +190,7 @@ def test_routing_survives_buffer_state_and_staleness(tmp_path):
 @pytest.mark.parametrize("engine", ["http", "vllm", "sglang"])
 def test_replay_refused_with_engines_that_return_no_routing(tmp_path, engine):
     from slick.config import Config, ConfigError
-    from slick.config.validate import validate_config
+    from slick.configure.validate import validate_config
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "x"}\n')

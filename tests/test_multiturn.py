@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.data.source import DataSource
 from slick.engine.local import LocalEngine
 from slick.reward.hub import RewardHub

@@ -12,7 +12,7 @@ import pytest
 
 from slick.algo.shaping import overlong_penalty
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.algo.objective import zero_gradient
 from slick.loop.shaping import shape_for_training
 from slick.loop.sync import train

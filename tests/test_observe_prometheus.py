@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.loop.run import Run
 from slick.loop.sync import train
 from slick.loop.train_async import train_async

@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.observe.store import RolloutStore, StoreMissingError, read_rollouts, stored_steps, store_step
 from slick.types import Sample, Status
 

@@ -11,7 +11,7 @@ import torch
 
 from slick.algo.distill import add_opd_terms, opd_metrics, opd_terms
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.loop.sync import train
 from slick.models.tiny import make_tiny_model
 

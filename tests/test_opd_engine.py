@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.engine.local import LocalEngine
 from slick.engines.client import HttpEngine
 from slick.engines.router import launch_workers

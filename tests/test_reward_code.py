@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from slick.config.parse import parse_config
+from slick.configure.parse import parse_config
 from slick.reward import LabelError, RewardHub
 from slick.reward.code import CodeJudge, extract_code
 from slick.reward.code_tests import normalise_output, parse_label

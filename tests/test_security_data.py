@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from slick.config import Config, ConfigError, build_parser, parse_config
-from slick.config.validate import validate_config
+from slick.config import Config, ConfigError
+from slick.configure import build_parser, parse_config
+from slick.configure.validate import validate_config
 from slick.data import DataError, PromptDataset, load_prompt_rows
 from slick.data.checks import check_run_prompts, check_zero_advantages
 from slick.observe.appendlog import AppendLogError

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from slick.config import Config, ConfigError
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.ckpt import checkpoint as ckpt
 from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint, save_hf
 from slick.ckpt.export import main as export_main

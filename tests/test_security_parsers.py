@@ -14,7 +14,7 @@ import pytest
 
 from examples.search.tool import MAX_QUERY_CHARS, search
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.data.source import DataSource
 from slick.demo.calculator import CalculatorError, calculator, evaluate, parse_expression_call
 from slick.serve.openai_protocol import split_tool_calls

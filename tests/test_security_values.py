@@ -1,5 +1,5 @@
 """Bad values refused by name before anything runs on them (docs/security.md, "Bad values"): LoRA rank and alpha
-(slick/config/lora.py), adapter directories checked for method, rank, alpha, tensor names and shapes by one
+(slick/configure/lora.py), adapter directories checked for method, rank, alpha, tensor names and shapes by one
 function (slick/models/adapter_check.py) on every path: --lora-load at start-up and in the trainer, and a real
 `slick serve`'s /update_weights_from_disk, which answers 400 and keeps the weights it had."""
 import asyncio
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from slick.config.config import ConfigError
-from slick.config.parse import parse_config
+from slick.configure.parse import parse_config
 from slick.engine.local import LocalEngine
 from slick.engine.weight_check import WeightUpdateError
 from slick.engines.client import EngineError, HttpEngine
@@ -40,7 +40,7 @@ def test_lora_alpha_must_be_finite_and_in_range(tiny_model_dir, alpha):
 @pytest.mark.parametrize("rank", ["-1", "65537", str(10 ** 20)])
 def test_lora_rank_out_of_range_is_refused_by_name(tiny_model_dir, rank):
     from slick.config.config import Config
-    from slick.config.validate import validate_config
+    from slick.configure.validate import validate_config
 
     cfg = Config.from_flat(dict(hf_checkpoint=str(tiny_model_dir), rm_type="exact", dtype="fp32", lora_rank=int(rank)))
     with pytest.raises(ConfigError) as e:      # without the model at hand too (check_files=False)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from slick.config.parse import parse_config
+from slick.configure.parse import parse_config
 from slick.factory.engines import make_engines
 from slick.engines.router import launch_workers
 from tests.test_server import call

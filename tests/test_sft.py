@@ -11,8 +11,9 @@ from slick.algo.params import AlgoParams
 from slick.algo.sft import sft_eval_metrics, sft_loss, sft_objective
 from slick.chat.delta import encode
 from slick.chat.turns import chat_tokens, tool_call_text
-from slick.config import Config, ConfigError, build_parser, parse_config
-from slick.config.validate import validate_config
+from slick.config import Config, ConfigError
+from slick.configure import build_parser, parse_config
+from slick.configure.validate import validate_config
 from slick.data.chats import ChatDataset
 from slick.data.dataset import DataError
 from slick.models.tokenizer import load_tokenizer

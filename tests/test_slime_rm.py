@@ -3,7 +3,7 @@ ifbench refused by name."""
 import pytest
 
 from slick.config import ConfigError, Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.reward.errors import LabelError
 from slick.reward.registry import get_judge_fn, get_score_fn
 

@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from slick.config import ConfigError, parse_config
-from slick.config.parse import build_parser
+from slick.config import ConfigError
+from slick.configure import parse_config
+from slick.configure.parse import build_parser
 from tests.slime_scripts import SCRIPTS
 
 # the flags each script's run is refused for on slick (with a tiny local model), each named in its message

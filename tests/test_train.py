@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.train.logprobs import chunked_logprobs, logprobs_from_logits
 from slick.train.packing import pack, pack_shared_prompts, split_micro_batches
 from slick.train.trainer import Trainer

@@ -120,7 +120,7 @@ def test_fp32_checkpoint_loads_into_bf16_moments(tiny_model_dir, tmp_path):
 
 
 def test_moment_dtype_flags_are_checked():
-    from slick.config import parse_config
+    from slick.configure import parse_config
     from slick.config.config import ConfigError
     cfg = parse_config(["--hf-checkpoint", "x", "--exp-avg-dtype", "bf16"], validate=False)
     assert (cfg.exp_avg_dtype, cfg.exp_avg_sq_dtype) == ("bf16", None)    # unset: the plan resolves it

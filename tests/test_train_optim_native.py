@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from slick.config import Config
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.train import native_adamw
 from slick.train.optim import LowPrecisionAdamW, make_adamw
 from tests.native_required import require

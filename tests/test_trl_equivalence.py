@@ -29,7 +29,7 @@ import torch
 pytest.importorskip("trl")
 
 from slick.config import Config  # noqa: E402
-from slick.config.validate import validate_config  # noqa: E402
+from slick.configure.validate import validate_config  # noqa: E402
 from slick.loop.step import make_loss_fn, train_on_samples  # noqa: E402
 from slick.train.trainer import Trainer  # noqa: E402
 from slick.types import Sample  # noqa: E402

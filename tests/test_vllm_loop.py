@@ -96,7 +96,7 @@ def train_async_keeps_versions_per_token(model_dir, tmp_path, engine: str, mode:
     """`slick train-async --max-staleness 1 --async-weight-update MODE` with launched ``engine`` servers: 4 steps,
     every prompt trained once, every token's version within the staleness bound and non-decreasing."""
     from slick.config import Config
-    from slick.config.validate import validate_config
+    from slick.configure.validate import validate_config
     from slick.loop.train_async import train_async
 
     prompts = _prompts(tmp_path, 8)

@@ -201,7 +201,7 @@ DEFAULT_RUN_DIR = "runs/<time>"
 
 
 def config_problems(cfg, check_files: bool = True) -> list[str]:
-    """The run's paths (``slick.config.validate``): outputs disjoint from each other and from the inputs;
+    """The run's paths (``slick.configure.validate``): outputs disjoint from each other and from the inputs;
     with ``check_files``, ``--save`` and ``--save-hf`` free for their kind (:func:`target_problem`)."""
     run_dir = ("--run-dir", cfg.run_dir) if cfg.run_dir else ("--run-dir (default)", DEFAULT_RUN_DIR)
     outputs = [(f, v) for f, v in (("--save", cfg.save), ("--save-hf", cfg.save_hf)) if v] + [run_dir]

@@ -1,6 +1,9 @@
-"""Typed configuration: groups in ``groups.py``, parser and loading in ``parse.py``,
-checks in ``validate.py``. ``Config`` gives both ``cfg.train.lr`` and flat ``cfg.lr``."""
-from slick.config.config import Config, ConfigError, ConfigScopeError, ConfigView
-from slick.config.parse import build_parser, parse_config
+"""Typed configuration, importable from every room: the groups (``groups.py``), ``Config`` with flat and grouped
+access and ``ConfigView`` (``config.py``), field metadata, slime's spellings and the flag tables.
 
-__all__ = ["Config", "ConfigError", "ConfigScopeError", "ConfigView", "build_parser", "parse_config"]
+Reading flags and YAML, checking a config against the rooms and deriving the run's plan live one room up, in
+``slick.configure`` (``parse_config``, ``validate``): this package imports no other room.
+"""
+from slick.config.config import Config, ConfigError, ConfigScopeError, ConfigView
+
+__all__ = ["Config", "ConfigError", "ConfigScopeError", "ConfigView"]

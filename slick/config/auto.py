@@ -2,7 +2,7 @@
 
 Each choice is a pure function of (model shape, sequence lengths, memory, cores, the flags that bear on it)
 returning a :class:`Choice`: the value and the one line logged at start-up that says what was chosen and why.
-``slick.config.plan.derive_plan`` makes them once, before anything loads, and keeps the values in the frozen
+``slick.configure.plan.derive_plan`` makes them once, before anything loads, and keeps the values in the frozen
 ``Plan``; a flag the user gives always wins (the function is not asked). The facts about the machine are read
 by :func:`machine_now` and the model's shape from its ``config.json`` by :func:`ModelShape.from_config`; the
 functions that decide take them as arguments, so tests give exact inputs and expect exact outputs.

@@ -1,6 +1,6 @@
 """Megatron-LM flags a slime user brings (the ``megatron`` group): map, refuse, or check them.
 
-Recompute flags turn on gradient checkpointing (in the plan: ``slick.config.plan``); parallel sizes other
+Recompute flags turn on gradient checkpointing (in the plan: ``slick.configure.plan``); parallel sizes other
 than 1 are refused; model-shape flags are compared with the checkpoint's ``config.json``
 (``shape_problems``), each mismatch showing both values. Standard library only.
 """
@@ -22,7 +22,7 @@ QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "olmo2", "gemma3", "g
 
 def recompute_requested(cfg) -> bool:
     """Whether Megatron's full recompute is asked for (--recompute-activations or --recompute-granularity):
-    the plan then turns on --gradient-checkpointing (``slick.config.plan``)."""
+    the plan then turns on --gradient-checkpointing (``slick.configure.plan``)."""
     return bool(cfg.recompute_activations or cfg.recompute_granularity is not None)
 
 

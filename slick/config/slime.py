@@ -320,7 +320,7 @@ def kept_rows() -> list[tuple[str, str, str]]:
     return [(flag, d, why) for flag, (d, why) in KEPT_DEFAULTS.items()]
 
 
-# ----------------------------------------------------------------------------- run checks (slick.config.validate)
+# ----------------------------------------------------------------------------- run checks (slick.configure.validate)
 def megatron_checkpoint(path) -> bool:
     """Whether ``path`` is a Megatron checkpoint directory (slime's --load/--save, or a torch_dist conversion)."""
     d = Path(str(path))

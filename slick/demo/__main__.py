@@ -12,7 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from slick.config import ConfigError, build_parser, parse_config
+from slick.config import ConfigError
+from slick.configure import build_parser, parse_config
 from slick.demo.addition import write_addition_data
 from slick.models.smollm2 import prepare_smollm2
 from slick.observe.metrics import read_metrics

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from slick.config import ConfigError, build_parser, parse_config
+from slick.config import ConfigError
+from slick.configure import build_parser, parse_config
 from slick.demo.calculator import QUESTION, write_calculator_data
 from slick.engine.local import LocalEngine
 from slick.loop.sync import train

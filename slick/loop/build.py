@@ -24,7 +24,7 @@ import yaml
 
 from slick.cluster import start_cluster
 from slick.config.auto import allocator_reason, onednn_cache_reason, threads_reason
-from slick.config.validate import async_lead
+from slick.configure.validate import async_lead
 from slick.data.buffer import RolloutBuffer
 from slick.data.checks import check_run_prompts, check_zero_advantages
 from slick.data.dataset import PromptDataset

@@ -19,7 +19,8 @@ import time
 from typing import Optional
 
 from slick.cluster.layout import ClusterFailure
-from slick.config import ConfigError, build_parser, parse_config
+from slick.config import ConfigError
+from slick.configure import build_parser, parse_config
 from slick.data.dataset import DataError
 from slick.engines.client import EngineError
 from slick.engines.fault import EngineDied

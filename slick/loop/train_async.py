@@ -14,8 +14,9 @@ import time
 from collections import Counter
 
 from slick.cluster.layout import ClusterFailure
-from slick.config import ConfigError, build_parser, parse_config
-from slick.config.validate import async_lead
+from slick.config import ConfigError
+from slick.configure import build_parser, parse_config
+from slick.configure.validate import async_lead
 from slick.data.dataset import DataError
 from slick.engines.client import EngineError
 from slick.engines.fault import EngineDied

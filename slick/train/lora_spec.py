@@ -48,7 +48,7 @@ def read_adapter_config(path) -> dict:
 
 def spec_from_config(cfg) -> Optional[LoraSpec]:
     """The run's :class:`LoraSpec`, or None without ``--lora-rank`` and ``--lora-load``. With ``--lora-load``
-    the adapter's own rank, alpha and targets are used (``slick.config.lora`` refuses flags that differ)."""
+    the adapter's own rank, alpha and targets are used (``slick.configure.lora`` refuses flags that differ)."""
     if not cfg.lora_rank and not cfg.lora_load:
         return None
     dropout = float(cfg.lora_dropout or 0.0)

@@ -16,12 +16,12 @@ from slick.config.config import Config, ConfigError
 from slick.config.engine_checks import server_engine_problems
 from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
-from slick.config.lora import lora_problems
+from slick.configure.lora import lora_problems
 from slick.config.megatron import megatron_problems, shape_problems
 from slick.config.objectives import objective_problems   # --policy-loss, OPSM, entropy mask, DAPO
 from slick.config.sft_distill import sft_distill_problems
 from slick.config.slime import idle_flag_warnings, load_problems, ref_load_problem   # slime scripts' --load/--ref-load
-from slick.config.plan import Plan, derive_plan, engines_share_trainer_process, num_engine_actors
+from slick.configure.plan import Plan, derive_plan, engines_share_trainer_process, num_engine_actors
 from slick.models.check import model_dir_problems, read_model_config
 from slick.plugins import load_function
 from slick.reward.registry import REMOTE, get_score_fn, known_types

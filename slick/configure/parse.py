@@ -13,7 +13,7 @@ from slick.config.fields import field_choices, field_help, flag_name, registry_n
 from slick.config.groups import GROUPS
 from slick.config.sft_distill import sft_defaults
 from slick.config.slime import add_slime_arguments, resolve_slime_flags
-from slick.config.validate import validate_config
+from slick.configure.validate import validate_config
 from slick.serve.sglang_args import split_sglang_args
 
 

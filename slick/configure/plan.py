@@ -1,6 +1,6 @@
 """``Plan``: the values validation derives from the flags, kept apart from the config the user gave.
 
-``validate(cfg)`` (``slick.config.validate``) reads the user's ``Config`` and never writes to it: it
+``validate(cfg)`` (``slick.configure.validate``) reads the user's ``Config`` and never writes to it: it
 derives a frozen :class:`Plan`, checks ``plan.apply(cfg)`` (a new ``Config`` with the derived values in
 place of the unset or ``auto`` ones) and returns both. Each field of the plan is the resolved value of
 the flag of the same name:
@@ -32,7 +32,7 @@ from typing import Optional
 
 from slick.cluster.layout import trainer_ranks, uses_ray
 from slick.config.auto import LEAN_DEFAULTS, Choice, Machine
-from slick.config.autoplan import (engine_slots_choice, lean_settings_choice, micro_batch_choice,
+from slick.configure.autoplan import (engine_slots_choice, lean_settings_choice, micro_batch_choice,
                                    offload_rollout_choice, runs_own_engine)
 from slick.config.config import Config
 from slick.config.megatron import recompute_requested

@@ -1,5 +1,5 @@
 """The automatic choices of a run: a ``Config``'s flags turned into the inputs of ``slick.config.auto``'s pure
-functions. ``slick.config.plan.derive_plan`` calls these only for flags the user left unset."""
+functions. ``slick.configure.plan.derive_plan`` calls these only for flags the user left unset."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +18,7 @@ _DEBUG_FLAGS = ("debug_rollout_only", "debug_train_only", "load_debug_rollout_da
 
 def offload_blockers(cfg, driver: str, engine_actors: int) -> list[str]:
     """Why --offload-rollout cannot apply to this run (empty: it can); the same conditions under which
-    ``slick.config.validate.offload_problems`` refuses the flag."""
+    ``slick.configure.validate.offload_problems`` refuses the flag."""
     out = []
     if driver != "sync":
         out.append("slick train-async generates while the trainer steps")

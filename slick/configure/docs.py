@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 from slick.config.groups import GROUPS
 from slick.config.fields import field_choices, field_help, flag_name
-from slick.config.parse import _base_type
+from slick.configure.parse import _base_type
 from slick.config.slime import CHANGES_MEANING, alias_rows, kept_rows
 
 HEADER = """\
