@@ -53,3 +53,24 @@ def test_sft_teaches_the_answer_format(tiny_model_dir, tmp_path, monkeypatch):
     prompts = ["3+4", "9+1", "0+0", "5+5"]
     assert not any(o.startswith("<answer>") for o in _greedy(tiny_model_dir, prompts))
     assert all(o.startswith("<answer>") for o in _greedy(tmp_path / "hf", prompts))
+
+
+def test_sft_progress_shows_trained_tokens_per_second(tiny_model_dir, tmp_path, capsys):
+    """`slick sft` generates nothing: its tok/s is the chats' trained (loss-mask) tokens over the step's seconds,
+    in metrics.jsonl and on the progress line (it printed 0 tok/s on every step)."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _chats(8, 0)))
+    rc = main(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(train), "--rollout-batch-size", "4",
+               "--num-rollout", "2", "--dtype", "fp32", "--run-dir", str(tmp_path / "run"), "--no-progress",
+               "--no-rollout-store"])
+    assert rc == 0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "perf/tokens_per_sec" in r]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["rollout/sft_trained_tokens"] > 0
+        assert r["perf/tokens_per_sec"] > 0
+        assert r["perf/tokens_per_sec"] == pytest.approx(r["rollout/sft_trained_tokens"] / r["perf/step_time"])
+    shown = [line.split(" | ") for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    rates = [float(p.split()[0]) for parts in shown for p in parts if p.endswith(" tok/s")]
+    assert rates == [round(r["perf/tokens_per_sec"]) for r in rows] and all(x > 0 for x in rates)

@@ -256,3 +256,30 @@ def test_recompute_mlp_gives_the_same_step_and_keeps_no_gate_up(tiny_model_dir):
     assert not [s for s in saved_re if len(s) == 2 and s[1] == 2 * inter]
     with pytest.raises(ConfigError, match="--recompute-mlp recomputes inside slick's fused decoder layers"):
         make_cfg(tiny_model_dir, recompute_mlp=True, disable_fused_layers=True)
+
+
+def _transformers_future_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning) and "transformers" in w.filename]
+
+
+def test_fused_layers_pass_the_cache_arguments_as_given(arch_dirs):
+    """A fused layer hands the HF forward the cache arguments the model passed (transformers 5.x calls its layers
+    with ``cache=``): no ``Both past_key_values and cache are set`` FutureWarning on a plain forward, generation
+    with a KV cache, or a trainer step (the warning `make demo` printed in its progress bar)."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from slick.train.fused_layers import _kv_cache
+
+    assert _kv_cache({"cache": "c"}) == "c" and _kv_cache({"past_key_values": "p"}) == "p"
+    assert _kv_cache({"cache": None, "past_key_values": None}) is None
+    model = AutoModelForCausalLM.from_pretrained(arch_dirs["llama"])
+    assert fuse_decoder_layers(decoder_layers(model)) == 2
+    ids = torch.tensor([[5, 9, 200, 31, 7]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(input_ids=ids)
+        model.generate(ids, max_new_tokens=3, do_sample=False, attention_mask=torch.ones_like(ids))
+        _grads(arch_dirs["llama"], "fp32", True, _samples())
+    assert _transformers_future_warnings(caught) == []

@@ -37,6 +37,16 @@ def due(step: int, interval, last: int) -> bool:
     return step == last or bool(interval) and step % interval == 0
 
 
+def tokens_per_sec(metrics: dict, seconds: float) -> float:
+    """``perf/tokens_per_sec`` of a step that took ``seconds``: the tokens the rollout sampled
+    (``rollout/generated_tokens``) or, for an SFT step, which samples none, the chats' trained tokens
+    (``rollout/sft_trained_tokens``: their loss-mask tokens), per second of the step."""
+    tokens = metrics.get("rollout/generated_tokens")
+    if tokens is None:
+        tokens = metrics.get("rollout/sft_trained_tokens", 0)
+    return float(tokens) / max(seconds, 1e-9)
+
+
 async def train(cfg) -> Run:
     run = Run(cfg)
     held = None   # an evaluation held to run beside the next rollout (evaluate, start_held, log_held)
@@ -72,7 +82,7 @@ async def train(cfg) -> Run:
             if run.engines:
                 metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0
-            metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
+            metrics["perf/tokens_per_sec"] = tokens_per_sec(metrics, metrics["perf/step_time"])
             if run.timeline is not None:
                 metrics.update(run.timeline.take())        # engine busy fraction, reward waits overlapped/exposed
             done = step + 1

@@ -22,7 +22,7 @@ from slick.engines.client import EngineError
 from slick.engines.fault import EngineDied
 from slick.loop.run import Run
 from slick.loop.step import NonFiniteTrainingError
-from slick.loop.sync import due
+from slick.loop.sync import due, tokens_per_sec
 from slick.proc.children import until_sigterm
 from slick.rollout.producer import Producer
 from slick.ckpt.checkpoint import CheckpointWriteError
@@ -81,7 +81,7 @@ async def train_async(cfg) -> Run:
                 producer.resume()
                 metrics["perf/paused_time"] = engine.paused_time - paused0
             metrics["perf/step_time"] = time.perf_counter() - t0    # as slick train's: evaluation and saving apart
-            metrics["perf/tokens_per_sec"] = metrics.get("rollout/generated_tokens", 0) / metrics["perf/step_time"]
+            metrics["perf/tokens_per_sec"] = tokens_per_sec(metrics, metrics["perf/step_time"])
             if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
                 metrics.update(await run.evaluate())
             if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):

@@ -344,14 +344,22 @@ def mlp_backward(h, r, gu, dy, eps: float, dt: torch.dtype, ln_w, wg, wu, wd):
 
 
 # ---------------------------------------------------------------------------------------------- the layers
-def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                   use_cache=False, position_embeddings=None, slick_segments: Optional[Segments] = None, **kwargs):
+def _kv_cache(kwargs: dict):
+    """The KV cache a decoder layer was called with: ``cache`` (transformers >= 5.2x) or ``past_key_values``
+    (its deprecated name, earlier 5.x), None when neither is set."""
+    kv = kwargs.get("cache")
+    return kv if kv is not None else kwargs.get("past_key_values")
+
+
+def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, position_embeddings=None,
+                   slick_segments: Optional[Segments] = None, **kwargs):
+    # the cache arguments (cache / past_key_values, use_cache) stay in kwargs and reach the HF forward as the
+    # model passed them: naming both makes transformers warn that past_key_values is deprecated
     attn, mlp = self.self_attn, self.mlp
     dropout = attn.attention_dropout if self.training else 0.0
-    if (slick_segments is None or past_key_values is not None or dropout or position_embeddings is None
+    if (slick_segments is None or _kv_cache(kwargs) is not None or dropout or position_embeddings is None
             or hidden_states.shape[0] != 1):
         return self._slick_hf_forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                                      past_key_values=past_key_values, use_cache=use_cache,
                                       position_embeddings=position_embeddings, slick_segments=slick_segments,
                                       **kwargs)
     x = hidden_states[0]
