@@ -295,11 +295,12 @@ def test_async_driver_killed_at_random_moments_trains_every_prompt_once(tiny_mod
 
 
 RAY_DRIVER = '''
-import os, sys, time, types
+import os, sys, time
 import ray
 from slick.cluster.ray_cluster import RayCluster
+from slick.config import Config
 
-cluster = RayCluster.connect(types.SimpleNamespace(ray_address=None), num_cpus=1)
+cluster = RayCluster.connect(Config(), num_cpus=1)
 assert cluster.started_here
 
 @ray.remote(num_cpus=0)

@@ -6,12 +6,12 @@ import ipaddress
 import os
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from slick.cluster.ray_cluster import RayCluster
+from slick.config import Config
 
 
 def _is_loopback(ip: str) -> bool:
@@ -64,7 +64,7 @@ def test_every_socket_of_the_local_ray_cluster_listens_on_loopback_only(monkeypa
     me = os.getpid()
     before_children = _descendants()
     before_driver = {(ip, port) for ip, port, _, _ in _listening({me})}
-    cluster = RayCluster.connect(SimpleNamespace(ray_address=None, ray_start_timeout=60.0), num_cpus=2)
+    cluster = RayCluster.connect(Config.from_flat({"ray_address": None, "ray_start_timeout": 60.0}), num_cpus=2)
     pids: set[int] = set()
     try:
         assert cluster.started_here and cluster.temp_dir

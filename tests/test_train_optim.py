@@ -141,13 +141,13 @@ def test_a_non_contiguous_gradient_is_refused_not_updated_in_a_copy():
 def test_weight_decay_reaches_matrices_only(moments):
     # Megatron's rule (slime's trainer) and Hugging Face's Trainer's: biases and norm weights do not decay.
     # Zero gradients leave Adam's step at 0, so a step is the decay alone: lr x wd = 0.5 halves each matrix.
-    from types import SimpleNamespace
+    from slick.config.groups import TrainConfig
 
     g = torch.Generator().manual_seed(0)
     w, bias, norm = torch.randn(4, 3, generator=g), torch.randn(4, generator=g), torch.randn(3, generator=g)
     ps = [t.clone().requires_grad_(True) for t in (w, bias, norm)]
-    cfg = SimpleNamespace(adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.5, exp_avg_dtype=moments,
-                          exp_avg_sq_dtype=moments, seed=0)
+    cfg = TrainConfig(adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.5, exp_avg_dtype=moments,
+                      exp_avg_sq_dtype=moments, seed=0)
     opt = O.make_adamw(ps, cfg, lr=1.0)
     assert [(len(gr["params"]), gr["weight_decay"]) for gr in opt.param_groups] == [(1, 0.5), (2, 0.0)]
     for p in ps:

@@ -135,7 +135,7 @@ def _first(a, b):
     return b if a is None else a
 
 
-def _check_types(cfg, inputs) -> None:
+def _check_types(cfg: object, inputs) -> None:
     """A clear TypeError for a caller that passes a Config or loose tensors."""
     if not isinstance(inputs, LossInputs):
         raise TypeError(f"compute_policy_objective(cfg, inputs): inputs must be a slick.algo.LossInputs, "

@@ -32,6 +32,7 @@ import json
 import re
 from pathlib import Path
 from typing import Callable, Optional
+from slick.config import Config
 
 MARKER = ".slick-output.json"
 HF_EXPORT, CHECKPOINT_ROOT, CHECKPOINT_STEP, WEIGHTS = "hf-export", "checkpoint-root", "checkpoint-step", "weights"
@@ -200,7 +201,7 @@ def export_problems(ckpt_dir, out_dir) -> list[str]:
 DEFAULT_RUN_DIR = "runs/<time>"
 
 
-def config_problems(cfg, check_files: bool = True) -> list[str]:
+def config_problems(cfg: Config, check_files: bool = True) -> list[str]:
     """The run's paths (``slick.configure.validate``): outputs disjoint from each other and from the inputs;
     with ``check_files``, ``--save`` and ``--save-hf`` free for their kind (:func:`target_problem`)."""
     run_dir = ("--run-dir", cfg.run_dir) if cfg.run_dir else ("--run-dir (default)", DEFAULT_RUN_DIR)

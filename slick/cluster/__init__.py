@@ -6,15 +6,16 @@ from typing import Optional
 
 from slick.cluster.layout import ClusterFailure, Layout, LayoutError, plan_from_config, trainer_ranks, uses_ray
 from slick.cluster.ray_cluster import RayCluster, _cores
+from slick.config import Config, ConfigView
 
 __all__ = ["ClusterFailure", "Layout", "LayoutError", "plan_from_config", "start_cluster", "trainer_ranks", "uses_ray"]
 
 
-def _wants_gpu(cfg, cluster_has_gpus: bool) -> bool:
+def _wants_gpu(cfg: ConfigView, cluster_has_gpus: bool) -> bool:
     return cluster_has_gpus and cfg.device in ("auto", "cuda")
 
 
-def start_cluster(cfg) -> Optional["RayCluster"]:
+def start_cluster(cfg: Config | ConfigView) -> Optional["RayCluster"]:
     """None when the run needs no Ray (:func:`uses_ray`); else a joined or local cluster with the run's
     placement group ready (within --ray-start-timeout). Stops what it started when placing fails."""
     cfg = cfg.view("cluster", "train")

@@ -16,6 +16,7 @@ import time
 from typing import Optional
 
 from slick.cluster.actors import set_actor_threads, wait_all
+from slick.config import Config, ConfigView
 from slick.engine.local import LocalEngine
 from slick.engines.vllm_launch import launch_vllm
 from slick.serve.server import SlickServer
@@ -24,9 +25,9 @@ from slick.serve.sglang_args import engine_options
 log = logging.getLogger("slick.cluster")
 
 
-def engine_kwargs(cfg) -> dict:
+def engine_kwargs(cfg: Config | ConfigView) -> dict:
     """LocalEngine keyword arguments of a run (the same as the in-process engine's, --sglang-* included)."""
-    options, _ = engine_options(dict(getattr(cfg, "sglang", None) or {}))
+    options, _ = engine_options(dict(cfg.sglang or {}))
     kwargs = dict(dtype=cfg.dtype, device=cfg.device, max_running=cfg.engine_max_running, seed=cfg.rollout_seed)
     kwargs.update(options)
     return kwargs
@@ -196,7 +197,7 @@ class ActorWorker:
         self.kill()
 
 
-def start_engine_actors(cluster, cfg, timeout_s: float, vllm: Optional[dict] = None) -> EngineActors:
+def start_engine_actors(cluster, cfg: ConfigView, timeout_s: float, vllm: Optional[dict] = None) -> EngineActors:
     """One engine actor per disaggregated engine bundle of ``cluster.layout``; wait until each serves. With
     ``vllm`` (launch_vllm keyword arguments) each actor hosts a vLLM server instead of slick's engine."""
     import ray

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from slick.config import Config, ConfigView
 from slick.types import ClusterFailure  # noqa: F401 - a name of this module: cluster failures start here
 
 
@@ -60,7 +61,7 @@ class Layout:
                 f"{self.num_engines} engine(s) {where}")
 
 
-def trainer_ranks(cfg) -> int:
+def trainer_ranks(cfg: Config | ConfigView) -> int:
     """--actor-num-nodes x --actor-num-gpus-per-node; 0 GPUs per node means one rank (the one-process trainer)."""
     return max(1, cfg.actor_num_nodes) * max(1, cfg.actor_num_gpus_per_node)
 
@@ -101,12 +102,12 @@ def plan(actor_num_nodes: int, actor_num_gpus_per_node: int, rollout_num_gpus: i
                   engine_bundles=[None] * engines if colocate else list(range(ranks, ranks + engines)))
 
 
-def plan_from_config(cfg, use_gpu: bool) -> Layout:
+def plan_from_config(cfg: Config | ConfigView, use_gpu: bool) -> Layout:
     return plan(cfg.actor_num_nodes, cfg.actor_num_gpus_per_node, cfg.rollout_num_gpus,
                 cfg.rollout_num_gpus_per_engine, cfg.colocate, use_gpu)
 
 
-def uses_ray(cfg) -> bool:
+def uses_ray(cfg: Config | ConfigView) -> bool:
     """A run goes to Ray when --ray-address is given or it asks for more than one process (several trainer
     ranks, or engine slots of its own). RAY_ADDRESS alone only says which cluster to join then."""
     return bool(cfg.ray_address) or trainer_ranks(cfg) > 1 or cfg.rollout_num_gpus > 0

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Optional
 
 from slick.cluster.layout import ClusterFailure, Layout, shortfall, slots_per_node
+from slick.config import Config, ConfigView
 
 log = logging.getLogger("slick.cluster")
 
@@ -153,7 +154,7 @@ class RayCluster:
 
     # ------------------------------------------------------------------ connect
     @classmethod
-    def connect(cls, cfg, num_cpus: Optional[int] = None) -> "RayCluster":
+    def connect(cls, cfg: Config | ConfigView, num_cpus: Optional[int] = None) -> "RayCluster":
         """Join ``cfg.ray_address`` (or RAY_ADDRESS); without either, start a local cluster with
         ``num_cpus`` logical CPUs (default: this machine's cores) on 127.0.0.1 in its own temp dir."""
         import ray

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
+from slick.config import Config
 from slick.plugins import load_function
 from slick.types import Sample
 
@@ -53,7 +54,7 @@ class RolloutBuffer:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     @classmethod
-    def from_config(cls, cfg, max_staleness: Optional[int] = None) -> "RolloutBuffer":
+    def from_config(cls, cfg: Config, max_staleness: Optional[int] = None) -> "RolloutBuffer":
         """Build from a ``slick.config.Config`` (--max-staleness, --buffer-filter-path); ``max_staleness``, when
         given, is the bound instead of --max-staleness (slick train-async's, in versions)."""
         fn = None

@@ -21,6 +21,7 @@ from typing import Optional
 
 from slick.chat.delta import ChatTemplateRewriteError
 from slick.chat.turns import chat_tokens
+from slick.config import Config, ConfigView
 from slick.data.dataset import (DataError, _check_prompt, _check_text, _maybe_json, _read_jsonl, _read_parquet,
                                 parse_spec)
 
@@ -80,7 +81,7 @@ class ChatDataset:
         self.row_at = {r["prompt_index"]: r for r in self.rows}
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, spec: Optional[str] = None, max_len: Optional[int] = None,
+    def from_config(cls, cfg: Config | ConfigView, tokenizer, spec: Optional[str] = None, max_len: Optional[int] = None,
                     max_len_source: str = "the model's context") -> "ChatDataset":
         """Build from a ``Config`` or a view with its data and sft_distill groups (``spec`` defaults to
         --prompt-data)."""

@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 from slick.algo.estimators import get_estimator
 from slick.algo.inputs import AdvantageInputs
 from slick.algo.params import AlgoParams
-from slick.config import ConfigError
+from slick.config import Config, ConfigError
 from slick.data.dataset import DataError
 from slick.models.check import read_model_config
 
@@ -27,12 +27,12 @@ log = logging.getLogger("slick")
 SHOW = 5   # offending rows named in the error
 
 
-def model_context(cfg) -> Optional[tuple[int, str]]:
+def model_context(cfg: Config) -> Optional[tuple[int, str]]:
     """(context tokens, where that number comes from) for the run's model, or None when unknown.
 
     The model's ``max_position_embeddings`` (``config.json`` of --hf-checkpoint); for engines slick starts
     itself, also its sliding window when the engine uses one and ``--sglang-context-length``."""
-    if not getattr(cfg, "hf_checkpoint", None):
+    if not cfg.hf_checkpoint:
         return None
     try:
         c = read_model_config(cfg.hf_checkpoint)
@@ -41,11 +41,11 @@ def model_context(cfg) -> Optional[tuple[int, str]]:
     if not c.get("max_position_embeddings"):
         return None
     limits = [(int(c["max_position_embeddings"]), f"max_position_embeddings in {cfg.hf_checkpoint}/config.json")]
-    if not getattr(cfg, "rollout_urls", None):       # engines slick launches: LocalEngine's own limits
+    if not cfg.rollout_urls:       # engines slick launches: LocalEngine's own limits
         sw = c.get("sliding_window")
         if sw and (c.get("model_type") == "mistral" or c.get("use_sliding_window")):
             limits.append((int(sw), f"sliding_window in {cfg.hf_checkpoint}/config.json"))
-        ctx = (getattr(cfg, "sglang", None) or {}).get("context_length")
+        ctx = (cfg.sglang or {}).get("context_length")
         if ctx is not None and str(ctx).strip().isdigit():
             limits.append((int(ctx), "--sglang-context-length"))
     return min(limits)
@@ -69,7 +69,7 @@ def check_prompt_lengths(dataset, context: int, source: str, budget: int, budget
                     f"template; {fix}")
 
 
-def check_run_prompts(cfg, train_set, eval_sets: Mapping[str, object]) -> None:
+def check_run_prompts(cfg: Config, train_set, eval_sets: Mapping[str, object]) -> None:
     """:func:`check_prompt_lengths` for the training set (--rollout-max-response-len) and every eval set
     (--eval-max-response-len, default --rollout-max-response-len). No-op when the context is unknown."""
     found = model_context(cfg)
@@ -79,19 +79,19 @@ def check_run_prompts(cfg, train_set, eval_sets: Mapping[str, object]) -> None:
     if train_set is not None:
         check_prompt_lengths(train_set, context, source, cfg.rollout_max_response_len, "--rollout-max-response-len")
     budget, flag = cfg.rollout_max_response_len, "--rollout-max-response-len"
-    if getattr(cfg, "eval_max_response_len", None) is not None:
+    if cfg.eval_max_response_len is not None:
         budget, flag = cfg.eval_max_response_len, "--eval-max-response-len"
     for ds in eval_sets.values():
         check_prompt_lengths(ds, context, source, budget, flag)
 
 
-def always_zero_advantages(cfg) -> bool:
+def always_zero_advantages(cfg: Config) -> bool:
     """Whether the run's built-in estimator gives advantage 0 to every sample at the run's group size:
     it is run on groups of ``--n-samples-per-prompt`` samples with rewards that all differ (and logprobs whose
     KL differs from 0). A custom estimator (--custom-advantage-function-path) is not run: False."""
     import torch
 
-    if getattr(cfg, "custom_advantage_function_path", None):
+    if cfg.custom_advantage_function_path:
         return False
     n = int(cfg.n_samples_per_prompt)
     b, t = 3 * n, 4
@@ -108,17 +108,17 @@ def always_zero_advantages(cfg) -> bool:
     return bool(torch.count_nonzero(out.advantages) == 0)
 
 
-def check_zero_advantages(cfg) -> None:
+def check_zero_advantages(cfg: Config) -> None:
     """Refuse (``ConfigError`` naming the flags) a training run whose every advantage is 0; with
     --allow-zero-advantages, warn instead. Runs that train nothing (--debug-rollout-only) pass."""
-    if getattr(cfg, "debug_rollout_only", False) or not always_zero_advantages(cfg):
+    if cfg.debug_rollout_only or not always_zero_advantages(cfg):
         return
     msg = (f"--advantage-estimator {cfg.advantage_estimator} with --n-samples-per-prompt "
            f"{cfg.n_samples_per_prompt}: every advantage will be 0 (a group of one sample has no other sample to "
            f"be compared with), so the policy-gradient loss is 0 and the policy learns nothing from the rewards; "
            f"use --n-samples-per-prompt 2 or more, or an estimator without a group baseline (ppo, "
            f"reinforce_plus_plus)")
-    if getattr(cfg, "allow_zero_advantages", False):
+    if cfg.allow_zero_advantages:
         log.warning("%s (--allow-zero-advantages: training anyway)", msg)
         return
     raise ConfigError([f"{msg}; --allow-zero-advantages runs it anyway"])

@@ -16,6 +16,9 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from slick.config import Config
+from slick.config.groups import DataConfig
+
 logger = logging.getLogger(__name__)
 
 _SLICE_RE = re.compile(r"^(?P<path>.*)@\[(?P<start>[+-]?\d*):(?P<end>[+-]?\d*)\]$")
@@ -231,7 +234,7 @@ class PromptDataset:
                             f"{max_prompt_len} tokens (--rollout-max-prompt-len)")
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, spec: Optional[str] = None) -> "PromptDataset":
+    def from_config(cls, cfg: DataConfig | Config, tokenizer, spec: Optional[str] = None) -> "PromptDataset":
         """Build from the data group (``slick.config.groups.DataConfig``, or a ``Config``); ``spec`` defaults to
         ``--prompt-data``."""
         spec = spec if spec is not None else cfg.prompt_data

@@ -14,6 +14,7 @@ import random
 import threading
 from typing import Sequence
 
+from slick.config import Config
 from slick.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class DataSource:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, dataset: Sequence[dict], cfg) -> "DataSource":
+    def from_config(cls, dataset: Sequence[dict], cfg: Config) -> "DataSource":
         """Build from a ``slick.config.Config`` (--n-samples-per-prompt, --rollout-shuffle, --rollout-seed)."""
         return cls(dataset, cfg.n_samples_per_prompt, shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed)
 

@@ -10,6 +10,7 @@ import secrets
 import torch
 
 from slick.cluster.engine_actor import engine_kwargs, start_engine_actors
+from slick.config import Config, ConfigView
 from slick.engines.client import HttpEngine
 from slick.engines.detect import server_kind
 from slick.engines.fault import EngineDied, Recovery
@@ -39,7 +40,7 @@ class EngineSet:
         self.failure = None                    # the EngineDied that ended the run (no --use-fault-tolerance)
         self.weights_lock = None               # held by weight syncs and by a replacement's bring-up
 
-    def watch(self, cfg, bring_up=None, pending=None) -> None:
+    def watch(self, cfg: Config, bring_up=None, pending=None) -> None:
         """Start watching the engines (slick/engines/health.py) on the running event loop. Launched processes
         are always watched; a failure ends the run (``self.failure``, the calling task is cancelled) unless
         ``cfg.use_fault_tolerance``, which health-checks every worker and replaces failed ones
@@ -127,7 +128,7 @@ class EngineSet:
             p.stop()
 
 
-def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
+def make_engines(cfg: Config | ConfigView, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     """--rollout-engine local: LocalEngine in this process (weights synced as tensors).
     --rollout-engine http: HttpEngine over --rollout-urls, or over `slick serve` workers launched from
     --hf-checkpoint; --router sglang puts the real sglang-router in front (weights synced via disk).
@@ -178,7 +179,7 @@ def make_engines(cfg, cluster=None, trainer=None, weight_dir=None) -> EngineSet:
     return engines
 
 
-def _ray_engines(cfg, cluster, trainer, weight_dir=None) -> EngineSet:
+def _ray_engines(cfg: ConfigView, cluster, trainer, weight_dir=None) -> EngineSet:
     """Engine servers in Ray actors (their own, or the trainer ranks' with --colocate) behind an HttpEngine."""
     timeout = float(cfg.ray_start_timeout)
     if cluster.layout.colocate:
@@ -198,7 +199,7 @@ def _ray_engines(cfg, cluster, trainer, weight_dir=None) -> EngineSet:
         raise
 
 
-def _http_engines(cfg, urls: list, procs: list, sync_mode: str) -> EngineSet:
+def _http_engines(cfg: ConfigView, urls: list, procs: list, sync_mode: str) -> EngineSet:
     """An HttpEngine over ``urls`` (through the sglang-router with --router sglang); ``procs`` stop with it."""
     worker_urls = list(urls)
     if cfg.router == "sglang":
@@ -223,7 +224,7 @@ def server_logs(procs: list) -> dict:
     return logs
 
 
-def _vllm_launch_kwargs(cfg, weight_dir, key: str) -> dict:
+def _vllm_launch_kwargs(cfg: ConfigView, weight_dir, key: str) -> dict:
     """launch_vllm keyword arguments of a run (the servers' dtype follows the trainer's)."""
     dtype = "float32" if resolve_dtype(cfg.dtype, torch.device("cpu")) == torch.float32 else "bfloat16"
     spec = spec_from_config(cfg)    # LoRA: the servers load the adapter itself (slick.weights.lora_sync)
@@ -232,7 +233,7 @@ def _vllm_launch_kwargs(cfg, weight_dir, key: str) -> dict:
                 api_key=key, options={"max_logprobs": max(20, cfg.mismatch_probe_top_k), **lora, **cfg.vllm})
 
 
-def _ray_vllm_engines(cfg, cluster, timeout: float, weight_dir) -> EngineSet:
+def _ray_vllm_engines(cfg: ConfigView, cluster, timeout: float, weight_dir) -> EngineSet:
     """One vLLM server per engine bundle, each in a Ray actor; weights through the driver's disk transport."""
     key = secrets.token_hex(16)
     actors = start_engine_actors(cluster, cfg, max(timeout, cfg.rollout_startup_timeout),
@@ -243,7 +244,7 @@ def _ray_vllm_engines(cfg, cluster, timeout: float, weight_dir) -> EngineSet:
     return engines
 
 
-def _server_engines(cfg, weight_dir) -> EngineSet:
+def _server_engines(cfg: ConfigView, weight_dir) -> EngineSet:
     """vLLM servers (VllmEngine) or SGLang servers (SglangEngine; behind the real sglang-router with --router
     sglang): at --rollout-urls, or launched here."""
     vllm = cfg.rollout_engine == "vllm"
@@ -269,7 +270,7 @@ def _server_engines(cfg, weight_dir) -> EngineSet:
     return engines
 
 
-def _engine_set(cfg, urls: list, procs: list, key) -> EngineSet:
+def _engine_set(cfg: ConfigView, urls: list, procs: list, key) -> EngineSet:
     """The client over engine servers ``urls``; SGLang's go through a sglang-router with --router sglang (it
     is stopped with them), while weight updates, pauses and aborts go to every server directly."""
     kw = dict(api_key=key, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout)

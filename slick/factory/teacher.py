@@ -8,6 +8,7 @@ import asyncio
 import logging
 from typing import Optional
 
+from slick.config import Config, ConfigView
 from slick.engine.local import LocalEngine
 from slick.engines.client import HttpEngine
 from slick.engines.detect import server_kind
@@ -18,7 +19,7 @@ log = logging.getLogger("slick")
 ENGINE_TYPES = ("engine", "sglang")     # --opd-type values of a teacher served by an engine
 
 
-def make_teacher(cfg, trainer, train_pool) -> Optional[object]:
+def make_teacher(cfg: Config | ConfigView, trainer, train_pool) -> Optional[object]:
     """The run's teacher (None without --use-opd). ``train_pool``: the executor of the training thread, where
     the trainer's teacher forward runs. Reads the sft_distill, data, rollout and train groups."""
     cfg = cfg.view("sft_distill", "data", "rollout", "train")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from slick.cluster.critic_group import RayCriticGroup
 from slick.cluster.trainer_group import RayTrainerGroup
+from slick.config import Config
 from slick.train.critic import Critic, needs_critic
 from slick.train.trainer import Trainer
 
 
-def make_trainer(cfg, cluster=None, thread_budget=None):
+def make_trainer(cfg: Config, cluster=None, thread_budget=None):
     """``Trainer(cfg, thread_budget=...)`` in this process, or a :class:`slick.cluster.trainer_group.RayTrainerGroup` of
     ``--actor-num-nodes`` x ``--actor-num-gpus-per-node`` ranks on ``cluster``'s placement group (every remote
     call bounded by --dist-timeout, start-up by --ray-start-timeout; the layout sets each rank's threads, so
@@ -23,7 +24,7 @@ def make_trainer(cfg, cluster=None, thread_budget=None):
                            start_timeout_s=float(cfg.ray_start_timeout))
 
 
-def make_critic(cfg, cluster=None, trainer=None):
+def make_critic(cfg: Config, cluster=None, trainer=None):
     """The run's critic, or None when the estimator needs none: ``Critic(cfg)`` in this process, or, when the
     trainer runs as Ray ranks, a :class:`slick.cluster.critic_group.RayCriticGroup` (one critic inside each
     trainer rank's actor: placed exactly like the trainer, same FSDP ranks)."""

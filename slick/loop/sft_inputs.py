@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from slick.algo.sft import sft_eval_metrics
-from slick.config import ConfigError
+from slick.config import Config, ConfigError
 from slick.data.chats import ChatDataset
 from slick.data.checks import model_context
 from slick.data.source import DataSource
@@ -36,14 +36,14 @@ def build_sft_inputs(c) -> None:
     c.rollout_fn = SftRollout(c.data, chats.row_at, c.tok)
 
 
-def check_teacher(cfg) -> None:
+def check_teacher(cfg: Config) -> None:
     """--use-opd: the teacher shares the student's tokenizer, else ConfigError naming both directories. A teacher
     at --opd-teacher-url alone is not checked (its tokenizer files are not here): a warning says so."""
-    if getattr(cfg, "use_opd", False) and not cfg.opd_teacher_load:
+    if cfg.use_opd and not cfg.opd_teacher_load:
         log.warning("--opd-teacher-url %s without --opd-teacher-load: the teacher's tokenizer cannot be checked "
                     "against the student's; give --opd-teacher-load a local copy of the teacher to check it",
                     cfg.opd_teacher_url)
-    elif getattr(cfg, "use_opd", False):
+    elif cfg.use_opd:
         try:
             check_same_tokenizer(cfg.hf_checkpoint, cfg.opd_teacher_load)
         except TokenizerMismatch as e:

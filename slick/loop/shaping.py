@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from slick.algo.shaping import overlong_penalty
+from slick.config import Config
 from slick.types import Status
 
 
-def shape_for_training(cfg, samples: list, rewards: list[float]) -> tuple[list, list[float], dict]:
+def shape_for_training(cfg: Config, samples: list, rewards: list[float]) -> tuple[list, list[float], dict]:
     """``(samples, rewards, metrics)`` as training uses them: rewards plus the overlong penalty; truncated samples
     replaced by copies whose loss mask is all 0 (their rewards still count in their group's advantages). Metrics:
     ``train/overlong_penalty`` (mean penalty), ``train/overlong_frac`` (samples penalised), ``train/truncated_masked``

@@ -19,7 +19,7 @@ import time
 from typing import Optional
 
 from slick.cluster.layout import ClusterFailure
-from slick.config import ConfigError
+from slick.config import Config, ConfigError
 from slick.configure import build_parser, parse_config
 from slick.data.dataset import DataError
 from slick.engines.client import EngineError
@@ -47,7 +47,7 @@ def tokens_per_sec(metrics: dict, seconds: float) -> float:
     return float(tokens) / max(seconds, 1e-9)
 
 
-async def train(cfg) -> Run:
+async def train(cfg: Config) -> Run:
     run = Run(cfg)
     held = None   # an evaluation held to run beside the next rollout (evaluate, start_held, log_held)
     try:

@@ -21,13 +21,15 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Optional
+from slick.config import Config, ConfigView
 
 
-def thread_split(cfg, overlap: bool, device_is_cpu: bool, cores: Optional[int] = None) -> tuple[int, int]:
-    cfg = cfg.view("train", "rollout")
+def thread_split(cfg: Config | ConfigView, overlap: bool, device_is_cpu: bool,
+                 cores: Optional[int] = None) -> tuple[int, int]:
     """(training threads, rollout threads). Phases that take turns (slick train) each get every core; phases that
     overlap on a CPU (slick train-async) split them, training ceil(n/2), so OpenMP teams never oversubscribe.
     --train-num-threads / --rollout-num-threads override either. ``cores``: torch's thread count when not given."""
+    cfg = cfg.view("train", "rollout")
     import torch
 
     cores = torch.get_num_threads() if cores is None else cores
@@ -48,7 +50,7 @@ class ThreadPolicy:
     share_cores: bool     # overlapping phases on a CPU with no thread flag: the trainer's share follows the engine
 
     @classmethod
-    def for_run(cls, cfg, overlap: bool, device_is_cpu: bool) -> "ThreadPolicy":
+    def for_run(cls, cfg: Config | ConfigView, overlap: bool, device_is_cpu: bool) -> "ThreadPolicy":
         import torch
 
         cores = torch.get_num_threads()

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 from slick.cluster.layout import ClusterFailure
-from slick.config import ConfigError
+from slick.config import Config, ConfigError
 from slick.configure import build_parser, parse_config
 from slick.configure.validate import async_lead
 from slick.data.dataset import DataError
@@ -43,7 +43,7 @@ def staleness_metrics(batch, train_version: int) -> dict:
     return m
 
 
-async def train_async(cfg) -> Run:
+async def train_async(cfg: Config) -> Run:
     # built for overlap (slick/loop/build.py): the buffer's staleness backstop, the interruptible engine
     # (run.engine) in the rollout manager, the trainer's thread budget (slick/loop/threads.py)
     run = Run(cfg, overlap=True)

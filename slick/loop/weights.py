@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from slick.config import Config, ConfigView
 from slick.weights.transport import make_transport
 from slick.weights.sync import sync_weights
 
 
-def resolve_transport(cfg, engines, cluster) -> str:
+def resolve_transport(cfg: Config | ConfigView, engines, cluster) -> str:
     """--weight-transport, with auto resolved for ``engines`` (validate_config resolves it too)."""
     name = cfg.weight_transport
     if name != "auto":
@@ -29,7 +30,7 @@ def resolve_transport(cfg, engines, cluster) -> str:
 class EngineWeights:
     """The run's engines (an ``EngineSet``) behind one weight transport (module doc)."""
 
-    def __init__(self, cfg, engines, cluster, run_dir: Path):
+    def __init__(self, cfg: Config | ConfigView, engines, cluster, run_dir: Path):
         cfg = cfg.view("cluster", "train")
         self.engines = engines
         self.transport = resolve_transport(cfg, engines, cluster)

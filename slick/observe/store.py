@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from slick.config import Config
+from slick.config.groups import RolloutStoreConfig
+
 log = logging.getLogger("slick")
 
 STORE_DIR = "rollouts"
@@ -85,7 +88,7 @@ class RolloutStore:
         self._warned = False
 
     @classmethod
-    def from_config(cls, cfg, run_dir, tokenizer=None) -> Optional["RolloutStore"]:
+    def from_config(cls, cfg: RolloutStoreConfig | Config, run_dir, tokenizer=None) -> Optional["RolloutStore"]:
         """The store the rollout_store group (``slick.config.groups.RolloutStoreConfig``) asks for, or None for
         --no-rollout-store / --rollout-store-interval 0."""
         if cfg.no_rollout_store or not cfg.rollout_store_interval:

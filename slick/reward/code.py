@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any, Optional
 
+from slick.config import Config
 from slick.reward import code_tests as ct
 from slick.reward.evidence import Judgement
 from slick.reward.sandbox import OK, RUNTIME_ERROR, Result, SandboxPool, default_pool, pool_from_config
@@ -146,7 +147,7 @@ def score(response: str, label: Any, metadata: Optional[dict] = None) -> float:
     return judge(response, label, metadata).score
 
 
-def judge_from_config(cfg: Any) -> CodeJudge:
+def judge_from_config(cfg: Config) -> CodeJudge:
     """The judge of a run: a pool with its ``--sandbox-*`` limits, checked now (so a machine without a working
     bwrap fails at start, naming it), and its ``--code-reward-mode`` / ``--code-block``."""
     pool = pool_from_config(cfg.sandbox)

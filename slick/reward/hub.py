@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union
 
 from slick.compat.view import is_slime_plugin, prompt_text, to_slime
+from slick.config import Config
 from slick.plugins import load_function
 from slick.proc.children import DaemonThreadPool
 from slick.reward.errors import LabelError, NonFiniteRewardError
@@ -73,14 +74,14 @@ def check_reward(value: Any, reward_key: Optional[str] = None, index: Any = None
     raise ValueError(f"reward must be a number or a dict, got {type(value).__name__}: {str(value)[:80]!r}")
 
 
-def rm_concurrency(cfg: Any) -> int:
+def rm_concurrency(cfg: Config) -> int:
     """--rm-concurrency, or when unset: --rollout-concurrency for remote_rm (calls that wait on a server; as many
     as the engine may have requests in flight, so reward waits never throttle generation), else 16 (reward
     functions run on that many worker threads)."""
     if cfg.rm_concurrency is not None:
         return int(cfg.rm_concurrency)
     remote = cfg.rm_type == REMOTE and not cfg.custom_rm_path
-    return int(getattr(cfg, "rollout_concurrency", 256) or 256) if remote else 16
+    return int(cfg.rollout_concurrency or 256) if remote else 16
 
 
 def _describe(e: BaseException) -> str:
@@ -98,7 +99,7 @@ class RewardHub:
     ``on_scored`` is called with each sample right after it got its reward (the run's Prometheus events).
     """
 
-    def __init__(self, cfg: Any, *, remote_backoff: float = 0.5,
+    def __init__(self, cfg: Config, *, remote_backoff: float = 0.5,
                  on_scored: Optional[Callable[[Any], None]] = None):
         self.cfg = cfg
         self.rm_type: Optional[str] = cfg.rm_type

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from slick.config import Config
 from slick.reward import code, countdown, gsm8k, math as math_rm, slime_rm, text
 from slick.reward.evidence import Judgement
 from slick.reward.extract import last_boxed
@@ -41,7 +42,7 @@ BUILTIN: dict[str, ScoreFn] = {
     "gpqa": slime_rm.score_gpqa,
 }
 # types whose verifier a run's config shapes (``make(cfg) -> JudgeFn``; the hub builds one per run)
-CONFIGURED: dict[str, Callable[[Any], JudgeFn]] = {"code": code.judge_from_config}
+CONFIGURED: dict[str, Callable[[Config], JudgeFn]] = {"code": code.judge_from_config}
 REMOTE = "remote_rm"
 BOXED_PREFIX = "boxed_"
 
@@ -73,7 +74,7 @@ def get_score_fn(rm_type: str) -> ScoreFn:
                      f"or boxed_<type> for the rule types)")
 
 
-def get_judge_fn(rm_type: str, cfg: Any = None) -> JudgeFn:
+def get_judge_fn(rm_type: str, cfg: Config | None = None) -> JudgeFn:
     """Like :func:`get_score_fn`, but the function returns a :class:`Judgement` (score, extracted answer,
     verdict, extras); ``boxed_<type>`` adds the extra ``box`` (the box content, ``None`` without a box).
     With ``cfg``, a :data:`CONFIGURED` type gets the verifier built from it (e.g. code: its sandbox pool)."""

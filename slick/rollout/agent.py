@@ -55,6 +55,7 @@ from typing import Any, Optional
 
 from slick.algo.sessions import SESSION_KEY   # the training side of split sessions: slick/algo/sessions.py
 from slick.chat.delta import ChatDelta, ChatTemplateRewriteError
+from slick.config import Config
 from slick.serve.http_guard import HostPolicy, guard_middleware
 from slick.serve.openai_api import OpenAIEndpoint
 from slick.serve.openai_protocol import Call, OpenAIError, render_chat, template_messages
@@ -209,7 +210,7 @@ class AgentRollout:
     ``engine`` is a zero-argument callable returning the engine to generate with (the rollout manager's, which
     slick train-async swaps for an interruptible wrapper)."""
 
-    def __init__(self, cfg, engine, tokenizer, rewards):
+    def __init__(self, cfg: Config, engine, tokenizer, rewards):
         self.cfg, self._engine, self.tok, self.rewards = cfg, engine, tokenizer, rewards
         self.fn = load_function(cfg.agent_function_path, "--agent-function-path")
         if not inspect.iscoroutinefunction(self.fn):
@@ -222,8 +223,8 @@ class AgentRollout:
         self.errors = 0
 
     @classmethod
-    def from_config(cls, cfg, engine, tokenizer, rewards) -> Optional["AgentRollout"]:
-        return cls(cfg, engine, tokenizer, rewards) if getattr(cfg, "agent_function_path", None) else None
+    def from_config(cls, cfg: Config, engine, tokenizer, rewards) -> Optional["AgentRollout"]:
+        return cls(cfg, engine, tokenizer, rewards) if cfg.agent_function_path else None
 
     async def start(self) -> str:
         """Serve the endpoint on a free 127.0.0.1 port in the running event loop (once per loop)."""
@@ -237,7 +238,7 @@ class AgentRollout:
                                   max_context=getattr(eng, "max_context", None),
                                   vocab_size=getattr(eng, "vocab_size", None) or len(self.tok),
                                   eos_ids=_eos_ids(eng, self.tok), sessions=self,
-                                  tool_parser=getattr(self.cfg, "tool_parser", None) or "hermes")
+                                  tool_parser=self.cfg.tool_parser or "hermes")
         # no web page may drive or read a session (Host and Origin checked, as on slick serve: docs/security.md)
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[guard_middleware(HostPolicy())])
         endpoint.add_routes(app)
@@ -275,7 +276,7 @@ class AgentRollout:
             result = await asyncio.wait_for(self.fn(self.cfg, sample, f"{url}/sessions/{sid}/v1"),
                                             timeout=self.cfg.agent_timeout)
             if result is not None:
-                result = check_reward(result, getattr(self.cfg, "reward_key", None), sample.index)
+                result = check_reward(result, self.cfg.reward_key, sample.index)
         except asyncio.TimeoutError:
             error = f"agent session ran past --agent-timeout {self.cfg.agent_timeout} s"
         except asyncio.CancelledError:

@@ -5,6 +5,7 @@ import asyncio
 import copy
 import time
 
+from slick.config import Config
 from slick.rollout.passk import eval_metrics
 from slick.rollout.manager import sampling_from_config
 from slick.types import Sample
@@ -24,7 +25,7 @@ def eval_groups(dataset, n: int) -> list[list[Sample]]:
     return groups
 
 
-async def evaluate(cfg, manager, datasets: dict) -> dict:
+async def evaluate(cfg: Config, manager, datasets: dict) -> dict:
     """Evaluate every named dataset with ``manager``'s engine and reward hub; returns eval/* metrics."""
     t0 = time.perf_counter()
     k = cfg.n_samples_per_eval_prompt

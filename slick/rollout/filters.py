@@ -11,12 +11,13 @@ from __future__ import annotations
 import numbers
 from typing import Any, Optional
 
+from slick.config import Config
 from slick.reward.scalar import scalar_reward
 
 
-def check_reward_nonzero_std(args, group) -> bool:
+def check_reward_nonzero_std(args: Config, group) -> bool:
     """Keep a group only when its rewards are not all equal (it carries a learning signal for GRPO)."""
-    key = getattr(args, "reward_key", None)
+    key = args.reward_key
     rewards = [scalar_reward(s.reward, key, s.index) for s in group]
     return max(rewards) - min(rewards) > 1e-8
 

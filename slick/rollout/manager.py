@@ -14,6 +14,7 @@ import random
 import time
 from typing import Callable, Optional
 
+from slick.config import Config
 from slick.plugins import load_function
 from slick.rollout.agent import AgentRollout
 from slick.rollout.filters import verdict
@@ -25,7 +26,7 @@ from slick.types import SamplingParams, Sample, Status
 log = logging.getLogger("slick.rollout")
 
 
-def sampling_from_config(cfg, *, eval: bool = False, stop_token_ids=None) -> SamplingParams:
+def sampling_from_config(cfg: Config, *, eval: bool = False, stop_token_ids=None) -> SamplingParams:
     temp = cfg.rollout_temperature
     if eval and cfg.eval_temperature is not None:
         temp = cfg.eval_temperature
@@ -73,7 +74,7 @@ class RolloutManager:
     talks to (slick train-async passes its interruptible wrapper); ``on_generated``, when given, is called with
     each group's newly generated samples (the run's Prometheus events)."""
 
-    def __init__(self, cfg, data_source, engine, reward_hub, tokenizer, *, on_generated=None,
+    def __init__(self, cfg: Config, data_source, engine, reward_hub, tokenizer, *, on_generated=None,
                  timeline: Optional[Timeline] = None):
         self.timeline = timeline or Timeline()   # engine busy time, reward waits (slick/rollout/timeline.py)
         engine = TimedEngine(engine, self.timeline)

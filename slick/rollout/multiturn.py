@@ -47,6 +47,7 @@ from typing import Optional
 
 from slick.chat.delta import ChatDelta, encode, render, template_supports_tools
 from slick.chat.toolcall import get_parser, with_tools_in_system
+from slick.config import Config
 from slick.models.tokenizer import load_tokenizer
 from slick.rollout.env import load_env_factory
 from slick.rollout.timeline import Timeline
@@ -57,17 +58,18 @@ STATE_KEY = "multiturn"
 _TOKENIZERS: dict[str, object] = {}
 
 
-def register_tokenizer(args, tokenizer) -> None:
+def register_tokenizer(args: Config, tokenizer) -> None:
     """Make ``tokenizer`` what :func:`get_tokenizer` returns for this run (the rollout manager calls this)."""
-    _TOKENIZERS[str(getattr(args, "hf_checkpoint", None))] = tokenizer
+    _TOKENIZERS[str(args.hf_checkpoint)] = tokenizer
 
 
-def get_tokenizer(args):
-    """The run's tokenizer, for custom generate functions: the one the rollout uses, else loaded once from
-    ``args.hf_checkpoint`` (a local directory; nothing is downloaded)."""
-    key = str(getattr(args, "hf_checkpoint", None))
+def get_tokenizer(args: Config):
+    """The run's tokenizer, for custom generate functions (``args``: the run's ``Config``, as slick hands it to
+    them): the one the rollout uses, else loaded once from ``args.hf_checkpoint`` (a local directory; nothing is
+    downloaded)."""
+    key = str(args.hf_checkpoint)
     if key not in _TOKENIZERS:
-        if not getattr(args, "hf_checkpoint", None):
+        if not args.hf_checkpoint:
             raise ValueError("get_tokenizer(args): args.hf_checkpoint is not set (--hf-checkpoint)")
         _TOKENIZERS[key] = load_tokenizer(args.hf_checkpoint)
     return _TOKENIZERS[key]
@@ -93,10 +95,9 @@ def final_answer(sample: Sample) -> str:
     return sample.response
 
 
-def enabled(cfg) -> bool:
+def enabled(cfg: Config) -> bool:
     """Whether the config selects the built-in multi-turn rollout."""
-    return (getattr(cfg, "max_turns", 1) or 1) > 1 or bool(getattr(cfg, "tool_path", None)) \
-        or bool(getattr(cfg, "environment_path", None))
+    return (cfg.max_turns or 1) > 1 or bool(cfg.tool_path) or bool(cfg.environment_path)
 
 
 def _prompt_messages(sample: Sample) -> list[dict]:
@@ -120,18 +121,18 @@ async def _maybe_await(x):
 class MultiTurnRollout:
     """The built-in multi-turn generate (module doc). One instance per rollout manager."""
 
-    def __init__(self, cfg, tokenizer, tools: Optional[ToolSet] = None, env_factory=None,
+    def __init__(self, cfg: Config, tokenizer, tools: Optional[ToolSet] = None, env_factory=None,
                  timeline: Optional[Timeline] = None):
         self.cfg, self.tok, self.tools, self.env_factory = cfg, tokenizer, tools, env_factory
         self.timeline = timeline or Timeline()   # tool waits, overlapped or exposed (slick/rollout/timeline.py)
-        self.parse = get_parser(getattr(cfg, "tool_parser", None))
-        self.max_turns = max(int(getattr(cfg, "max_turns", 1) or 1), 1)
-        self.max_per_turn = getattr(cfg, "max_tokens_per_turn", None)
+        self.parse = get_parser(cfg.tool_parser)
+        self.max_turns = max(int(cfg.max_turns or 1), 1)
+        self.max_per_turn = cfg.max_tokens_per_turn
         self.tools_in_template = template_supports_tools(tokenizer)
         self._envs: dict[int, object] = {}
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, timeline: Optional[Timeline] = None) -> Optional["MultiTurnRollout"]:
+    def from_config(cls, cfg: Config, tokenizer, timeline: Optional[Timeline] = None) -> Optional["MultiTurnRollout"]:
         if not enabled(cfg):
             return None
         return cls(cfg, tokenizer, ToolSet.from_config(cfg), load_env_factory(cfg.environment_path), timeline)

@@ -28,6 +28,7 @@ import logging
 import time
 from typing import Optional
 
+from slick.config import Config, ConfigView
 from slick.rollout.interrupt import REQUEST_KIND
 from slick.types import Sample, Status
 
@@ -37,8 +38,8 @@ log = logging.getLogger("slick.rollout")
 class Producer:
     """Admission-controlled, in-order group production into a RolloutBuffer (see the module doc)."""
 
-    def __init__(self, cfg, manager, buffer, data, engine, *, lead: int, synced_steps: int, consumed_steps: int,
-                 num_steps: int):
+    def __init__(self, cfg: Config | ConfigView, manager, buffer, data, engine, *, lead: int, synced_steps: int,
+                 consumed_steps: int, num_steps: int):
         self.manager, self.buffer, self.data, self.engine = manager, buffer, data, engine
         cfg = cfg.view("rollout")
         self.batch = cfg.rollout_batch_size

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from slick.config import Config
 from slick.types import Status
 
 
@@ -24,7 +25,7 @@ class SftRollout:
     def __init__(self, source, rows: Mapping[int, dict], tokenizer=None):
         self.source, self.rows, self.tok = source, rows, tokenizer
 
-    async def __call__(self, cfg, manager, step: int):
+    async def __call__(self, cfg: Config, manager, step: int):
         groups = self.source.get_groups(cfg.rollout_batch_size)
         trained = total = 0
         for group in groups:
@@ -50,7 +51,7 @@ def fill_sample(sample, row: dict, tokenizer=None) -> None:
         sample.response = tokenizer.decode(sample.response_ids, skip_special_tokens=False)
 
 
-async def generate_rollout(cfg, manager, step: int):
+async def generate_rollout(cfg: Config, manager, step: int):
     """The name ``--rollout-function-path`` gives the SFT rollout; the run builds :class:`SftRollout` for it."""
     raise RuntimeError("slick.rollout.sft.generate_rollout selects the SFT rollout, which the run builds with its "
                        "chat data; run with --loss-type sft_loss (or slick sft)")

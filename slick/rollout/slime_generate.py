@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 from slick.compat.slime.rollout.sglang_rollout import register_tokenizer
 from slick.compat.slime.utils.types import Sample as SlimeSample
 from slick.compat.view import is_slime_plugin, to_slime  # noqa: F401  (re-exported)
+from slick.config import Config
 from slick.serve.http_body import BodyError, json_response, read_json
 from slick.serve.http_guard import HostPolicy, guard_middleware
 from slick.serve.http_protocol import GenerateItem, RequestError, generation_json, parse_generate, text_prompts
@@ -231,7 +232,7 @@ class SGLangFront:
 class SlimeGenerate:
     """Runs a slime custom generate function for slick's samples (module doc)."""
 
-    def __init__(self, fn: Callable, cfg, engine: Callable[[], Any], tokenizer):
+    def __init__(self, fn: Callable, cfg: Config, engine: Callable[[], Any], tokenizer):
         self.fn, self.cfg, self._engine, self.tok = fn, cfg, engine, tokenizer
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.front = SGLangFront(engine, tokenizer, set(getattr(engine(), "eos_ids", ()) or ()) | eos)

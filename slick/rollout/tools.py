@@ -41,6 +41,7 @@ import time
 import types
 from typing import Callable, Optional, Sequence
 
+from slick.config import Config, ConfigView
 from slick.plugins import _import
 from slick.reward.sandbox import SandboxPool, default_pool, pool_from_config
 from slick.rollout.tool_process import run_in_subprocess, to_text
@@ -181,7 +182,7 @@ class ToolSet:
         self.sandbox_pool = sandbox_pool       # runs @tool(sandbox=True) tools (from_config builds one when needed)
 
     @classmethod
-    def from_config(cls, cfg) -> Optional["ToolSet"]:
+    def from_config(cls, cfg: Config | ConfigView) -> Optional["ToolSet"]:
         """The tools of --tool-path (agent group), sandboxed with the sandbox group's limits where a tool asks."""
         cfg = cfg.view("agent", "sandbox")
         if not cfg.tool_path:

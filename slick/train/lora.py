@@ -26,6 +26,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from slick.config import Config, ConfigView
 from slick.models.adapter_check import ADAPTER, ADAPTER_WEIGHTS, weights_problems
 from slick.train.lora_spec import ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
 from slick.weights.lora_sync import AdapterPayload, peft_config_dict
@@ -201,7 +202,7 @@ class PolicyLora:
             raise ValueError(f"{d}: unexpected adapter weights {result.unexpected_keys[:3]}")
 
 
-def attach_lora(model: nn.Module, cfg, where: str = "the model") -> Optional[PolicyLora]:
+def attach_lora(model: nn.Module, cfg: Config | ConfigView, where: str = "the model") -> Optional[PolicyLora]:
     """:class:`PolicyLora` on ``model`` when the config asks for LoRA, else None."""
     spec = spec_from_config(cfg)
     return None if spec is None else PolicyLora(model, spec, where)

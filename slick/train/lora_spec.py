@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from slick.config import Config, ConfigView
 from slick.models.adapter_check import ADAPTER_CONFIG, config_problems, read_config
 
 ALL_LINEAR = "all-linear"
@@ -46,7 +47,7 @@ def read_adapter_config(path) -> dict:
     return conf
 
 
-def spec_from_config(cfg) -> Optional[LoraSpec]:
+def spec_from_config(cfg: Config | ConfigView) -> Optional[LoraSpec]:
     """The run's :class:`LoraSpec`, or None without ``--lora-rank`` and ``--lora-load``. With ``--lora-load``
     the adapter's own rank, alpha and targets are used (``slick.configure.lora`` refuses flags that differ)."""
     if not cfg.lora_rank and not cfg.lora_load:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from typing import Callable, Optional
+from slick.config import Config, ConfigView
 
 
 def lr_factor_fn(lr: float, warmup: int = 0, style: str = "constant", decay_iters: Optional[int] = None,
@@ -33,7 +34,7 @@ def lr_factor_fn(lr: float, warmup: int = 0, style: str = "constant", decay_iter
     return factor
 
 
-def lr_factor_from_config(cfg) -> Callable[[int], float]:
+def lr_factor_from_config(cfg: Config | ConfigView) -> Callable[[int], float]:
     """:func:`lr_factor_fn` of --lr, --lr-warmup-steps (train group), --lr-decay-style, --lr-decay-iters, --min-lr
     (sft_distill group)."""
     cfg = cfg.view("train", "sft_distill")

@@ -28,6 +28,7 @@ from typing import Iterable
 
 import torch
 
+from slick.config.groups import TrainConfig
 from slick.train import native_adamw
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -47,7 +48,7 @@ def decay_groups(params: Iterable[torch.Tensor], weight_decay: float) -> list:
     return [g for g in groups if g["params"]]
 
 
-def make_adamw(params: Iterable[torch.Tensor], cfg, lr: float) -> torch.optim.Optimizer:
+def make_adamw(params: Iterable[torch.Tensor], cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """The AdamW of the train group ``cfg`` (``slick.config.groups.TrainConfig``: betas, weight decay of the
     matrices, moment dtypes, seed) over ``params`` at ``lr``."""
     groups = decay_groups(params, cfg.weight_decay)

@@ -6,6 +6,7 @@ never updated. ``Trainer.compute_logprobs(samples, "teacher")`` runs it on the s
 """
 from __future__ import annotations
 
+from slick.config import Config, ConfigView
 from slick.models.tokenizer import load_tokenizer
 from slick.train.frozen import load_frozen
 
@@ -14,9 +15,9 @@ class TokenizerMismatch(ValueError):
     """Teacher and student tokenize differently: the teacher cannot score the student's token ids."""
 
 
-def wants_teacher(cfg) -> bool:
-    """Whether the trainer loads a teacher: --use-opd with a trainer-side teacher."""
-    return bool(getattr(cfg, "use_opd", False)) and getattr(cfg, "opd_type", "trainer") in ("trainer", "megatron")
+def wants_teacher(cfg: Config | ConfigView) -> bool:
+    """Whether the trainer loads a teacher: --use-opd with a trainer-side teacher (reads the sft_distill group)."""
+    return bool(cfg.use_opd) and cfg.opd_type in ("trainer", "megatron")
 
 
 def check_same_tokenizer(student_path: str, teacher_path: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Awaitable, Callable, Optional, Sequence
 
+from slick.config import Config
 from slick.types import Sample, SamplingParams
 
 PROBE_TEXT = "The weight check asks the engine to continue this sentence:"
@@ -31,7 +32,7 @@ class WeightSyncError(RuntimeError):
     """The engines do not hold the weights the trainer sent."""
 
 
-def check_tolerance(cfg, dtype) -> Optional[float]:
+def check_tolerance(cfg: Config, dtype) -> Optional[float]:
     """The bound the check uses, or None when the check is off (module doc)."""
     if cfg.weight_check_tol is not None:
         return float(cfg.weight_check_tol)

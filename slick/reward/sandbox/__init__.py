@@ -14,8 +14,9 @@ run's config). What the sandbox allows and forbids: :mod:`slick.reward.sandbox.c
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Optional
 
+from slick.config.groups import SandboxConfig
 from slick.reward.sandbox.command import SandboxUnavailable, find_bwrap
 from slick.reward.sandbox.limits import Limits
 from slick.reward.sandbox.pool import (KILLED, MEMORY_LIMIT, OK, OUTPUT_LIMIT, RUNTIME_ERROR, TIME_LIMIT, VERDICTS,
@@ -29,7 +30,7 @@ _default: Optional[SandboxPool] = None
 _lock = threading.Lock()
 
 
-def pool_from_config(cfg: Any) -> SandboxPool:
+def pool_from_config(cfg: SandboxConfig) -> SandboxPool:
     """A pool with the ``--sandbox-*`` settings: the sandbox group (``slick.config.groups.SandboxConfig``)."""
     return SandboxPool(cfg.sandbox_workers, Limits.from_config(cfg), python=cfg.sandbox_python)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Optional
+
+from slick.config.groups import SandboxConfig
 
 MIB = 1 << 20
 
@@ -51,7 +53,7 @@ class Limits:
         return int(self.output_kb * 1024)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Limits":
+    def from_config(cls, cfg: SandboxConfig) -> "Limits":
         """The limits of the sandbox group (``slick.config.groups.SandboxConfig``: ``--sandbox-*``)."""
         return cls(wall_seconds=cfg.sandbox_timeout, cpu_seconds=cfg.sandbox_cpu_seconds,
                    memory_mb=cfg.sandbox_memory_mb, max_processes=cfg.sandbox_max_processes,

@@ -35,10 +35,12 @@ def _tokenizer(path: Any) -> Any:
 
 
 class GenerateState:
-    """Shared per model (a new ``GenerateState(args)`` for the same ``args.hf_checkpoint`` is the same object)."""
+    """Shared per model (a new ``GenerateState(args)`` for the same ``args.hf_checkpoint`` is the same object).
+    ``args``: what slick hands a slime generate function (``slick.rollout.slime_generate``): every flag of the run
+    plus slime's own defaults (``sglang_server_concurrency``, ...), read as slime reads them."""
 
     def __new__(cls, args):
-        key = str(getattr(args, "hf_checkpoint", None))
+        key = str(args.hf_checkpoint)
         if key not in _STATES:
             state = super().__new__(cls)
             state._setup(args)
@@ -49,14 +51,14 @@ class GenerateState:
         self.args = args
 
     def _setup(self, args) -> None:
-        self.tokenizer = _tokenizer(getattr(args, "hf_checkpoint", None))
+        self.tokenizer = _tokenizer(args.hf_checkpoint)
         self.processor = None
-        self.semaphore = asyncio.Semaphore(int(getattr(args, "sglang_server_concurrency", 512) or 512))
+        self.semaphore = asyncio.Semaphore(int(args.sglang_server_concurrency or 512))
         self.sampling_params = dict(
-            temperature=getattr(args, "rollout_temperature", 1.0), top_p=getattr(args, "rollout_top_p", 1.0),
-            top_k=getattr(args, "rollout_top_k", -1), max_new_tokens=getattr(args, "rollout_max_response_len", 128),
-            stop=list(getattr(args, "rollout_stop", None) or []) or None,
-            stop_token_ids=list(getattr(args, "rollout_stop_token_ids", None) or []) or None,
+            temperature=args.rollout_temperature, top_p=args.rollout_top_p,
+            top_k=args.rollout_top_k, max_new_tokens=args.rollout_max_response_len,
+            stop=list(args.rollout_stop or []) or None,
+            stop_token_ids=list(args.rollout_stop_token_ids or []) or None,
             skip_special_tokens=False, no_stop_trim=True, spaces_between_special_tokens=False)
         self.aborted = False
 

@@ -71,7 +71,7 @@ class Sample:
     # ------------------------------------------------------------------ slime's helpers
     def get_reward_value(self, args) -> Any:
         """The reward, or its ``args.reward_key`` entry when a key is set (as in slime)."""
-        key = getattr(args, "reward_key", None)
+        key = args.reward_key
         return self.reward[key] if key else self.reward
 
     @property

@@ -14,7 +14,7 @@ __all__ = ["check_reward_nonzero_std", "check_reward_nonzero_std_with_fallback"]
 
 
 def _reward(args, sample) -> float:
-    key = getattr(args, "reward_key", None)
+    key = args.reward_key
     r = sample.reward
     if isinstance(r, dict):
         r = r[key] if key else r["reward"]
