@@ -50,6 +50,7 @@ def one_case(model_dir: str, rank: int, steps: int, samples: int, prompt_len: in
     """Runs in the child process: the Trainer, ``steps`` steps, the sync payload; returns the measurements."""
     import torch
 
+    from slick.algo.batch import TrainBatch
     from slick.config import Config
     from slick.train.trainer import Trainer
     from slick.types import Sample
@@ -70,7 +71,7 @@ def one_case(model_dir: str, rank: int, steps: int, samples: int, prompt_len: in
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        tr.train_step(batch, adv, loss_fn)
+        tr.train_step(TrainBatch.from_samples(batch, [0.0] * len(batch), advantages=adv), loss_fn)
         times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     sync = [(n, t.float().contiguous()) for n, t in tr.named_weights()]

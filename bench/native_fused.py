@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.step_profile import build, make_batch, smollm2_shaped  # noqa: E402
 from bench.trainer import loss_fn  # noqa: E402
+from slick.algo.batch import TrainBatch  # noqa: E402
 from slick.train import native_fused  # noqa: E402
 from slick.train.fused_layers import rms_norm, rms_norm_backward, rope, rope_backward  # noqa: E402
 from slick.train.logprobs import chunked_logprobs  # noqa: E402
@@ -126,14 +127,14 @@ def main(argv=None) -> int:
         tr = build(model_dir, "auto", 48)
     adv = [torch.randn(len(s.response_ids)) for s in samples]
     steps: dict[str, list[float]] = {"torch": [], "native": []}
-    tr.train_step(samples, adv, loss_fn)      # warm-up: AdamW's state, first touch of the heap
+    tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)      # warm-up: AdamW's state, first touch of the heap
     with torch_paths():
-        tr.train_step(samples, adv, loss_fn)
+        tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)
     for _ in range(a.steps):
         with torch_paths():
-            steps["torch"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
-        steps["native"].append(tr.train_step(samples, adv, loss_fn)["step_time"])
-    tokens = int(tr.train_step(samples, adv, loss_fn)["tokens"])
+            steps["torch"].append(tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)["step_time"])
+        steps["native"].append(tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)["step_time"])
+    tokens = int(tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)["tokens"])
     lines = [f"The trainer's elementwise kernels, torch vs native, {torch.get_num_threads()} threads, allocator "
              f"{'tcmalloc' if tcmalloc_loaded() else 'glibc'}, load average at the end {os.getloadavg()[0]:.2f}", "",
              "| what | torch | native | speed-up |", "|---|---|---|---|"]

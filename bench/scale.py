@@ -75,9 +75,10 @@ def make_batch(n_prompts: int, n: int, prompt_len: int, response_len: int, vocab
 
 def time_train(cfg, trainer, samples, steps: int) -> dict:
     """Warm-up step, then ``steps`` timed calls of train_on_samples; tokens/s over prompt + response tokens."""
-    from slick.loop.step import make_loss_fn, train_on_samples
+    from slick.algo.assemble import objective_from_config
+    from slick.loop.step import train_on_samples
 
-    loss_fn = make_loss_fn(cfg)
+    loss_fn = objective_from_config(cfg)
     rewards = [float(i % 2) for i in range(len(samples))]           # varied within each group: real gradients
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     train_on_samples(cfg, trainer, samples, rewards, loss_fn, 0)

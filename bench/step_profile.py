@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.trainer import loss_fn, matmul_ceiling, step_flops  # noqa: E402
+from slick.algo.batch import TrainBatch  # noqa: E402
 from slick.config import Config  # noqa: E402
 from slick.config.auto import ModelShape, Training, activation_bytes_per_token  # noqa: E402
 from slick.configure.validate import validate  # noqa: E402
@@ -173,8 +174,8 @@ def profile_config(model_dir: Path, name: str, args, samples, ceiling_box: list)
     if not ceiling_box:
         ceiling_box.append(matmul_ceiling(tr.device))
     adv = [torch.randn(len(s.response_ids)) for s in samples]
-    tr.train_step(samples, adv, loss_fn)   # warm-up: AdamW's state, first touch of the heap
-    steps = [tr.train_step(samples, adv, loss_fn) for _ in range(args.steps)]
+    tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)   # warm-up: AdamW's state, first touch of the heap
+    steps = [tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn) for _ in range(args.steps)]
     split = [phases(tr, samples, adv) for _ in range(args.steps)]
     best = {k: min(s[k] for s in split) for k in split[0]}
     step_s = min(m["step_time"] for m in steps)

@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from slick.algo.batch import TrainBatch  # noqa: E402
 from slick.config import Config  # noqa: E402
 from slick.proc.memory import tcmalloc_loaded  # noqa: E402
 from slick.train.trainer import Trainer  # noqa: E402
@@ -219,14 +220,14 @@ def main(argv=None) -> int:
         samples = make_batch(args.samples, args.prompt_len, args.response_len, tr.model.config.vocab_size,
                              group_size=args.group_size)
         adv = [torch.randn(len(s.response_ids)) for s in samples]
-        tr.train_step(samples, adv, loss_fn)  # warm-up
+        tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn)  # warm-up
         runs.append((scheme, tr, samples, adv))
     # the schemes' timed steps interleave (a, b, a, b, ...): a slow spell of a shared machine, or the heap
     # growing under the first trainer, hits all of them alike
     metrics = {scheme: [] for scheme, *_ in runs}
     for _ in range(args.steps):
         for scheme, tr, samples, adv in runs:
-            metrics[scheme].append(tr.train_step(samples, adv, loss_fn))
+            metrics[scheme].append(tr.train_step(TrainBatch.from_samples(samples, [0.0] * len(samples), advantages=adv), loss_fn))
     for scheme, tr, samples, adv in runs:
         times = [m["step_time"] for m in metrics[scheme]]
         m = metrics[scheme][-1]

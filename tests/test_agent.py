@@ -310,16 +310,16 @@ def _sample(mask, sid, reward):
 
 def test_session_advantages_one_per_session():
     """GRPO over sessions (the last sample of each stands for it); every sample of a session gets its advantage."""
-    from slick.loop.step import compute_advantages
+    from slick.algo.assemble import Advantages
 
     samples = [_sample([1, 0, 1], "a", 1.0), _sample([1, 1], "a", 1.0), _sample([0, 1], "b", 0.0)]
     cfg = make_cfg_plain(advantage_estimator="grpo", n_samples_per_prompt=2)
-    adv = compute_advantages(cfg, samples, [1.0, 1.0, 0.0])
+    adv = Advantages.from_config(cfg).compute(samples, [1.0, 1.0, 0.0])
     a = 0.5 / (0.5 ** 0.5 + 1e-6)            # (1 - 0.5) / (unbiased std of [1, 0] + 1e-6)
     assert [x.tolist() for x in adv] == [pytest.approx([a, 0, a]), pytest.approx([a, a]), pytest.approx([0, -a])]
     cfg = make_cfg_plain(advantage_estimator="ppo", n_samples_per_prompt=2)
     with pytest.raises(ValueError, match="agent session.*several training samples.*--advantage-estimator"):
-        compute_advantages(cfg, samples, [1.0, 1.0, 0.0])
+        Advantages.from_config(cfg).compute(samples, [1.0, 1.0, 0.0])
 
 
 def make_cfg_plain(**over):

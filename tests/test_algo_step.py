@@ -1,4 +1,4 @@
-"""slick.loop.step.compute_advantages builds AdvantageInputs from samples: per-sample critic values go in,
+"""slick.algo.assemble.Advantages.compute builds AdvantageInputs from samples: per-sample critic values go in,
 tool tokens (loss mask 0) are skipped, old-signature custom estimators are refused by flag."""
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slick.config import Config
-from slick.loop.step import compute_advantages, make_loss_fn
+from slick.algo.assemble import Advantages, objective_from_config
 from slick.types import Sample
 
 
@@ -29,7 +29,7 @@ def close(a, b):
 
 def test_critic_values_reach_gae_per_sample():
     values = [torch.tensor([0.2, 5.0, 5.0, 0.4, 5.0, 0.5]), torch.tensor([0.5, 0.5, 0.5])]
-    adv, ret = compute_advantages(cfg(), samples(), [1.0, 0.0], values=values, with_returns=True)
+    adv, ret = Advantages.from_config(cfg()).compute(samples(), [1.0, 0.0], values=values, with_returns=True)
     # sample 0 as in test_algo_value: counted (r, V) = (0, .2) (0, .4) (1, .5), gamma .9, lambda .5 ->
     #   A = 0.28375, 0.275, 0.5 on t0, t3, t5; returns A + V = 0.48375, 0.675, 1.0
     close(adv[0], [0.28375, 0, 0, 0.275, 0, 0.5])
@@ -42,16 +42,16 @@ def test_critic_values_reach_gae_per_sample():
 
 def test_ppo_without_a_critic_uses_zero_values():
     # V = 0: sample 0 counted rewards (0, 0, 1): A = 1 on t5, 0.45 on t3, 0.45^2 = 0.2025 on t0
-    adv = compute_advantages(cfg(), samples(), [1.0, 0.0])
+    adv = Advantages.from_config(cfg()).compute(samples(), [1.0, 0.0])
     close(adv[0], [0.2025, 0, 0, 0.45, 0, 1.0])
     close(adv[1], [0.0, 0.0, 0.0])
 
 
 def test_values_must_match_the_samples():
     with pytest.raises(ValueError, match=r"2 samples but 1 values"):
-        compute_advantages(cfg(), samples(), [1.0, 0.0], values=[torch.zeros(6)])
+        Advantages.from_config(cfg()).compute(samples(), [1.0, 0.0], values=[torch.zeros(6)])
     with pytest.raises(ValueError, match=r"values\[1\] has 4 values for a response of 3 tokens"):
-        compute_advantages(cfg(), samples(), [1.0, 0.0], values=[torch.zeros(6), torch.zeros(4)])
+        Advantages.from_config(cfg()).compute(samples(), [1.0, 0.0], values=[torch.zeros(6), torch.zeros(4)])
 
 
 OLD_STYLE = '''
@@ -72,11 +72,11 @@ def test_old_signature_custom_functions_are_refused(tmp_path):
     try:
         with pytest.raises(ValueError, match=r"^--custom-advantage-function-path: advantage\(rewards, mask.*"
                            r"the signature is now fn\(inputs: slick.algo.AdvantageInputs\)"):
-            compute_advantages(cfg(custom_advantage_function_path="old_style_algo.advantage"), samples(), [1.0, 0.0])
+            Advantages.from_config(cfg(custom_advantage_function_path="old_style_algo.advantage")).compute(samples(), [1.0, 0.0])
         with pytest.raises(ValueError, match=r"^--custom-loss-function-path: loss\(cfg, logprobs"):
-            make_loss_fn(cfg(custom_loss_function_path="old_style_algo.loss"))
+            objective_from_config(cfg(custom_loss_function_path="old_style_algo.loss"))
         with pytest.raises(TypeError, match="returned tuple; it must return slick.algo.AdvantageOutputs"):
-            compute_advantages(cfg(custom_advantage_function_path="old_style_algo.returns_tuple"), samples(),
+            Advantages.from_config(cfg(custom_advantage_function_path="old_style_algo.returns_tuple")).compute(samples(),
                                [1.0, 0.0])
         # slick train refuses them while validating the flags, before any model loads
         from slick.config import ConfigError

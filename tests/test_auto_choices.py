@@ -25,6 +25,7 @@ from slick.models.tiny import make_tiny_model
 from slick.train.fused_layers import FUSED_LAYERS
 from slick.train.trainer import DEFAULT_MICRO_BATCH_SIZE, Trainer
 from slick.types import Sample
+from tests.batches import batch_of
 
 SMOLLM2 = {"model_type": "llama", "hidden_act": "silu", "hidden_size": 576, "num_hidden_layers": 30,
            "vocab_size": 49152, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
@@ -395,7 +396,7 @@ def test_automatic_micro_batching_gives_the_same_update_as_an_explicit_size(tiny
         cfg = Config.from_flat({**base, **flags})
         tr = Trainer(derive_plan(cfg, "sync", [], machine).apply(cfg))
         plans.append(tr._plan(samples)[0])
-        tr.forward_backward(samples, adv, _loss)            # train_step = forward_backward + optimizer_step
+        tr.forward_backward(batch_of(samples, adv), _loss)            # train_step = forward_backward + optimizer_step
         grads.append({n: p.grad.clone() for n, p in tr.model.named_parameters()})
         tr.optimizer_step()
         weights.append({n: p.detach().clone() for n, p in tr.model.named_parameters()})

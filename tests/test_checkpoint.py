@@ -11,10 +11,11 @@ from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint, save_hf
 from slick.train.trainer import Trainer
 from slick.weights.sync import sync_weights
 from tests.test_train import make_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 
 def _step(tr, samples):
-    return tr.train_step(samples, [torch.ones(len(s.response_ids)) for s in samples], simple_loss)
+    return tr.train_step(batch_of(samples, [torch.ones(len(s.response_ids)) for s in samples]), simple_loss)
 
 
 def _draws():

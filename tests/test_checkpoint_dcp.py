@@ -11,6 +11,7 @@ import torch
 
 from tests.test_train import simple_loss
 from tests.test_train_fsdp import batch, make_cfg, run_ranks
+from tests.batches import batch_of
 
 
 def cfg_for(model_dir):
@@ -20,7 +21,7 @@ def cfg_for(model_dir):
 
 def step(tr):
     samples = batch()
-    return tr.train_step(samples, [torch.ones(len(s.response_ids)) for s in samples], simple_loss)
+    return tr.train_step(batch_of(samples, [torch.ones(len(s.response_ids)) for s in samples]), simple_loss)
 
 
 def full_state(tr):

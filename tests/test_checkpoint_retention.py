@@ -17,12 +17,13 @@ from slick.train.trainer import Trainer
 from tests import test_loop
 from tests.test_loop import make_cfg
 from tests.test_train import make_cfg as trainer_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 prompts = test_loop.prompts   # the fixture
 
 
 def _step(tr, samples):
-    return tr.train_step(samples, [torch.ones(len(s.response_ids)) for s in samples], simple_loss)
+    return tr.train_step(batch_of(samples, [torch.ones(len(s.response_ids)) for s in samples]), simple_loss)
 
 
 def _weights(tr):

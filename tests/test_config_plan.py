@@ -14,7 +14,7 @@ from slick.config import Config, ConfigError
 from slick.config.groups import AlgorithmConfig
 from slick.configure.plan import Plan
 from slick.configure.validate import validate, validate_config
-from slick.loop.step import make_loss_fn
+from slick.algo.assemble import objective_from_config
 
 ALGO = Path(__file__).resolve().parents[1] / "slick" / "algo"
 
@@ -145,7 +145,7 @@ def test_bags_are_refused_by_name():
 
 def test_the_loop_binds_the_typed_params_to_the_loss():
     cfg = Config.from_flat({"eps_clip": 0.3, "use_kl_loss": True, "kl_loss_coef": 0.5})
-    fn = make_loss_fn(cfg)
+    fn = objective_from_config(cfg)
     assert isinstance(fn, functools.partial) and fn.func is compute_policy_objective
     assert fn.args == (AlgoParams.from_config(cfg),)
     # k1 from groups.py: kl = logp - ref = 0.5 per token -> kl_loss 0.5, loss = 0 (on-policy pg, A = 0) + 0.25

@@ -1,4 +1,4 @@
-"""Config reads are typed (issue 53): outside ``slick/config`` and ``slick/configure``
+"""Config reads are typed: outside ``slick/config`` and ``slick/configure``
 
 (a) every function or method parameter named ``cfg`` is annotated with what it takes (``Config``, ``ConfigView``,
     or one group's dataclass, e.g. ``TrainConfig``);
@@ -17,35 +17,6 @@ SLICK = ROOT / "slick"
 EXCLUDED = ("slick/config/", "slick/configure/")   # the config types themselves, and parsing/validation
 CONFIG_NAMES = ("cfg", "args")                      # names under which slick code holds a Config or a view
 
-# Offenders left in files being rewritten elsewhere (issue 53); each entry is (file, the offending line's text,
-# stripped). Only these files may have entries, and an entry whose line no longer exists fails the test: when one
-# of them is fixed, delete its entry here, so the list only shrinks.
-PENDING_FILES = {
-    "slick/loop/step.py", "slick/loop/run.py", "slick/loop/build.py", "slick/train/trainer.py",
-    "slick/train/critic.py", "slick/train/protocol.py", "slick/cluster/trainer_group.py",
-    "slick/cluster/critic_group.py",
-}
-PENDING = {
-    ("slick/cluster/trainer_group.py", "def __init__(self, cfg, rank: int, world_size: int, slots_on_node: int):"),
-    ("slick/cluster/trainer_group.py",
-     "def __init__(self, cfg, cluster, timeout_s: float = 1800.0, start_timeout_s: float = 600.0):"),
-    ("slick/loop/build.py", 'def build(cfg, mode: str = "sync") -> Components:'),
-    ("slick/loop/build.py", "def staleness_bound(cfg, mode: str) -> int:"),
-    ("slick/loop/build.py", "def resume(cfg, trainer, critic, data, buffer) -> int:"),
-    ("slick/loop/run.py", "def __init__(self, cfg, overlap: bool = False, parts: Optional[Components] = None):"),
-    ("slick/loop/step.py", "def optimizer_batch_size(cfg, num_samples: int) -> int:"),
-    ("slick/loop/step.py", "def with_logprobs(cfg, trainer, batch: TrainBatch, critic=None) -> TrainBatch:"),
-    ("slick/loop/step.py", "def train_on_samples(cfg, trainer, samples, rewards: list[float], loss_fn, step: int,"),
-    ("slick/loop/step.py", "def train_on_batch(cfg, trainer, batch: TrainBatch, loss_fn, step: int, critic=None,"),
-    ("slick/loop/step.py", "def without_zero_gradients(cfg, loss_fn, part: TrainBatch) -> tuple[TrainBatch, object]:"),
-    ("slick/train/critic.py", "def needs_critic(cfg) -> bool:"),
-    ("slick/train/critic.py", "def value_objective(cfg) -> Callable:"),
-    ("slick/train/critic.py",
-     "def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):"),
-    ("slick/train/critic.py", "def train_critic(cfg, critic, batch) -> dict:"),
-    ("slick/train/trainer.py",
-     "def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None, *,"),
-}
 
 
 def _holds_config(node: ast.expr) -> bool:
@@ -86,16 +57,8 @@ def _scan() -> list[tuple[str, int, str, str]]:
 
 def test_config_reads_are_typed():
     found = _scan()
-    new = [f"{f}:{n}: {what}: {text}" for f, n, text, what in found if (f, text) not in PENDING]
+    new = [f"{f}:{n}: {what}: {text}" for f, n, text, what in found]
     assert not new, "untyped config reads (annotate the parameter / read the field):\n" + "\n".join(new)
-
-
-def test_pending_allowances_are_exact_and_only_for_the_files_being_rewritten():
-    assert {f for f, _ in PENDING} <= PENDING_FILES
-    present = {(f, text) for f, _, text, _ in _scan()}
-    gone = sorted(PENDING - present)
-    assert not gone, ("PENDING entries in tests/test_config_typed.py whose offence is gone (delete them):\n"
-                      + "\n".join(f"{f}: {text}" for f, text in gone))
 
 
 def test_the_walker_flags_injected_offenders():

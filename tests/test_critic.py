@@ -13,6 +13,7 @@ from slick.configure.validate import validate_config
 from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
 from slick.train.critic import Critic, critic_source, value_objective, with_critic
 from slick.types import Sample
+from tests.batches import value_batch
 
 
 def make_cfg(model_dir, **kw):
@@ -78,7 +79,7 @@ def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir):
     old = [torch.zeros(len(s.response_ids)) for s in samples]
     losses = []
     for _ in range(12):
-        m = c.train_step(samples, returns, value_objective(cfg), old)
+        m = c.train_step(value_batch(samples, returns, old), value_objective(cfg))
         losses.append(m["value_loss"])
         assert m["skipped_steps"] == 0.0 and m["grad_norm"] > 0 and m["vf_clipfrac"] == 0.0
     assert losses[-1] < 0.1 * losses[0], losses
@@ -95,7 +96,7 @@ def test_tool_tokens_get_no_value_loss(tiny_model_dir):
     cfg = make_cfg(tiny_model_dir)
     a, b = Critic(cfg), Critic(cfg)
     zeros = [torch.zeros(len(s.response_ids)) for s in samples]
-    ma, mb = a.train_step(samples, returns, value_objective(cfg), zeros), b.train_step(samples, other, value_objective(cfg), zeros)
+    ma, mb = a.train_step(value_batch(samples, returns, zeros), value_objective(cfg)), b.train_step(value_batch(samples, other, zeros), value_objective(cfg))
     assert ma["value_loss"] == mb["value_loss"] and ma["grad_norm"] == mb["grad_norm"]
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         assert torch.equal(p, q), n
@@ -103,7 +104,7 @@ def test_tool_tokens_get_no_value_loss(tiny_model_dir):
     counted = [r.clone() for r in returns]
     counted[0][0] += 1.0
     c = Critic(cfg)
-    assert c.train_step(samples, counted, value_objective(cfg), zeros)["value_loss"] != ma["value_loss"]
+    assert c.train_step(value_batch(samples, counted, zeros), value_objective(cfg))["value_loss"] != ma["value_loss"]
 
 
 def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
@@ -116,11 +117,11 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     returns = [targets_for(samples, seed=k) for k in range(3)]
     trainer, critic = Trainer(cfg), Critic(cfg)
     for k in range(2):
-        critic.train_step(samples, returns[k], value_objective(cfg), critic.compute_values(samples))
+        critic.train_step(value_batch(samples, returns[k], critic.compute_values(samples)), value_objective(cfg))
     step_dir = save_checkpoint(tmp_path / "ckpt", 2, with_critic(trainer, critic), {"step": 2})
     assert (step_dir / "critic" / "value_head.safetensors").is_file()
     old = critic.compute_values(samples)
-    m3 = critic.train_step(samples, returns[2], value_objective(cfg), old)
+    m3 = critic.train_step(value_batch(samples, returns[2], old), value_objective(cfg))
     v3 = critic.compute_values(samples)
 
     trainer2, critic2 = Trainer(cfg), Critic(cfg)
@@ -128,7 +129,7 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     assert step == 2 and critic2.version == 2
     old2 = critic2.compute_values(samples)
     assert all(torch.equal(x, y) for x, y in zip(old, old2))
-    m3b = critic2.train_step(samples, returns[2], value_objective(cfg), old2)
+    m3b = critic2.train_step(value_batch(samples, returns[2], old2), value_objective(cfg))
     for key in ("value_loss", "vf_clipfrac", "values_mean", "returns_mean", "grad_norm", "lr"):
         assert m3[key] == m3b[key], key
     assert all(torch.equal(x, y) for x, y in zip(v3, critic2.compute_values(samples)))

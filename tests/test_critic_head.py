@@ -12,10 +12,12 @@ import torch
 from slick.algo.value import value_loss
 from slick.cluster.critic_group import RayCriticGroup
 from slick.train.critic import Critic, value_objective
-from slick.train.packing import loss_mask, pad_stack
+from slick.algo.batch import sample_loss_mask as loss_mask
+from slick.train.packing import pad_stack
 from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_critic import make_cfg, make_samples, targets_for
+from tests.batches import value_batch
 
 SLICK = Path(__file__).resolve().parent.parent / "slick"
 
@@ -95,7 +97,7 @@ def test_value_loss_and_update_equal_the_former_critic_loop(tiny_model_dir):
     assert all(torch.equal(x, y) for x, y in zip(old, b.compute_values(samples)))
     old = [v + 0.1 * targets_for(samples, seed=5)[i] for i, v in enumerate(old)]   # the clip binds somewhere
 
-    new = a.train_step(samples, returns, value_objective(cfg), old)
+    new = a.train_step(value_batch(samples, returns, old), value_objective(cfg))
     ref = _old_loop_step(b, cfg, samples, returns, old)
     for key in ("value_loss", "vf_clipfrac", "values_mean", "returns_mean", "lr", "grad_norm"):
         assert new[key] == ref[key], (key, new[key], ref[key])

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from slick.loop.step import make_loss_fn, train_on_samples
+from slick.algo.assemble import objective_from_config
+from slick.loop.step import train_on_samples
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples
 
@@ -18,7 +19,7 @@ def test_kl_coef_gets_old_and_ref_logprobs(tiny_model_dir, estimator):
     tr = Trainer(cfg)
     samples = make_samples(4)
     rewards = [1.0, 0.0, 0.5, 0.25]
-    metrics, tensors = train_on_samples(cfg, tr, samples, rewards, make_loss_fn(cfg), step=0)
+    metrics, tensors = train_on_samples(cfg, tr, samples, rewards, objective_from_config(cfg), step=0)
     assert tr.version == 1 and metrics["train/skipped_steps"] == 0.0
     for old, ref in zip(tensors["old_logprobs"], tensors["ref_logprobs"]):
         assert torch.allclose(old, ref, atol=1e-6)

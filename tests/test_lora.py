@@ -13,6 +13,7 @@ from slick.models.adapter_check import ADAPTER
 from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_train import make_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 
 def lora_cfg(model_dir, **kw):
@@ -54,7 +55,7 @@ def test_only_adapters_train_and_zero_b_is_the_base(tiny_model_dir, samples):
         assert all(torch.equal(a, b) for a, b in zip(got, base))
     frozen = {n: p.detach().clone() for n, p in tr.model.named_parameters() if not p.requires_grad}
     for _ in range(2):
-        tr.train_step(samples, advantages(samples), simple_loss)
+        tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
     assert tr.version == 2
     assert all(torch.equal(frozen[n], p) for n, p in tr.model.named_parameters() if n in frozen)   # bit for bit
     after = tr.compute_logprobs(samples)
@@ -87,7 +88,7 @@ def test_one_step_equals_peft_own_step(tiny_model_dir, samples):
     tr = Trainer(lora_cfg(tiny_model_dir, lr=1e-2))
     nudge_b(tr)
     state = {k: v.clone() for k, v in tr.lora.adapter_state_dict().items()}
-    m = tr.train_step(samples, advantages(samples), simple_loss)
+    m = tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
     loss, theirs = _peft_step(tiny_model_dir, state, samples, 1e-2)
     assert m["loss"] == pytest.approx(loss, rel=1e-5)
     ours = adapter_tensors(tr)
@@ -113,7 +114,7 @@ def test_merged_weights_equal_peft_merge_and_unload(tiny_model_dir, samples):
 
     tr = Trainer(lora_cfg(tiny_model_dir))
     nudge_b(tr, seed=3)
-    tr.train_step(samples, advantages(samples), simple_loss)
+    tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     peft = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8.0, target_modules="all-linear", task_type="CAUSAL_LM"))
     set_peft_model_state_dict(peft, tr.lora.adapter_state_dict())
@@ -130,7 +131,7 @@ def test_merged_weights_equal_peft_merge_and_unload(tiny_model_dir, samples):
 def test_resume_is_exact_and_checkpoint_is_small(tiny_model_dir, samples, tmp_path):
     a = Trainer(lora_cfg(tiny_model_dir))
     nudge_b(a)
-    a.train_step(samples, advantages(samples), simple_loss)
+    a.train_step(batch_of(samples, advantages(samples)), simple_loss)
     a.save(tmp_path / "ck")
     files = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert "adapter" in files and "model" not in files
@@ -139,7 +140,7 @@ def test_resume_is_exact_and_checkpoint_is_small(tiny_model_dir, samples, tmp_pa
     b.load(tmp_path / "ck")
     assert b.version == 1
     for t in (a, b):
-        t.train_step(samples, advantages(samples, -1.0), simple_loss)
+        t.train_step(batch_of(samples, advantages(samples, -1.0)), simple_loss)
     wa, wb = adapter_tensors(a), adapter_tensors(b)
     assert all(torch.equal(wa[n], wb[n]) for n in wa)
     assert all(torch.equal(x, y) for x, y in zip(a.compute_logprobs(samples), b.compute_logprobs(samples)))
@@ -157,7 +158,7 @@ def test_export_merged_and_adapter(tiny_model_dir, samples, tmp_path):
 
     tr = Trainer(lora_cfg(tiny_model_dir))
     nudge_b(tr, seed=5)
-    tr.train_step(samples, advantages(samples), simple_loss)
+    tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
     save_checkpoint(tmp_path / "ckpt", 1, tr, {"step": 1})
     assert export_main([str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 0
     assert export_main([str(tmp_path / "ckpt"), str(tmp_path / "adapter"), "--lora-adapter"]) == 0
@@ -184,7 +185,7 @@ def test_lora_load_starts_from_an_adapter(tiny_model_dir, samples, tmp_path):
     assert b.lora.spec.rank == 4 and b.lora.spec.alpha == 8.0
     assert all(torch.equal(x, y) for x, y in zip(a.compute_logprobs(samples), b.compute_logprobs(samples)))
     assert b.params and all(p.requires_grad for p in b.params)
-    b.train_step(samples, advantages(samples), simple_loss)
+    b.train_step(batch_of(samples, advantages(samples)), simple_loss)
     assert b.version == 1
 
 
@@ -197,7 +198,7 @@ def test_sync_lands_and_a_dropped_update_is_detected(tiny_model_dir, samples):
     tr = Trainer(lora_cfg(tiny_model_dir, lr=5e-2))
     nudge_b(tr, seed=1, std=0.2)
     for _ in range(2):
-        tr.train_step(samples, advantages(samples), simple_loss)
+        tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
     base = Trainer(make_cfg(tiny_model_dir))
 
     async def go():

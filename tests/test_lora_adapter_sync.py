@@ -21,6 +21,7 @@ from slick.weights.sync import sync_weights
 from tests.test_lora import advantages, lora_cfg, nudge_b
 from tests.test_loop import make_cfg as loop_cfg, read_jsonl
 from tests.test_train import make_samples, simple_loss
+from tests.batches import batch_of
 
 pytestmark = pytest.mark.timeout(300)
 FP32_BOUND = 1e-4   # trainer (HF forward with PEFT layers) vs engine (merged weights, own kernels), both fp32
@@ -32,7 +33,7 @@ def trained(tiny_model_dir):
     tr = Trainer(lora_cfg(tiny_model_dir, lr=5e-2, lora_target_modules="q_proj,v_proj,down_proj"))
     nudge_b(tr, seed=3, std=0.2)
     samples = make_samples(4)
-    tr.train_step(samples, advantages(samples), simple_loss)
+    tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
     return tr, samples
 
 
@@ -85,8 +86,8 @@ def test_dropped_adapter_updates_are_errors(trained, tiny_model_dir):
     stale = tr.adapter_payload()          # the adapter of version 1
     tr2 = Trainer(lora_cfg(tiny_model_dir, lr=5e-2, lora_target_modules="q_proj,v_proj,down_proj"))
     nudge_b(tr2, seed=4, std=0.2)
-    tr2.train_step(samples, advantages(samples), simple_loss)
-    tr2.train_step(samples, advantages(samples), simple_loss)
+    tr2.train_step(batch_of(samples, advantages(samples)), simple_loss)
+    tr2.train_step(batch_of(samples, advantages(samples)), simple_loss)
 
     async def go():
         eng = LocalEngine(tiny_model_dir, dtype="fp32", device="cpu", threaded=False)
@@ -216,7 +217,7 @@ def test_vllm_serves_the_adapter_loaded_in_place(tmp_path):
             assert await eng.accepts_adapters()
             diffs = []
             for _ in range(2):
-                tr.train_step(samples, advantages(samples), simple_loss)
+                tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
                 await sync_weights(tr, [eng], transport)
                 assert transport.last_bytes == adapter_bytes(tr)
                 ok = await check_engine_weights(tr, eng, FP32_BOUND, compute)
@@ -228,7 +229,7 @@ def test_vllm_serves_the_adapter_loaded_in_place(tmp_path):
             ok = await check_engine_weights(tr, eng, FP32_BOUND, compute)          # the adapter is unchanged
             diffs.append(ok["perf/weight_check_max_abs_diff"])
             # a dropped update: the trainer moves on, the servers keep the adapter of version 2 under version 3
-            tr.train_step(samples, advantages(samples), simple_loss)
+            tr.train_step(batch_of(samples, advantages(samples)), simple_loss)
             await eng.control(proc.url, "/update_weight_version", {"new_version": str(tr.version)})
             with pytest.raises(WeightSyncError, match="differ from the trainer's"):
                 await check_engine_weights(tr, eng, FP32_BOUND, compute)

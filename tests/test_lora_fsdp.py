@@ -15,6 +15,7 @@ from slick.train.trainer import Trainer
 from tests.test_cluster_ray import _wait_gone, make_cfg as ray_cfg, read_jsonl
 from tests.test_loop import learnable_task
 from tests.test_train import make_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 LR = 1e-3
 
@@ -58,7 +59,7 @@ def test_one_step_on_two_ranks_equals_the_in_process_lora_step(tiny_model_dir, t
     samples, adv = make_samples(7), advantages(make_samples(7))
     one = Trainer(make_cfg(tiny_model_dir, **over))
     want_ref = one.compute_logprobs(samples, "ref")
-    want_m = one.train_step(samples, adv, simple_loss)
+    want_m = one.train_step(batch_of(samples, adv), simple_loss)
     want_w = dict(one.named_weights())
     want_p = one.adapter_payload()
     want_a = {peft_key(n): p.detach() for n, p in one.model.named_parameters() if p.requires_grad}
@@ -70,7 +71,7 @@ def test_one_step_on_two_ranks_equals_the_in_process_lora_step(tiny_model_dir, t
         group = make_trainer(cfg, cluster)
         assert group.world_size == 2
         ref = group.compute_logprobs(samples, "ref")
-        m = group.train_step(samples, adv, simple_loss)
+        m = group.train_step(batch_of(samples, adv), simple_loss)
         merged = dict(group.named_weights())
         payload = group.adapter_payload()       # what each rank sends alone to its colocated engine
         group.save(tmp_path / "ck")

@@ -11,6 +11,7 @@ from slick.types import Sample, SamplingParams
 from tests.test_engine_local import run
 from tests.test_moe_engine import CASES, spiky_moe
 from tests.test_train import make_cfg, reference_logprobs, simple_loss
+from tests.batches import batch_of
 
 BOUND = 1e-4   # fp32: max |trainer logprob - reference logprob|
 
@@ -122,7 +123,7 @@ def test_train_step_reports_moe_metrics_and_router_learns(tmp_path):
     router = dict(tr.model.named_parameters())["model.layers.0.mlp.gate.weight"]
     before = router.detach().clone()
     adv = [torch.full((len(s.response_ids),), 1.0 if i % 2 else -1.0) for i, s in enumerate(samples)]
-    out = tr.train_step(samples, adv, simple_loss)
+    out = tr.train_step(batch_of(samples, adv), simple_loss)
     for k in ("load_max", "load_mean", "entropy", "mismatch"):
         for j in range(2):
             assert f"moe/{k}/layer{j}" in out
@@ -147,7 +148,7 @@ def test_hf_export_and_checkpoint_round_trip(tmp_path):
     samples = engine_samples(d, PROMPTS[:2])
     tr = Trainer(make_cfg(d, lr=1e-2))
     adv = [torch.full((len(s.response_ids),), 1.0 if i % 2 else -1.0) for i, s in enumerate(samples)]
-    tr.train_step(samples, adv, simple_loss)
+    tr.train_step(batch_of(samples, adv), simple_loss)
     out = save_hf(tmp_path / "hf", tr)
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert type(hf).__name__ == "Qwen3MoeForCausalLM"

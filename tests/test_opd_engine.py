@@ -20,7 +20,7 @@ from slick.configure.validate import validate_config
 from slick.engine.local import LocalEngine
 from slick.engines.client import HttpEngine
 from slick.engines.router import launch_workers
-from slick.loop.step import compute_advantages, with_advantages
+from slick.algo.assemble import Advantages
 from slick.loop.sync import train
 from slick.models.tiny import make_tiny_model
 from slick.algo.batch import TrainBatch
@@ -174,11 +174,11 @@ def test_opd_advantages_are_teacher_minus_student_by_hand(tiny_model_dir, teache
     by_hand = [[0.5 * (float(t) - s) if m else 0.0 for t, s, m in zip(tl, x.rollout_logprobs, x.loss_mask)]
                for tl, x in zip(teacher, samples)]
     opd = dict(use_opd=True, opd_type="engine", opd_teacher_load=str(teacher_dir), opd_kl_coef=0.5)
-    only = with_advantages(_cfg(tiny_model_dir, tmp_path, opd_only=True, **opd), batch).advantages
+    only = Advantages.from_config(_cfg(tiny_model_dir, tmp_path, opd_only=True, **opd))(batch).advantages
     assert [x for a in only for x in a.tolist()] == pytest.approx([x for h in by_hand for x in h], abs=1e-6)
     assert only[1][1] == 0.0   # the tool token
-    plain = compute_advantages(_cfg(tiny_model_dir, tmp_path), samples, rewards)
-    joined = with_advantages(_cfg(tiny_model_dir, tmp_path, **opd), batch).advantages
+    plain = Advantages.from_config(_cfg(tiny_model_dir, tmp_path)).compute(samples, rewards)
+    joined = Advantages.from_config(_cfg(tiny_model_dir, tmp_path, **opd))(batch).advantages
     assert [x for a, p in zip(joined, plain) for x in (a - p).tolist()] == \
         pytest.approx([x for h in by_hand for x in h], abs=1e-6)
 

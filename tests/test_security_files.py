@@ -27,12 +27,13 @@ from slick.ckpt.output_dirs import MARKER, OutputDirError
 from slick.ckpt.safe_load import UnsafeCheckpointError
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _step(tr, samples):
-    return tr.train_step(samples, [torch.ones(len(s.response_ids)) for s in samples], simple_loss)
+    return tr.train_step(batch_of(samples, [torch.ones(len(s.response_ids)) for s in samples]), simple_loss)
 
 
 def snapshot(root: Path) -> dict:

@@ -19,6 +19,7 @@ from slick.data.dataset import DataError
 from slick.models.tokenizer import load_tokenizer
 from slick.train.lr import lr_factor_fn
 from tests.chat_templates import COUNTING, LLAMA3_STYLE, QWEN_STYLE, tokenizer_with
+from tests.batches import batch_of
 
 CALL = {"function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
 CHAT = [{"role": "system", "content": "You add numbers."},
@@ -139,7 +140,7 @@ def test_one_trainer_step_equals_hand_computed_cross_entropy(tiny_model_dir, tok
                for i, c in enumerate(chats)]
     trainer = Trainer(cfg)
     loss_fn = lambda inputs: sft_objective(AlgoParams.from_config(cfg), inputs)  # noqa: E731
-    out = trainer.forward_backward(samples, [torch.zeros(len(s.response_ids)) for s in samples], loss_fn)
+    out = trainer.forward_backward(batch_of(samples, [torch.zeros(len(s.response_ids)) for s in samples]), loss_fn)
     grad = dict(zip(trainer.param_names, trainer.master))["model.layers.0.mlp.up_proj.weight"].grad.clone()
 
     ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

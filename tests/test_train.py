@@ -11,6 +11,7 @@ from slick.train.logprobs import chunked_logprobs, logprobs_from_logits
 from slick.train.packing import pack, pack_shared_prompts, split_micro_batches
 from slick.train.trainer import Trainer
 from slick.types import Sample
+from tests.batches import batch_of
 
 
 def make_cfg(model_dir, **kw):
@@ -158,7 +159,7 @@ def test_train_step_changes_weights_and_loss_decreases(tiny_model_dir):
     losses = []
     for _ in range(4):
         lps = tr.compute_logprobs(samples)  # the weights the step's forward sees
-        m = tr.train_step(samples, adv, simple_loss)
+        m = tr.train_step(batch_of(samples, adv), simple_loss)
         losses.append(m["loss"])
     assert tr.version == 4 and m["skipped_steps"] == 0.0 and m["nonfinite_losses"] == 0.0
     assert all(losses[i + 1] < losses[i] for i in range(3)), losses
@@ -181,7 +182,7 @@ def test_abs_diff_metric_and_loss_mask(tiny_model_dir):
         s.loss_mask = [1] * len(s.response_ids)
         s.loss_mask[0] = 0 if len(s.response_ids) > 1 else 1
     adv = [torch.ones(len(s.response_ids)) for s in samples]
-    m = tr.train_step(samples, adv, simple_loss)
+    m = tr.train_step(batch_of(samples, adv), simple_loss)
     assert m["train_rollout_logprob_abs_diff"] == pytest.approx(0.25, abs=1e-5)
     assert m["response_tokens"] == sum(sum(s.loss_mask) for s in samples)
 
@@ -190,7 +191,7 @@ def test_warmup_lr(tiny_model_dir):
     tr = Trainer(make_cfg(tiny_model_dir, lr=1e-3, lr_warmup_steps=4))
     samples = make_samples(2)
     adv = [torch.ones(len(s.response_ids)) for s in samples]
-    lrs = [tr.train_step(samples, adv, simple_loss)["lr"] for _ in range(5)]
+    lrs = [tr.train_step(batch_of(samples, adv), simple_loss)["lr"] for _ in range(5)]
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
 
 
@@ -215,7 +216,7 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir):
         tr = Trainer(make_cfg(tiny_model_dir, micro_batch_size=mbs, max_tokens_per_micro_batch=mtok,
                               entropy_coef=0.01))
         for loss_fn in (simple_loss, token_loss):
-            m = tr.forward_backward(samples, adv, loss_fn)
+            m = tr.forward_backward(batch_of(samples, adv), loss_fn)
             grads.append([p.grad.clone() for p in tr.master])
             metrics.append(m)
     big_s, big_t = grads[0], grads[1]
@@ -244,7 +245,7 @@ def test_ref_model_only_when_kl_needs_it(tiny_model_dir):
     for a, b in zip(ref0, act0):
         assert torch.allclose(a, b, atol=1e-6)
     adv = [torch.ones(len(s.response_ids)) for s in samples]
-    tr.train_step(samples, adv, simple_loss, ref_logprobs=ref0)
+    tr.train_step(batch_of(samples, adv, ref_logprobs=ref0), simple_loss)
     ref1 = tr.compute_logprobs(samples, which="ref")
     act1 = tr.compute_logprobs(samples)
     assert all(torch.equal(a, b) for a, b in zip(ref0, ref1))      # frozen
@@ -258,9 +259,9 @@ def test_bf16_schemes_train(tiny_model_dir, scheme):
     assert all(p.dtype == torch.float32 for p in tr.master)
     samples = make_samples(4)
     adv = [torch.ones(len(s.response_ids)) for s in samples]
-    l0 = tr.train_step(samples, adv, simple_loss)["loss"]
+    l0 = tr.train_step(batch_of(samples, adv), simple_loss)["loss"]
     for _ in range(2):
-        l1 = tr.train_step(samples, adv, simple_loss)["loss"]
+        l1 = tr.train_step(batch_of(samples, adv), simple_loss)["loss"]
     assert l1 < l0
     lps = tr.compute_logprobs(samples)
     w = dict(tr.named_weights())
@@ -275,7 +276,7 @@ def test_gradient_checkpointing_same_grads(tiny_model_dir):
     for gc in (False, True):
         tr = Trainer(make_cfg(tiny_model_dir, gradient_checkpointing=gc))
         assert tr.model.is_gradient_checkpointing == gc
-        tr.forward_backward(samples, adv, simple_loss)
+        tr.forward_backward(batch_of(samples, adv), simple_loss)
         grads.append([p.grad.clone() for p in tr.master])
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-6)
@@ -286,8 +287,10 @@ def test_bad_inputs_have_clear_errors(tiny_model_dir, trainer):
     s[1].loss_mask = [1]
     s[1].response_ids = [5, 6]
     with pytest.raises(ValueError, match="loss_mask has 1 entries"):
-        trainer.forward_backward(s, [torch.ones(len(x.response_ids)) for x in s], simple_loss)
-    with pytest.raises(ValueError, match="advantage"):
-        trainer.forward_backward(s, [], simple_loss)
+        trainer.forward_backward(batch_of(s, [torch.ones(len(x.response_ids)) for x in s]), simple_loss)
+    with pytest.raises(ValueError, match="column 'advantages' has 0 entries for 2 samples"):
+        trainer.forward_backward(batch_of(make_samples(2), []), simple_loss)
+    with pytest.raises(ValueError, match="the policy head trains on the batch's advantages; advantages not computed"):
+        trainer.forward_backward(batch_of(make_samples(2)), simple_loss)
     with pytest.raises(FileNotFoundError, match="hf-checkpoint"):
         Trainer(make_cfg(tiny_model_dir / "nope"))

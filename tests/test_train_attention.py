@@ -10,6 +10,7 @@ from slick.train.packing import pack, pack_shared_prompts
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples
 from tests.test_train_shared_prompts import grouped_samples
+from tests.batches import batch_of
 
 
 def test_segment_indices_by_hand():
@@ -156,7 +157,7 @@ def test_cast_once_per_step_gives_the_per_micro_batch_gradients_bit_for_bit(tiny
         assert tr.scheme == "autocast"
         if not cast_once:
             monkeypatch.setattr(tr, "_cast_once", contextlib.nullcontext)
-        tr.forward_backward(samples, adv, simple_loss)
+        tr.forward_backward(batch_of(samples, adv), simple_loss)
         return {n: p.grad.clone() for n, p in tr.model.named_parameters()}
 
     a, b = grads(True), grads(False)

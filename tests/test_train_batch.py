@@ -9,7 +9,8 @@ import torch
 
 from slick.algo.batch import TrainBatch
 from slick.algo.sessions import SESSION_KEY, spread_session_advantages, split_sessions
-from slick.loop.step import make_loss_fn, train_on_batch
+from slick.algo.assemble import objective_from_config
+from slick.loop.step import train_on_batch
 from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_train import make_cfg, make_samples
@@ -65,9 +66,9 @@ class RecordingTrainer(Trainer):
         super().__init__(cfg)
         self.calls = []
 
-    def train_step(self, samples, advantages, loss_fn, old_logprobs=None, ref_logprobs=None):
-        self.calls.append((list(samples), list(advantages), old_logprobs))
-        return super().train_step(samples, advantages, loss_fn, old_logprobs, ref_logprobs)
+    def train_step(self, batch, objective):
+        self.calls.append((list(batch.samples), list(batch.advantages), batch.old_logprobs))
+        return super().train_step(batch, objective)
 
 
 def test_each_optimizer_step_gets_one_slice(tiny_model_dir):
@@ -78,7 +79,7 @@ def test_each_optimizer_step_gets_one_slice(tiny_model_dir):
     tr = RecordingTrainer(cfg)
     samples = make_samples(4)
     batch = TrainBatch.from_samples(samples, [1.0, 0.0, 0.0, 1.0], versions=[0, 0, 1, 1])
-    metrics, out = train_on_batch(cfg, tr, batch, make_loss_fn(cfg), step=0)
+    metrics, out = train_on_batch(cfg, tr, batch, objective_from_config(cfg), step=0)
     assert tr.version == 2 and metrics["train/skipped_steps"] == 0.0
     assert out.rewards == batch.rewards and out.versions == [0, 0, 1, 1] and out.values is None
     assert len(out.advantages) == 4 and len(out.old_logprobs) == 4 and out.ref_logprobs is None

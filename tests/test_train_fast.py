@@ -15,6 +15,7 @@ from slick.train.logprobs import FusedLogprobEntropy, chunked_logprobs, logprobs
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg
 from tests.test_train_shared_prompts import grouped_samples
+from tests.batches import batch_of
 
 V, H, N = 300, 24, 37
 
@@ -147,7 +148,7 @@ def test_trainer_step_equals_plain_logits(tiny_model_dir, dtype):
         s.loss_mask[0] = 0
     adv = [torch.full((len(s.response_ids),), float(i % 3) - 1.0) for i, s in enumerate(samples)]
     assert tr._pack(samples, list(range(6))).attention_mask is not None   # shared-prompt layout
-    tr.forward_backward(samples, adv, _loss_fn)
+    tr.forward_backward(batch_of(samples, adv), _loss_fn)
     got = {n: p.grad.float().clone() for n, p in tr.model.named_parameters()}
     tr.model.zero_grad(set_to_none=True)
     total = 0.0

@@ -17,6 +17,7 @@ import torch
 from slick.proc import dist as D
 from slick.types import Sample
 from tests.test_train import make_cfg
+from tests.batches import batch_of
 
 PG_TIMEOUT_S = 30.0
 
@@ -158,8 +159,7 @@ def one_step(tr, cfg, samples):
     old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in lps]
     ref_used = [r - 0.2 * torch.rand(r.shape, generator=g) for r in ref]   # the ref model equals the actor here
     loss_fn = functools.partial(compute_policy_objective, AlgoParams.from_config(cfg))
-    m = tr.train_step(samples, adv, loss_fn, old_logprobs=old,
-                      ref_logprobs=ref_used)
+    m = tr.train_step(batch_of(samples, adv, old_logprobs=old, ref_logprobs=ref_used), loss_fn)
     weights = {n: w.clone() for n, w in tr.named_weights()}
     return {"lps": lps, "ref": ref, "metrics": m, "weights": weights, "after": tr.compute_logprobs(samples),
             "version": tr.version}
@@ -238,7 +238,7 @@ def step_then_none(tr, cfg, samples):
     from slick.algo.objective import compute_policy_objective
 
     first = one_step(tr, cfg, samples)["weights"]
-    m = tr.train_step([], [], functools.partial(compute_policy_objective, AlgoParams.from_config(cfg)))
+    m = tr.train_step(batch_of([], []), functools.partial(compute_policy_objective, AlgoParams.from_config(cfg)))
     return {"first": first, "metrics": m, "weights": {n: w.clone() for n, w in tr.named_weights()},
             "version": tr.version}
 
@@ -355,7 +355,7 @@ def _low_moment_steps(tr, samples):
     adv = [torch.ones(len(s.response_ids)) for s in samples]
     out = {"w0": {n: w.clone() for n, w in tr.named_weights()}}
     for k in ("w1", "w2"):
-        tr.train_step(samples, adv, simple_loss)
+        tr.train_step(batch_of(samples, adv), simple_loss)
         out[k] = {n: w.clone() for n, w in tr.named_weights()}
     st = next(iter(tr.optimizer.state.values()))
     out["moments"] = [(type(st[k]).__name__, str(st[k].dtype)) for k in ("exp_avg", "exp_avg_sq")]

@@ -20,6 +20,7 @@ from slick.train.fsdp import decoder_layers
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg
 from tests.test_train_shared_prompts import grouped_samples
+from tests.batches import batch_of
 
 # a prompt [0, 4) shared by two responses, then a sequence of its own: query rows of each segment
 SPANS = [(0, 0, 0, 4), (0, 4, 4, 7), (0, 4, 7, 9), (0, 0, 9, 12)]
@@ -246,7 +247,7 @@ def test_recompute_mlp_gives_the_same_step_and_keeps_no_gate_up(tiny_model_dir):
         inter = tr.model.config.intermediate_size
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
-            tr.train_step(samples, adv, simple_loss)
+            tr.train_step(batch_of(samples, adv), simple_loss)
         out[recompute] = ({n: w.clone() for n, w in tr.named_weights()}, saved)
     (w_keep, saved_keep), (w_re, saved_re) = out[False], out[True]
     for n, w in w_keep.items():

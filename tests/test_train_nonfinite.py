@@ -10,6 +10,7 @@ from slick.algo.objective import compute_policy_objective
 from slick.loop.step import NonFiniteTrainingError, train_on_samples
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 
 def _weights(tr):
@@ -31,7 +32,7 @@ def test_nan_advantage_skips_the_step_and_leaves_nothing_behind(tiny_model_dir, 
     tr = Trainer(make_cfg(tiny_model_dir, lr=1e-2, lr_warmup_steps=2))
     before = _weights(tr)
     with caplog.at_level("WARNING", logger="slick.train.trainer"):
-        m = tr.train_step(samples, bad, simple_loss)
+        m = tr.train_step(batch_of(samples, bad), simple_loss)
     assert m["skipped_steps"] == 1.0 and m["nonfinite_losses"] == 1.0
     assert math.isnan(m["grad_norm"]) and math.isnan(m["loss"])
     assert _same(before, _weights(tr))
@@ -41,9 +42,9 @@ def test_nan_advantage_skips_the_step_and_leaves_nothing_behind(tiny_model_dir, 
     assert "optimizer step skipped at weights version 0: non-finite loss in 1 micro-batch(es)" in caplog.text
 
     # the skipped step left no trace: the next finite step equals a fresh trainer's first step
-    m = tr.train_step(samples, _adv(samples), simple_loss)
+    m = tr.train_step(batch_of(samples, _adv(samples)), simple_loss)
     fresh = Trainer(make_cfg(tiny_model_dir, lr=1e-2, lr_warmup_steps=2))
-    m_fresh = fresh.train_step(samples, _adv(samples), simple_loss)
+    m_fresh = fresh.train_step(batch_of(samples, _adv(samples)), simple_loss)
     assert m["skipped_steps"] == 0.0 and m["nonfinite_losses"] == 0.0 and tr.version == 1
     assert m["grad_norm"] == m_fresh["grad_norm"] and m["lr"] == m_fresh["lr"] == pytest.approx(5e-3)
     assert _same(_weights(fresh), _weights(tr))
@@ -58,7 +59,7 @@ def test_nan_gradient_with_finite_loss_skips_the_step(tiny_model_dir):
     for clip in (0.0, 1.0):
         tr = Trainer(make_cfg(tiny_model_dir, lr=1e-2, clip_grad=clip))
         before = _weights(tr)
-        m = tr.train_step(make_samples(4), _adv(make_samples(4)), nan_grad_loss)
+        m = tr.train_step(batch_of(make_samples(4), _adv(make_samples(4))), nan_grad_loss)
         assert m["loss"] == 0.0 and m["nonfinite_losses"] == 0.0
         assert m["skipped_steps"] == 1.0 and math.isnan(m["grad_norm"])
         assert _same(before, _weights(tr)) and tr.version == 0

@@ -9,6 +9,7 @@ from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
 from slick.train.optim import LowPrecisionAdamW, stochastic_round_bf16
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples, simple_loss
+from tests.batches import batch_of
 
 
 def _params(seed=0):
@@ -86,8 +87,8 @@ def test_trainer_with_bf16_moments_steps_like_fp32_and_resumes_exactly(tiny_mode
     assert isinstance(ref.optimizer, torch.optim.AdamW) and isinstance(low.optimizer, LowPrecisionAdamW)
     w0 = [w.clone() for _, w in ref.named_weights()]
     for _ in range(4):
-        ref.train_step(samples, adv, simple_loss)
-        low.train_step(samples, adv, simple_loss)
+        ref.train_step(batch_of(samples, adv), simple_loss)
+        low.train_step(batch_of(samples, adv), simple_loss)
     # 4 steps of lr 1e-3: the bf16 moments move the total update by 0.09% of its size here; bound 0.5%
     d_ref = torch.cat([(w - w_0).flatten() for (_, w), w_0 in zip(ref.named_weights(), w0)])
     d_low = torch.cat([(w - w_0).flatten() for (_, w), w_0 in zip(low.named_weights(), w0)])
@@ -95,11 +96,11 @@ def test_trainer_with_bf16_moments_steps_like_fp32_and_resumes_exactly(tiny_mode
     assert all(st["exp_avg_sq"].dtype == torch.bfloat16 for st in low.optimizer.state.values())
 
     save_checkpoint(tmp_path / "ck", 4, low, {})
-    low.train_step(samples, adv, simple_loss)
+    low.train_step(batch_of(samples, adv), simple_loss)
     back = Trainer(make_cfg(tiny_model_dir, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16", **kw))
     assert load_checkpoint(tmp_path / "ck", back)[0] == 4
     assert all(st["exp_avg"].dtype == torch.bfloat16 for st in back.optimizer.state.values())
-    back.train_step(samples, adv, simple_loss)      # same dither from (seed, step): the same weights
+    back.train_step(batch_of(samples, adv), simple_loss)      # same dither from (seed, step): the same weights
     for (n, a), (_, b) in zip(low.named_weights(), back.named_weights()):
         assert torch.equal(a, b), n
 
@@ -108,7 +109,7 @@ def test_fp32_checkpoint_loads_into_bf16_moments(tiny_model_dir, tmp_path):
     samples = make_samples(4)
     adv = [torch.ones(len(s.response_ids)) for s in samples]
     a = Trainer(make_cfg(tiny_model_dir))
-    a.train_step(samples, adv, simple_loss)
+    a.train_step(batch_of(samples, adv), simple_loss)
     save_checkpoint(tmp_path / "ck", 1, a, {})
     b = Trainer(make_cfg(tiny_model_dir, exp_avg_sq_dtype="bf16"))
     load_checkpoint(tmp_path / "ck", b)
@@ -164,12 +165,12 @@ def test_weight_decay_run_resumes_exactly_and_another_decay_is_refused_by_name(t
     adv = [torch.ones(len(s.response_ids)) for s in samples]
     a = Trainer(make_cfg(tiny_model_dir, lr=1e-3, weight_decay=0.1))
     assert [gr["weight_decay"] for gr in a.optimizer.param_groups] == [0.1, 0.0]
-    a.train_step(samples, adv, simple_loss)
+    a.train_step(batch_of(samples, adv), simple_loss)
     save_checkpoint(tmp_path / "ck", 1, a, {})
-    a.train_step(samples, adv, simple_loss)
+    a.train_step(batch_of(samples, adv), simple_loss)
     b = Trainer(make_cfg(tiny_model_dir, lr=1e-3, weight_decay=0.1))
     assert load_checkpoint(tmp_path / "ck", b)[0] == 1
-    b.train_step(samples, adv, simple_loss)
+    b.train_step(batch_of(samples, adv), simple_loss)
     for (n, x), (_, y) in zip(a.named_weights(), b.named_weights()):
         assert torch.equal(x, y), n
     c = Trainer(make_cfg(tiny_model_dir, lr=1e-3))

@@ -7,6 +7,7 @@ from slick.train.packing import pack_shared_prompts, shares_prompts
 from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_train import make_cfg, reference_logprobs, simple_loss
+from tests.batches import batch_of
 
 
 def grouped_samples(groups=3, n=4, seed=0, vocab=1000):
@@ -49,8 +50,8 @@ def test_shared_logprobs_and_gradients_equal_separate_sequences(tiny_model_dir):
         ref = reference_logprobs(shared.model, s, temperature=0.7)
         assert torch.allclose(lp, ref, atol=1e-5, rtol=0), (lp - ref).abs().max()
     adv = [torch.full((len(s.response_ids),), float(i % 3) - 1.0) for i, s in enumerate(samples)]
-    shared.forward_backward(samples, adv, simple_loss)
-    separate.forward_backward(samples, adv, simple_loss)
+    shared.forward_backward(batch_of(samples, adv), simple_loss)
+    separate.forward_backward(batch_of(samples, adv), simple_loss)
     grads = [(a.grad, b.grad) for a, b in zip(shared.model.parameters(), separate.model.parameters())
              if a.grad is not None]
     assert grads and all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in grads)

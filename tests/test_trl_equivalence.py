@@ -30,7 +30,8 @@ pytest.importorskip("trl")
 
 from slick.config import Config  # noqa: E402
 from slick.configure.validate import validate_config  # noqa: E402
-from slick.loop.step import make_loss_fn, train_on_samples  # noqa: E402
+from slick.algo.assemble import objective_from_config  # noqa: E402
+from slick.loop.step import train_on_samples
 from slick.train.trainer import Trainer  # noqa: E402
 from slick.types import Sample  # noqa: E402
 
@@ -116,7 +117,7 @@ def _slick_step(trainer, cfg, prompts, comps, rewards):
 
     def keep_grads(x):   # the loop's loss; the gradients are read after the step's backward via a hook below
         return loss_fn(x)
-    loss_fn = make_loss_fn(cfg)
+    loss_fn = objective_from_config(cfg)
     hooks = [p.register_post_accumulate_grad_hook(lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone()))
              for n, p in trainer.model.named_parameters()]
     try:
@@ -160,7 +161,7 @@ def test_one_and_two_steps_equal_trl(tiny_model_dir, tmp_path):
               f"mean {stats[2]:.2e}")
         assert stats[0] <= 5e-5 and stats[1] <= 1e-3 and stats[2] <= 1e-8, stats
         # the test can tell normalisations apart: slick's default (mean of per-sample means) moves differently
-        train_on_samples(control_cfg, control, samples, rewards, make_loss_fn(control_cfg), step=0)
+        train_on_samples(control_cfg, control, samples, rewards, objective_from_config(control_cfg), step=0)
         c_w = dict(control.model.named_parameters())
         assert max(float((c_w[n].detach() - p.detach()).abs().max())
                    for n, p in trl_tr.model.named_parameters()) > 1e-4

@@ -9,7 +9,8 @@ import torch
 from slick.algo import AlgoParams, LossInputs, compute_policy_objective
 from slick.algo.objective import WholeBatchLoss, zero_gradient
 from slick.config import Config
-from slick.loop.step import make_loss_fn, train_on_samples
+from slick.algo.assemble import objective_from_config
+from slick.loop.step import train_on_samples
 from slick.train.trainer import Trainer
 from tests.test_train import make_cfg, make_samples
 
@@ -84,7 +85,7 @@ def _trained(tiny_model_dir, rewards_per_step, **kw):
     samples = make_samples(4, seed=3)
     metrics = []
     for step, rewards in enumerate(rewards_per_step):
-        m, _ = train_on_samples(cfg, tr, samples, rewards, make_loss_fn(cfg), step=step)
+        m, _ = train_on_samples(cfg, tr, samples, rewards, objective_from_config(cfg), step=step)
         metrics.append(m)
     return {n: p.detach().clone() for n, p in tr.model.named_parameters()}, metrics
 

@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import torch
+
 
 @dataclass(frozen=True)
 class TrainBatch:
@@ -44,7 +46,7 @@ class TrainBatch:
         """The batch of ``samples`` with their scalar ``rewards`` (and optional ``versions`` and other columns)."""
         samples = list(samples)
         return cls(samples=samples, rewards=[float(r) for r in rewards],
-                   tokens=[list(s.response_ids) for s in samples], loss_mask=[list(s.loss_mask) for s in samples],
+                   tokens=[list(s.response_ids) for s in samples], loss_mask=[sample_loss_mask(s) for s in samples],
                    versions=None if versions is None else list(versions),
                    **{k: None if v is None else list(v) for k, v in columns.items()})
 
@@ -70,3 +72,30 @@ class TrainBatch:
 
     def response_lengths(self) -> list[int]:
         return [len(t) for t in self.tokens]
+
+    def padded(self, name: str) -> torch.Tensor:
+        """Column ``name`` as one float32 ``[len(batch), longest response]`` tensor, zero-padded on the right."""
+        col = getattr(self, name)
+        if col is None:
+            raise ValueError(f"TrainBatch: column {name!r} was not computed for this batch")
+        return pad(col, max(self.response_lengths() + [1]))
+
+
+def sample_loss_mask(sample) -> list[int]:
+    """``sample``'s loss mask, one entry per response token (none given: every token trains); a ValueError naming
+    the sample when the lengths differ."""
+    m = list(sample.loss_mask) if sample.loss_mask else [1] * len(sample.response_ids)
+    if len(m) != len(sample.response_ids):
+        raise ValueError(f"sample index {sample.index}: loss_mask has {len(m)} entries but the response has "
+                         f"{len(sample.response_ids)} tokens")
+    return m
+
+
+def pad(rows: Sequence, width: int) -> torch.Tensor:
+    """Per-sample rows (lists or tensors of any length up to ``width``) as one float32 ``[len(rows), width]``
+    tensor, zero-padded on the right."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        r = torch.as_tensor(r, dtype=torch.float32)
+        out[i, : len(r)] = r
+    return out

@@ -87,20 +87,22 @@ class AdvantageOutputs:
 
 @dataclass
 class LossInputs:
-    """One packed micro-batch for the policy loss, every tensor [B, T] (B = the micro-batch's samples).
+    """One packed micro-batch for a loss, every tensor [B, T] (B = the micro-batch's samples): the trainer's
+    output for it and the batch's columns (``slick.algo.batch.TrainBatch``) under their own names.
 
-    ``logprobs`` carries the gradient; ``entropy`` may be None when ``entropy_coef`` is 0;
-    ``old_logprobs=None`` means on-policy; ``rollout_logprobs`` are the engine's (for TIS);
+    A policy head's ``logprobs`` carry the gradient (``values`` None); a value head's ``values`` do (``logprobs``
+    None), with the batch's ``returns`` and the rollout's ``old_values``. ``entropy`` may be None when
+    ``entropy_coef`` is 0; ``old_logprobs=None`` means on-policy; ``rollout_logprobs`` are the engine's (for TIS);
     ``num_samples``/``num_tokens`` are the *global* batch normalisers (see ``reduce``);
     ``metric_num_samples``/``metric_num_tokens``, when set, those of the samples the step trains on, for the
     metrics that describe them (samples whose loss gradient is exactly zero were left out:
     :class:`slick.algo.objective.WholeBatchLoss`).
     """
 
-    logprobs: Tensor
+    logprobs: Optional[Tensor]
     entropy: Optional[Tensor]
     mask: Tensor
-    advantages: Tensor
+    advantages: Optional[Tensor]
     old_logprobs: Optional[Tensor] = None
     ref_logprobs: Optional[Tensor] = None
     rollout_logprobs: Optional[Tensor] = None
@@ -108,10 +110,14 @@ class LossInputs:
     num_tokens: Optional[float] = None
     metric_num_samples: Optional[float] = None
     metric_num_tokens: Optional[float] = None
+    values: Optional[Tensor] = None
+    returns: Optional[Tensor] = None
+    old_values: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         shape = self.mask.shape
-        for name in ("logprobs", "entropy", "advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs"):
+        for name in ("logprobs", "entropy", "advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs",
+                     "values", "returns", "old_values"):
             _check_like(name, getattr(self, name), shape, "LossInputs")
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from slick.algo.batch import TrainBatch
+
 
 class RayCriticGroup:
     """The critics of a :class:`slick.cluster.trainer_group.RayTrainerGroup`'s ranks, as one Critic."""
@@ -29,13 +31,10 @@ class RayCriticGroup:
     def compute_values(self, samples: Sequence):
         return self._call("compute_values", list(samples), what="compute values")
 
-    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn, old_logprobs=None,
-                   ref_logprobs=None) -> dict:
-        """The trainer's signature; for the value head ``advantages`` are the returns, ``old_logprobs`` the old
-        values (``slick.train.critic.Critic``)."""
-        out = self._call("train_step", list(samples), list(advantages), loss_fn, what="train the critic",
-                         old_logprobs=None if old_logprobs is None else list(old_logprobs),
-                         ref_logprobs=None if ref_logprobs is None else list(ref_logprobs))
+    def train_step(self, batch: TrainBatch, objective) -> dict:
+        """The trainer's signature: the value head reads the batch's ``returns`` and ``values``
+        (``slick.train.critic.Critic``)."""
+        out = self._call("train_step", batch, objective, what="train the critic")
         self.version += int(out["skipped_steps"] == 0)
         return out
 

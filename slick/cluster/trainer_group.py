@@ -16,6 +16,8 @@ import socket
 import time
 from typing import Iterator, Optional, Sequence
 
+from slick.config import Config, ConfigView
+from slick.algo.batch import TrainBatch
 from slick.cluster.actors import RankError, set_actor_threads, wait_all  # noqa: F401 - RankError: raised to callers
 from slick.cluster.engine_actor import EngineHost
 from slick.engines.client import HttpEngine
@@ -36,7 +38,7 @@ RANK_GROUPS = tuple(dict.fromkeys(Trainer.CONFIG_GROUPS + Critic.CONFIG_GROUPS +
 class TrainerRank:
     """The body of one trainer rank's actor (wrapped with ``ray.remote`` by :class:`RayTrainerGroup`)."""
 
-    def __init__(self, cfg, rank: int, world_size: int, slots_on_node: int):
+    def __init__(self, cfg: ConfigView, rank: int, world_size: int, slots_on_node: int):
         self.cfg, self.rank, self.world_size = cfg.view(*RANK_GROUPS), rank, world_size
         self.threads = set_actor_threads(slots_on_node)
         self.trainer = self.critic = None
@@ -159,7 +161,7 @@ class RayTrainerGroup:
 
     remote = True
 
-    def __init__(self, cfg, cluster, timeout_s: float = 1800.0, start_timeout_s: float = 600.0):
+    def __init__(self, cfg: Config | ConfigView, cluster, timeout_s: float = 1800.0, start_timeout_s: float = 600.0):
         import ray
 
         cfg = cfg.view(*RANK_GROUPS)   # what the ranks receive (pickled)
@@ -240,9 +242,9 @@ class RayTrainerGroup:
     def compute_logprobs(self, samples: Sequence, which: str = "actor"):
         return self._fanout("compute_logprobs", list(samples), which)
 
-    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn, old_logprobs=None, ref_logprobs=None):
-        return self._fanout("train_step", list(samples), list(advantages), loss_fn, old_logprobs=old_logprobs,
-                            ref_logprobs=ref_logprobs)
+    def train_step(self, batch: TrainBatch, objective) -> dict:
+        """Every rank gets the whole batch (each trains its share of the samples); rank 0's metrics come back."""
+        return self._fanout("train_step", batch, objective)
 
     def named_weights(self) -> Iterator:
         return iter(self._fanout("named_weights", what="gather its weights"))

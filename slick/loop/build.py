@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 import yaml
 
+from slick.config import Config
 from slick.cluster import start_cluster
 from slick.config.auto import allocator_reason, onednn_cache_reason, threads_reason
 from slick.configure.validate import async_lead
@@ -35,7 +36,7 @@ from slick.factory.trainer import make_critic, make_trainer
 from slick.config.sft_distill import is_sft
 from slick.config.slime import has_checkpoint   # --load of a directory with no checkpoint yet: a fresh start
 from slick.loop.sft_inputs import build_sft_inputs, check_teacher
-from slick.loop.step import make_loss_fn
+from slick.algo.assemble import Advantages, objective_from_config
 from slick.loop.threads import ThreadPolicy
 from slick.loop.weights import EngineWeights
 from slick.models.tokenizer import load_tokenizer
@@ -72,7 +73,8 @@ class Components:
     buffer: Optional[RolloutBuffer] = None
     events: Optional[RunEvents] = None            # --prometheus-port: the counters the parts report into
     rewards: Optional[RewardHub] = None
-    loss_fn: Optional[Callable] = None
+    loss_fn: Optional[Callable] = None             # the objective the trainer minimises (slick/algo/assemble.py)
+    advantages: Optional[Advantages] = None       # the run's advantage assembly, built once
     rollout_fn: Optional[Callable] = None         # --rollout-function-path
     cluster: Any = None                           # the Ray cluster, when the run asks for Ray
     trainer: Any = None                           # slick.train.protocol.Trainer (None: --debug-rollout-only)
@@ -124,7 +126,7 @@ class Components:
             await self.engines.close()
 
 
-def build(cfg, mode: str = "sync") -> Components:
+def build(cfg: Config, mode: str = "sync") -> Components:
     """Every part of a run of ``cfg`` for the driver ``mode`` ("sync": slick train, "async": slick train-async).
     On failure, what was started is stopped (no orphan: actors, engine processes, a local Ray cluster)."""
     if mode not in MODES:
@@ -140,7 +142,7 @@ def build(cfg, mode: str = "sync") -> Components:
     return c
 
 
-def staleness_bound(cfg, mode: str) -> int:
+def staleness_bound(cfg: Config, mode: str) -> int:
     """The buffer's bound, in versions: --max-staleness for slick train; slick train-async's backstop, at the start
     of a step's training, is lead * k (k optimizer steps per rollout, lead from ``async_lead``)."""
     return async_lead(cfg) * cfg.num_steps_per_rollout if mode == "async" else cfg.max_staleness
@@ -178,7 +180,8 @@ def _build_inputs(c: Components) -> None:
     c.buffer = RolloutBuffer.from_config(cfg, max_staleness=staleness_bound(cfg, c.mode))
     c.events = RunEvents() if cfg.prometheus_port is not None else None
     c.rewards = RewardHub(cfg, on_scored=c.events.observe_reward if c.events else None)
-    c.loss_fn = make_loss_fn(cfg)
+    c.loss_fn = objective_from_config(cfg)
+    c.advantages = Advantages.from_config(cfg)
 
 
 def _build_trainer(c: Components) -> None:
@@ -235,7 +238,7 @@ def _build_rollout(c: Components) -> None:
         torch.set_num_threads(c.threads.cores)   # the engine's, until the trainer starts
 
 
-def resume(cfg, trainer, critic, data, buffer) -> int:
+def resume(cfg: Config, trainer, critic, data, buffer) -> int:
     """--load: the trainer (and critic), the data position and the buffer restored; returns the step (0: fresh)."""
     if not cfg.load or not has_checkpoint(cfg.load):   # slime's first run: --load = --save, not there yet
         return 0

@@ -13,6 +13,7 @@ import math
 import time
 from typing import Optional
 
+from slick.config import Config
 from slick.algo.batch import TrainBatch
 from slick.loop import debug
 from slick.config.sft_distill import is_sft
@@ -39,7 +40,7 @@ class Run:
     train-async): the parts are built for it (``build(cfg, "async")``: thread split, staleness bound, the
     interruptible engine). ``parts``: parts built already (then ``overlap`` is theirs)."""
 
-    def __init__(self, cfg, overlap: bool = False, parts: Optional[Components] = None):
+    def __init__(self, cfg: Config, overlap: bool = False, parts: Optional[Components] = None):
         self.cfg = cfg
         self.engine_version = 0   # the weight version the engines hold (a replacement engine is brought to it)
         self._traced = -1e9       # when --trace-file was last written (time.monotonic)
@@ -131,7 +132,8 @@ class Run:
         if teacher_logprobs is not None:
             batch = batch.with_columns(teacher_logprobs=teacher_logprobs)
         try:
-            metrics, batch = train_on_batch(self.cfg, self.trainer, batch, self.loss_fn, step, critic=self.critic)
+            metrics, batch = train_on_batch(self.cfg, self.trainer, batch, self.loss_fn, step, critic=self.critic,
+                                            advantages=self.advantages)
         except NonFiniteTrainingError as e:
             if dump:
                 debug.save_train_data(dump, step, e.batch, debug_logp)

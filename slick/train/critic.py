@@ -32,6 +32,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from slick.algo.batch import TrainBatch
+from slick.config import Config, ConfigView
 from slick.algo.inputs import LossInputs
 from slick.algo.value import explained_variance, value_loss
 from slick.models.tokenizer import load_tokenizer
@@ -40,7 +42,6 @@ from slick.train.attention import use_segments
 from slick.ckpt.dcp import is_sharded, load_sharded, save_sharded
 from slick.train.fsdp import make_mesh, shard
 from slick.train.optim import make_adamw
-from slick.train.packing import loss_mask, pad
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.ckpt.rng import rng_state, set_rng_state
 from slick.ckpt.safe_load import load_pt   # weights_only=True: a checkpoint file runs no code
@@ -52,7 +53,7 @@ CRITIC_METRICS = ("value_loss", "vf_clipfrac", "values_mean", "returns_mean", "l
 log = logging.getLogger(__name__)
 
 
-def needs_critic(cfg) -> bool:
+def needs_critic(cfg: Config | ConfigView) -> bool:
     """True when the run trains a critic (``--advantage-estimator ppo`` always does)."""
     return cfg.advantage_estimator == "ppo" and not cfg.debug_rollout_only
 
@@ -104,13 +105,13 @@ def critic_source(path) -> tuple[Path, Optional[Path]]:
 
 
 def _value_loss(clip: float, per_token: bool, inputs: LossInputs):
-    """The value head's loss over one micro-batch: ``inputs.logprobs`` carries the head's values, ``advantages``
-    the returns and ``old_logprobs`` the rollout's values (see :meth:`Critic.train_step`)."""
-    return value_loss(inputs.logprobs, inputs.old_logprobs, inputs.advantages, inputs.mask, clip, per_token,
+    """The value head's loss over one micro-batch: the head's ``values`` regress on the batch's ``returns``, clipped
+    around the rollout's ``old_values``."""
+    return value_loss(inputs.values, inputs.old_values, inputs.returns, inputs.mask, clip, per_token,
                       num_samples=inputs.num_samples, num_tokens=inputs.num_tokens)
 
 
-def value_objective(cfg) -> Callable:
+def value_objective(cfg: Config) -> Callable:
     """The critic's ``loss_fn`` for the trainer's ``train_step``: the clipped value loss with ``--value-clip`` and
     ``--calculate-per-token-loss`` bound (a picklable partial: the Ray ranks receive it)."""
     return functools.partial(_value_loss, float(cfg.value_clip), bool(cfg.calculate_per_token_loss))
@@ -120,14 +121,15 @@ class Critic(Trainer):
     """The value model, its AdamW and warm-up; collective over FSDP ranks like the Trainer (same rules).
 
     A Trainer with the value head: the trainer's ``train_step`` (same signature, same micro-batch loop) with
-    ``train_step(samples, returns, value_objective(cfg), old_values)``. Metrics: the trainer's, with the value
-    loss's value_loss, vf_clipfrac, values_mean, returns_mean (global-batch reductions).
+    ``train_step(batch, value_objective(cfg))``, reading the batch's ``returns`` and ``values`` columns. Metrics:
+    the trainer's, with the value loss's value_loss, vf_clipfrac, values_mean, returns_mean (global-batch
+    reductions).
     """
 
     head = "value"
     CONFIG_GROUPS = ("train", "critic")
 
-    def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None):
+    def __init__(self, cfg: Config | ConfigView, model_path: Optional[str] = None, precision: Optional[str] = None):
         from transformers import AutoModel
 
         self.cfg = cfg = cfg.view(*self.CONFIG_GROUPS)
@@ -296,7 +298,7 @@ def with_critic(trainer, critic):
     return trainer if critic is None else CheckpointPair(trainer, critic)
 
 
-def train_critic(cfg, critic, batch) -> dict:
+def train_critic(cfg: Config, critic, batch: TrainBatch) -> dict:
     """``--critic-num-steps-per-rollout`` critic optimizer steps over ``batch`` (a ``slick.algo.batch.TrainBatch``
     with values and returns; consecutive equal slices), each with the clipped value loss against the returns around
     the rollout's values. Returns ``critic/*`` metrics: value_loss, vf_clipfrac, values_mean, returns_mean,
@@ -310,7 +312,7 @@ def train_critic(cfg, critic, batch) -> dict:
         part = batch.slice(j * size, (j + 1) * size)
         if not len(part):
             break
-        m = critic.train_step(part.samples, part.returns, loss_fn, part.values)
+        m = critic.train_step(part, loss_fn)
         s = float(m["skipped_steps"])
         skipped += s
         if s == 0:
@@ -323,8 +325,6 @@ def train_critic(cfg, critic, batch) -> dict:
         for key, v in m.items():
             out[f"critic/{key}"] = out.get(f"critic/{key}", 0.0) + float(v) / len(applied)
     out["critic/skipped_steps"] = skipped
-    width = max([len(s.response_ids) for s in batch.samples] + [1])
-    mask = pad([loss_mask(s) for s in batch.samples], width)
-    out["critic/explained_variance"] = float(explained_variance(pad(batch.values, width), pad(batch.returns, width),
-                                                                mask))
+    out["critic/explained_variance"] = float(explained_variance(batch.padded("values"), batch.padded("returns"),
+                                                                batch.padded("loss_mask")))
     return out

@@ -196,30 +196,3 @@ def pad_stack(rows: Sequence[torch.Tensor], length: int, value: float = 0.0,
     for k, r in enumerate(rows):
         out[k, : r.shape[0]] = r.to(dtype)
     return out
-
-
-def pad(rows: list, width: int) -> torch.Tensor:
-    """Per-sample rows (lists or tensors of any length up to ``width``) as one float32 ``[len(rows), width]``
-    tensor, zero-padded on the right."""
-    out = torch.zeros(len(rows), width, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        r = torch.as_tensor(r, dtype=torch.float32)
-        out[i, : len(r)] = r
-    return out
-
-
-def loss_mask(sample) -> list[int]:
-    """``sample``'s loss mask, one entry per response token (none given: every token trains); a ValueError naming
-    the sample when the lengths differ."""
-    m = list(sample.loss_mask) if sample.loss_mask else [1] * len(sample.response_ids)
-    if len(m) != len(sample.response_ids):
-        raise ValueError(f"sample index {sample.index}: loss_mask has {len(m)} entries but the response has "
-                         f"{len(sample.response_ids)} tokens")
-    return m
-
-
-def check_columns(samples: Sequence, **columns) -> None:
-    """One entry per sample in every given column (None: absent), else a ValueError naming the column."""
-    for name, seq in columns.items():
-        if seq is not None and len(seq) != len(samples):
-            raise ValueError(f"train_step: {len(samples)} samples but {len(seq)} {name}")

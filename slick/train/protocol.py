@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
+from slick.algo.batch import TrainBatch
+
 
 @runtime_checkable
 class WeightSink(Protocol):
@@ -41,9 +43,9 @@ class Trainer(Protocol):
     device: Any                  # torch.device the trainer computes on
     dtype: Any                   # torch dtype the trainer computes in
 
-    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn: Any,
-                   old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
-        """One optimizer step over ``samples``; prefix-free float metrics."""
+    def train_step(self, batch: TrainBatch, objective: Any) -> dict:
+        """One optimizer step over ``batch`` (the loop's only contract with a trainer); prefix-free float
+        metrics. ``objective(LossInputs) -> (loss, metrics)``."""
         ...
 
     def compute_logprobs(self, samples: Sequence, which: str = "actor") -> list:

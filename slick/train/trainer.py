@@ -1,11 +1,13 @@
 """The Trainer: HF causal LM + AdamW, packed micro-batches, chunked logprobs, one optimizer step per call.
 
-The trainer does not know the RL algorithm: ``train_step`` receives a ``loss_fn`` with the signature of
-``slick.algo.objective.compute_policy_objective`` minus ``cfg``, taking one ``slick.algo.LossInputs``::
+The trainer does not know the RL algorithm: ``train_step(batch, objective)`` receives the step's
+``slick.algo.batch.TrainBatch`` (the one contract from the loop to any trainer: samples and per-sample columns)
+and an ``objective`` with the signature of ``slick.algo.objective.compute_policy_objective`` minus ``cfg``,
+taking one ``slick.algo.LossInputs``: the head's output and the batch's columns under their own names::
 
-    loss, metrics = loss_fn(LossInputs(logprobs[B,T], entropy[B,T], mask[B,T], advantages[B,T],
-                                       old_logprobs=None|[B,T], ref_logprobs=None|[B,T],
-                                       rollout_logprobs=None|[B,T], num_samples=int, num_tokens=int))
+    loss, metrics = objective(LossInputs(logprobs[B,T], entropy[B,T], mask[B,T], advantages[B,T],
+                                         old_logprobs=None|[B,T], ref_logprobs=None|[B,T],
+                                         rollout_logprobs=None|[B,T], num_samples=int, num_tokens=int))
 
 called once per packed micro-batch with the *global* normalisers, so summing the micro-batch losses gives
 the global-batch loss and accumulated gradients equal the one-big-batch gradient. The metrics a loss_fn
@@ -13,8 +15,9 @@ returns must be additive in the same way (slick.algo reduces every metric with t
 the trainer sums them over micro-batches.
 
 The head and the loss are pluggable: the head is the forward module (``_fwd``) and what it predicts per response
-token, the loss is ``loss_fn``. The policy head (this class) predicts logprobs and trains on advantages; the value
-head (``slick.train.critic.Critic``: ``head = "value"``) predicts values and trains on returns with
+token, the loss is ``objective``. The policy head (this class) predicts logprobs and trains on advantages; the value
+head (``slick.train.critic.Critic``: ``head = "value"``) predicts ``values`` and trains on the batch's ``returns``
+around its ``values`` column (the rollout's, ``old_values`` in the loss) with
 ``slick.train.critic.value_objective``, through this class's ``train_step`` and its one micro-batch loop.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
+from slick.config import Config, ConfigView
 from slick.algo.correction import GAP_THRESHOLD, gap_stats
 from slick.algo.inputs import LossInputs
 from slick.train.probe import candidate_logprobs
@@ -44,8 +48,9 @@ from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
 from slick.train.lora import attach_lora
 from slick.train.lr import lr_factor_from_config
 from slick.train.moe import use_slick_moe
-from slick.train.packing import (PackedBatch, check_columns, loss_mask, pack, pack_shared_prompts, pad_stack,
-                                 seq_tokens, shares_prompts, split_micro_batches)
+from slick.algo.batch import TrainBatch
+from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
+                                 split_micro_batches)
 from slick.train.precision import resolve_device, resolve_dtype, resolve_scheme
 from slick.train.teacher import load_teacher
 from slick.types import Sample
@@ -74,7 +79,7 @@ class Trainer:
     #: the policy's LoRA adapters (slick.train.lora.PolicyLora) with --lora-rank / --lora-load, else None
     lora = None
 
-    def __init__(self, cfg, model_path: Optional[str] = None, precision: Optional[str] = None, *,
+    def __init__(self, cfg: Config | ConfigView, model_path: Optional[str] = None, precision: Optional[str] = None, *,
                  thread_budget: Optional[Callable[[], Optional[int]]] = None):
         from transformers import AutoModelForCausalLM
 
@@ -275,19 +280,17 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------ training
-    def train_step(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
-                   old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
-        """One optimizer step over ``samples`` (the global batch). Returns prefix-free float metrics.
+    def train_step(self, batch: TrainBatch, objective: Callable) -> dict:
+        """One optimizer step over ``batch`` (the global batch). Returns prefix-free float metrics.
 
-        ``advantages[i]`` (and ``old_logprobs[i]``, ``ref_logprobs[i]`` when given) are 1-D per-token
-        tensors of length ``len(samples[i].response_ids)``. Equals :meth:`forward_backward` followed by
+        The policy head reads the batch's ``advantages`` (and ``old_logprobs``, ``ref_logprobs`` when computed),
+        the value head its ``returns`` and ``values`` (``slick.train.critic.value_objective``); every column holds
+        1-D per-token tensors of the response's length. Equals :meth:`forward_backward` followed by
         :meth:`optimizer_step`; ``skipped_steps`` is 1.0 when that step was skipped (non-finite loss or
-        gradient norm: weights unchanged), else 0.0. The value head (``head == "value"``) reads the same
-        arguments as the critic's: ``advantages`` are the returns it regresses on, ``old_logprobs`` the rollout's
-        values (the clip's centre), ``loss_fn`` a value loss (``slick.train.critic.value_objective``).
+        gradient norm: weights unchanged), else 0.0.
         """
         t0 = time.perf_counter()
-        out = self.forward_backward(samples, advantages, loss_fn, old_logprobs, ref_logprobs)
+        out = self.forward_backward(batch, objective)
         t1 = time.perf_counter()
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         skipped_before = self.skipped_steps
@@ -302,9 +305,8 @@ class Trainer:
         out.update(self.moe.pop_metrics() if self.moe is not None else {})
         return out
 
-    def forward_backward(self, samples: Sequence, advantages: Sequence, loss_fn: Callable,
-                         old_logprobs: Optional[Sequence] = None, ref_logprobs: Optional[Sequence] = None) -> dict:
-        """Zero the gradients, then forward + backward every packed micro-batch of ``samples`` (none: every
+    def forward_backward(self, batch: TrainBatch, objective: Callable) -> dict:
+        """Zero the gradients, then forward + backward every packed micro-batch of ``batch`` (none: every
         gradient is exactly zero, and the optimizer step that follows steps on that).
 
         Leaves the accumulated global-batch gradient in the optimizer's parameters' ``.grad`` (fp32 master
@@ -312,11 +314,15 @@ class Trainer:
         ``nonfinite_losses``: the micro-batches whose loss was NaN/inf. Those get no backward, and the next
         :meth:`optimizer_step` is skipped.
         """
-        check_columns(samples, advantages=advantages, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
+        needed = ("advantages",) if self.head == "policy" else ("returns", "values")
+        missing = [c for c in needed if getattr(batch, c) is None]
+        if missing and len(batch):
+            raise ValueError(f"train_step: the {self.head} head trains on the batch's {' and '.join(needed)}; "
+                             f"{', '.join(missing)} not computed")
         t0 = time.perf_counter()
-        masks = [loss_mask(s) for s in samples]
+        samples = batch.samples
         num_samples = len(samples)
-        num_tokens = int(sum(sum(m) for m in masks))
+        num_tokens = int(sum(sum(m) for m in batch.loss_mask))
         entropy_grad = self.head == "policy" and bool(self.cfg.entropy_coef)   # the value head has no entropy
         sums: dict[str, float] = {}
         total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
@@ -332,14 +338,13 @@ class Trainer:
                 mb = self._pack(samples, idx)
                 tokens += mb.num_tokens
                 lps, ents = self._forward(self._fwd, mb, with_entropy=True, entropy_grad=entropy_grad)
-                inputs = self._loss_inputs(samples, idx, max(mb.response_lengths), lps, ents, masks, advantages,
-                                           old_logprobs, ref_logprobs, num_samples, num_tokens)
+                inputs = self._loss_inputs(batch, idx, max(mb.response_lengths), lps, ents, num_samples, num_tokens)
                 if inputs.rollout_logprobs is not None:   # train/inference mismatch (slick/algo/correction.py)
                     gap = gap_stats(inputs.logprobs, inputs.rollout_logprobs, inputs.mask, GAP_THRESHOLD)
                     diff_sum += gap["abs_sum"]
                     diff_n += int(gap["n"])
                     diff_max, diff_over = max(diff_max, gap["abs_max"]), diff_over + gap["over"]
-                loss, metrics = loss_fn(inputs)
+                loss, metrics = objective(inputs)
                 total_loss += float(loss.detach())
                 nonfinite += 0 if self._backward(loss, inputs) else 1
                 for k, v in (metrics or {}).items():
@@ -369,28 +374,33 @@ class Trainer:
                 self._accumulate_master_grads()
             return True
         if self.fsdp:   # the other ranks' backward collectives still need this rank's
-            (inputs.logprobs.sum() * 0.0).backward()
+            (inputs.logprobs if inputs.values is None else inputs.values).sum().mul(0.0).backward()
         return False
 
-    def _loss_inputs(self, samples, idx, T, lps, ents, masks, advantages, old_logprobs, ref_logprobs,
-                     num_samples, num_tokens) -> LossInputs:
-        """The loss function's inputs for the micro-batch of samples ``idx``: every per-token column right-padded
-        to ``T``; the rollout's logprobs when every sample has them (a policy head only)."""
+    def _loss_inputs(self, batch: TrainBatch, idx, T, out, ents, num_samples, num_tokens) -> LossInputs:
+        """The objective's inputs for the micro-batch of samples ``idx``: the head's output (``out``: logprobs or
+        values) and every computed column of ``batch`` right-padded to ``T``; the rollout's logprobs when every
+        sample has them (a policy head only)."""
         dev = self.device
 
         def column(seq):
-            return pad_stack([torch.as_tensor(seq[i], device=dev) for i in idx], T, dtype=torch.float32)
+            return None if seq is None else pad_stack([torch.as_tensor(seq[i], device=dev) for i in idx], T,
+                                                      dtype=torch.float32)
 
+        samples = batch.samples
         roll = None
         if self.head == "policy" and all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids)
                                          for i in idx):
             roll = column([s.rollout_logprobs for s in samples])
-        return LossInputs(pad_stack(lps, T, dtype=torch.float32),
+        head_out = pad_stack(out, T, dtype=torch.float32)
+        policy = self.head == "policy"
+        return LossInputs(head_out if policy else None,
                           pad_stack(ents, T, dtype=torch.float32) if ents is not None else None,
-                          column(masks), column(advantages),
-                          old_logprobs=column(old_logprobs) if old_logprobs is not None else None,
-                          ref_logprobs=column(ref_logprobs) if ref_logprobs is not None else None,
-                          rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens)
+                          column(batch.loss_mask), column(batch.advantages),
+                          old_logprobs=column(batch.old_logprobs), ref_logprobs=column(batch.ref_logprobs),
+                          rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens,
+                          values=None if policy else head_out, returns=column(batch.returns),
+                          old_values=None if policy else column(batch.values))
 
     def _accumulate_master_grads(self) -> None:
         for p, m in zip(self.params, self.master):
