@@ -99,10 +99,11 @@ def _reads_deep(fn, names: tuple, defs: dict, seen: set) -> set:
 def _narrowed() -> list:
     """(where, declared groups, fields read) for every narrowing function and every class with CONFIG_GROUPS."""
     from slick.cluster.trainer_group import RANK_GROUPS
-    from slick.train.critic import Critic
+    from slick.train.heads import PolicyHead, ValueHead
     from slick.train.trainer import Trainer
 
-    star = {"Trainer": Trainer.CONFIG_GROUPS, "Critic": Critic.CONFIG_GROUPS, "RANK_GROUPS": RANK_GROUPS}
+    star = {"Trainer": Trainer.CONFIG_GROUPS, "PolicyHead": PolicyHead.CONFIG_GROUPS,
+            "ValueHead": ValueHead.CONFIG_GROUPS, "RANK_GROUPS": RANK_GROUPS}
     defs = _top_level_functions()
     found = []
     for path in sorted(ROOT.rglob("*.py")):
@@ -134,7 +135,7 @@ def test_narrowed_components_read_only_their_declared_groups():
     names = {w for w, _, _ in found}
     # the components given groups: the trainer, the critic, the Ray ranks, the optimizer's schedule, the engine
     # and teacher factories, the weight sink, the thread split, the Ray cluster, tools, chats, the async producer
-    for want in ("trainer.py:Trainer", "critic.py:Critic", "trainer_group.py:__init__", "lr.py:lr_factor_from_config",
+    for want in ("trainer.py:Trainer", "heads.py:PolicyHead", "heads.py:ValueHead", "trainer_group.py:__init__", "lr.py:lr_factor_from_config",
                  "engines.py:make_engines", "teacher.py:make_teacher", "weights.py:__init__",
                  "threads.py:thread_split", "__init__.py:start_cluster", "tools.py:from_config",
                  "chats.py:from_config", "producer.py:__init__"):

@@ -11,7 +11,8 @@ import torch
 from slick.config import Config, ConfigError
 from slick.configure.validate import validate_config
 from slick.ckpt.checkpoint import load_checkpoint, save_checkpoint
-from slick.train.critic import Critic, critic_source, value_objective, with_critic
+from slick.train.critic import Critic, value_objective, with_critic
+from slick.train.heads import critic_source
 from slick.types import Sample
 from tests.batches import value_batch
 

@@ -1,4 +1,4 @@
-"""The critic as a head (issue 31): the critic is a Trainer with the value head and the value loss; it trains through
+"""The critic as a head: the critic is a Trainer built with the value head and the value loss; it trains through
 the Trainer's own train_step (same signature) and its one micro-batch loop, and its value loss is the one the
 critic's former loop computed."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ from slick.cluster.critic_group import RayCriticGroup
 from slick.train.critic import Critic, value_objective
 from slick.algo.batch import sample_loss_mask as loss_mask
 from slick.train.packing import pad_stack
+from slick.train.heads import PolicyHead, ValueHead
 from slick.train.trainer import Trainer
 from slick.types import Sample
 from tests.test_critic import make_cfg, make_samples, targets_for
@@ -22,12 +23,15 @@ from tests.batches import value_batch
 SLICK = Path(__file__).resolve().parent.parent / "slick"
 
 
-def test_critic_train_step_is_the_trainers():
-    """No override: the critic's train_step is the Trainer's function; the Ray critic group takes the same
-    parameters (names, order, defaults)."""
-    assert "train_step" not in Critic.__dict__ and "forward_backward" not in Critic.__dict__
-    assert Critic.train_step is Trainer.train_step
-    assert Critic.head == "value" and Trainer.head == "policy"
+def test_critic_is_the_trainer_with_the_value_head(tiny_model_dir):
+    """No subclass: the critic is a Trainer built with the value head (slick.train.heads), the policy the same
+    class with the policy head; the Ray critic group takes train_step's parameters (names, order, defaults)."""
+    critic, policy = Critic(make_cfg(tiny_model_dir)), Trainer(make_cfg(tiny_model_dir))
+    assert type(critic) is Trainer and type(policy) is Trainer
+    assert (critic.head.name, policy.head.name) == ("value", "policy")
+    assert type(critic.head) is ValueHead and type(policy.head) is PolicyHead
+    import slick.train.critic as critic_module
+    assert [c for c in vars(critic_module).values() if isinstance(c, type) and issubclass(c, Trainer)] == [Trainer]
     want = [(p.name, p.default) for p in inspect.signature(Trainer.train_step).parameters.values()]
     got = [(p.name, p.default) for p in inspect.signature(RayCriticGroup.train_step).parameters.values()]
     assert got == want
@@ -50,7 +54,7 @@ def test_only_the_trainer_iterates_micro_batches():
     assert [p for p, _ in found] == ["train/trainer.py", "train/trainer.py"], found
 
 
-def _old_loop_step(c: Critic, cfg, samples, returns, old_values) -> dict:
+def _old_loop_step(c: Trainer, cfg, samples, returns, old_values) -> dict:
     """The critic's former train_step, as it was before the head (its own micro-batch loop), for one process."""
     masks = [loss_mask(s) for s in samples]
     num_samples, num_tokens = len(samples), int(sum(sum(m) for m in masks))

@@ -23,6 +23,7 @@ from slick.cluster.engine_actor import EngineHost
 from slick.engines.client import HttpEngine
 from slick.proc.children import rss_bytes
 from slick.train.critic import Critic, needs_critic
+from slick.train.heads import PolicyHead, ValueHead
 from slick.proc.dist import destroy, init_process_group
 from slick.ckpt.rng import seed_everything
 from slick.train.trainer import Trainer
@@ -32,7 +33,7 @@ log = logging.getLogger("slick.cluster")
 
 
 #: the config groups a rank reads: its trainer's and critic's, and whether the run has a critic (debug)
-RANK_GROUPS = tuple(dict.fromkeys(Trainer.CONFIG_GROUPS + Critic.CONFIG_GROUPS + ("debug",)))
+RANK_GROUPS = tuple(dict.fromkeys(PolicyHead.CONFIG_GROUPS + ValueHead.CONFIG_GROUPS + ("debug",)))
 
 
 class TrainerRank:

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
@@ -35,19 +34,14 @@ from slick.config import Config, ConfigView
 from slick.algo.correction import GAP_THRESHOLD, gap_stats
 from slick.algo.inputs import LossInputs
 from slick.train.probe import candidate_logprobs
-from slick.models.tokenizer import load_tokenizer
 from slick.proc import dist as D
-from slick.train.attention import use_segments
 from slick.train.casts import cached_weight_casts
-from slick.proc.memory import own_memory, tune_cpu_allocator
+from slick.proc.memory import tune_cpu_allocator
 from slick.train.optim import make_adamw
-from slick.train.fsdp import LogprobForward, decoder_layers, make_mesh, reshard, shard, total_norm
+from slick.train.fsdp import make_mesh, reshard, shard, total_norm
+from slick.train.heads import PolicyHead
 from slick.train import fsdp_lora, trainer_io
 from slick.train.frozen import load_frozen
-from slick.train.fused_layers import FUSED_LAYERS, fuse_decoder_layers
-from slick.train.lora import attach_lora
-from slick.train.lr import lr_factor_from_config
-from slick.train.moe import use_slick_moe
 from slick.algo.batch import TrainBatch
 from slick.train.packing import (PackedBatch, pack, pack_shared_prompts, pad_stack, seq_tokens, shares_prompts,
                                  split_micro_batches)
@@ -72,19 +66,14 @@ class Trainer:
     same full arguments and get the same result; each rank computes its share of the samples.
     """
 
-    #: what the head predicts per response token: "policy" (logprobs; compared with the rollout's) or "value"
-    head = "policy"
-    #: the config groups the trainer reads (slick.config.ConfigView)
-    CONFIG_GROUPS = ("train", "algorithm", "rollout", "lora", "sft_distill")
-    #: the policy's LoRA adapters (slick.train.lora.PolicyLora) with --lora-rank / --lora-load, else None
-    lora = None
+    #: the config groups the policy trainer reads (slick.config.ConfigView); a value trainer reads ValueHead's
+    CONFIG_GROUPS = PolicyHead.CONFIG_GROUPS
 
-    def __init__(self, cfg: Config | ConfigView, model_path: Optional[str] = None, precision: Optional[str] = None, *,
-                 thread_budget: Optional[Callable[[], Optional[int]]] = None):
-        from transformers import AutoModelForCausalLM
-
-        self.cfg = cfg = cfg.view(*self.CONFIG_GROUPS)
-        self.model_path = _model_dir(model_path or cfg.hf_checkpoint)
+    def __init__(self, cfg: Config | ConfigView, model_path: Optional[str] = None, precision: Optional[str] = None,
+                 *, thread_budget: Optional[Callable[[], Optional[int]]] = None, head=None):
+        self.head = head = head or PolicyHead()   # what is trained (slick.train.heads): policy or value
+        self.cfg = cfg = cfg.view(*head.CONFIG_GROUPS)
+        self.model_path = head.model_path(cfg, model_path)
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if precision is None and self.dtype != torch.float32:
@@ -95,42 +84,26 @@ class Trainer:
         self.rank, self.world_size = D.world()
         self.fsdp = self.world_size > 1
         # FSDP shards fp32 master weights; its mixed-precision policy gives the bf16 scheme its bf16 compute
-        weight_dtype = torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32
-        if cfg.lora_rank or cfg.lora_load:   # LoRA: the frozen base in the compute dtype, fp32 adapters under autocast
-            weight_dtype = self.dtype
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=weight_dtype, attn_implementation="sdpa").to(self.device)
-        own_memory(p for p in self.model.parameters() if p.requires_grad)   # not the file's pages (proc/memory.py)
-        use_segments(self.model)
-        self.lora = attach_lora(self.model, cfg, self.model_path)   # PEFT adapters (slick.train.lora) or None
-        self.fused_layers = 0 if cfg.disable_fused_layers or self.lora else fuse_decoder_layers(
-            decoder_layers(self.model), recompute_mlp=cfg.recompute_mlp)
-        if cfg.recompute_mlp and not self.fused_layers:
-            raise ValueError(f"--recompute-mlp: none of {self.model_path}'s decoder layers can be fused "
-                             f"(supported: {', '.join(FUSED_LAYERS)}); use --gradient-checkpointing")
-        self.moe = use_slick_moe(self.model, cfg.use_routing_replay)   # slick's MoE blocks (train/moe.py) or None
-        self.model.config.use_cache = False
-        self.model.train()
-        if cfg.gradient_checkpointing:
-            if hasattr(self.model, "activation_checkpointing_enable"):
-                self.model.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.tokenizer = load_tokenizer(self.model_path)
+        weight_dtype = head.weight_dtype(cfg, self.dtype) or (
+            torch.bfloat16 if self.scheme == "bf16" and not self.fsdp else torch.float32)
+        loaded = head.load(cfg, self.model_path, weight_dtype, self.device)
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.lora, self.fused_layers, self.moe = loaded.lora, loaded.fused_layers, loaded.moe
         self.mesh = make_mesh(self.device) if self.fsdp else None
         if self.fsdp:
-            with D.named_errors("sharding the policy model"):
-                self._fwd = shard(self.model, self.mesh, torch.bfloat16 if self.scheme == "bf16" else None)
+            module, root = loaded.shard_parts
+            with D.named_errors(f"sharding the {head.name} model"):
+                self._fwd = shard(module, self.mesh, torch.bfloat16 if self.scheme == "bf16" else None, root=root)
         else:
-            self._fwd = LogprobForward(self.model)
+            self._fwd = head.local_forward(loaded)
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scheme == "bf16" and not self.fsdp:
             self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         else:
             self.master = self.params
-        self.optimizer = make_adamw(self.master, cfg.train, cfg.lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor_from_config(cfg))   # train/lr.py
+        self.optimizer = make_adamw(self.master, cfg.train, head.lr(cfg))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, head.lr_factor(cfg))
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
         self.thread_budget = thread_budget   # () -> CPU threads for the next micro-batch or None (loop/threads.py)
@@ -138,17 +111,18 @@ class Trainer:
         self.ref_model, self._ref_fwd = None, None   # the KL terms' frozen reference (slick/train/frozen.py)
         if self.has_ref and self.lora is None:   # LoRA's reference: the base, adapters disabled
             self.ref_model, self._ref_fwd = load_frozen(cfg.ref_load or self.model_path, self, "the reference model")
-        self.teacher_model, self._teacher_fwd = load_teacher(self)   # --use-opd (slick/train/teacher.py), or None
+        self.teacher_model, self._teacher_fwd = (load_teacher(self) if head.name == "policy"   # --use-opd
+                                                 else (None, None))
 
     # ------------------------------------------------------------------ properties
     @property
     def has_ref(self) -> bool:
-        """True when a KL term needs the frozen reference model."""
-        c = self.cfg
-        return bool((c.use_kl_loss and c.kl_loss_coef > 0) or c.kl_coef > 0)
+        """True when a KL term needs the frozen reference model (a policy head only)."""
+        return self.head.has_ref(self.cfg)
 
     @property
     def temperature(self) -> float:
+        """The logprob temperature (--rollout-temperature; a policy head's)."""
         return float(self.cfg.rollout_temperature)
 
     def _autocast(self):
@@ -168,16 +142,9 @@ class Trainer:
         return stack
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, fwd: LogprobForward, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
-        """Per-sample (logprobs, entropy) lists for one packed micro-batch (``fwd``: the FSDP root if sharded)."""
-        mb = mb.to(self.device)
-        replay = self.moe.replaying(mb.routing) if self.moe is not None else contextlib.nullcontext()
-        with self._autocast(), replay:
-            lp, ent = fwd(mb.input_ids, mb.position_ids, mb.attention(), mb.gather_index, mb.targets,
-                          self.temperature, self.cfg.logprob_chunk_size, with_entropy, entropy_grad)
-        lps = list(lp.split(mb.response_lengths))
-        ents = list(ent.split(mb.response_lengths)) if ent is not None else None
-        return lps, ents
+    def _forward(self, fwd, mb: PackedBatch, with_entropy: bool, entropy_grad: bool):
+        """Per-sample head outputs (logprobs or values) and entropies (None) of one packed micro-batch."""
+        return self.head.forward(self, fwd, mb.to(self.device), with_entropy, entropy_grad)
 
     def _pack(self, samples: Sequence, idx: list[int]) -> PackedBatch:
         """Pack a micro-batch; samples sharing a prompt share one copy of it unless disabled."""
@@ -216,7 +183,7 @@ class Trainer:
                 torch.set_num_threads(threads)
             yield idx
 
-    def _pad_pass(self, fwd: LogprobForward, backward: bool) -> None:
+    def _pad_pass(self, fwd, backward: bool) -> None:
         """A one-token forward (and backward of a zero loss) that only runs FSDP's collectives."""
         lps, _ = self._forward(fwd, pack([_PAD], [0]), with_entropy=False, entropy_grad=False)
         if backward:
@@ -314,16 +281,16 @@ class Trainer:
         ``nonfinite_losses``: the micro-batches whose loss was NaN/inf. Those get no backward, and the next
         :meth:`optimizer_step` is skipped.
         """
-        needed = ("advantages",) if self.head == "policy" else ("returns", "values")
+        needed = ("advantages",) if self.head.name == "policy" else ("returns", "values")
         missing = [c for c in needed if getattr(batch, c) is None]
         if missing and len(batch):
-            raise ValueError(f"train_step: the {self.head} head trains on the batch's {' and '.join(needed)}; "
+            raise ValueError(f"train_step: the {self.head.name} head trains on the batch's {' and '.join(needed)}; "
                              f"{', '.join(missing)} not computed")
         t0 = time.perf_counter()
         samples = batch.samples
         num_samples = len(samples)
         num_tokens = int(sum(sum(m) for m in batch.loss_mask))
-        entropy_grad = self.head == "policy" and bool(self.cfg.entropy_coef)   # the value head has no entropy
+        entropy_grad = self.head.name == "policy" and bool(self.cfg.entropy_coef)   # the value head has no entropy
         sums: dict[str, float] = {}
         total_loss, diff_sum, diff_n, tokens, nonfinite = 0.0, 0.0, 0, 0, 0
         diff_max, diff_over = 0.0, 0.0
@@ -389,11 +356,11 @@ class Trainer:
 
         samples = batch.samples
         roll = None
-        if self.head == "policy" and all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids)
+        if self.head.name == "policy" and all(len(samples[i].rollout_logprobs) == len(samples[i].response_ids)
                                          for i in idx):
             roll = column([s.rollout_logprobs for s in samples])
         head_out = pad_stack(out, T, dtype=torch.float32)
-        policy = self.head == "policy"
+        policy = self.head.name == "policy"
         return LossInputs(head_out if policy else None,
                           pad_stack(ents, T, dtype=torch.float32) if ents is not None else None,
                           column(batch.loss_mask), column(batch.advantages),
@@ -475,8 +442,8 @@ class Trainer:
 
     def save_hf_files(self, out_dir) -> None:
         """Write a loadable HF directory (weights at full precision, config, generation config, tokenizer).
-        Sharded: collective; rank 0 writes (slick.train.trainer_io)."""
-        trainer_io.save_hf_files(self, out_dir)
+        Sharded: collective; rank 0 writes (slick.train.trainer_io). A policy head's only."""
+        self.head.save_hf_files(self, out_dir)
 
     # ------------------------------------------------------------------ save / load
     def save(self, out_dir) -> None:
@@ -484,22 +451,22 @@ class Trainer:
 
         One process: a full HF dir under ``model/`` (LoRA: PEFT's ``adapter/``) + ``optimizer.pt``... Sharded: a
         ``torch.distributed.checkpoint`` directory (``slick.ckpt.dcp``), collective, ``trainer_state.json``
-        written last by rank 0. Both load with any number of ranks.
+        written last by rank 0. Both load with any number of ranks. A value head writes its own layout
+        (``slick.train.heads.ValueHead.save``).
         """
-        trainer_io.save(self, out_dir)
+        self.head.save(self, out_dir)
 
     def load(self, in_dir) -> None:
         """Restore everything :meth:`save` wrote, in either format, whatever the number of ranks that wrote it
         (the model architecture must match). Collective when sharded."""
-        trainer_io.load(self, in_dir)
+        self.head.load_state(self, in_dir)
+
+    @torch.no_grad()
+    def compute_values(self, samples: Sequence) -> list[torch.Tensor]:
+        """A value head's fp32 CPU tensors ``[T_i]``: the value at each response token of each sample."""
+        if self.head.name != "value":
+            raise ValueError("compute_values: this trainer trains the policy head (values come from the critic)")
+        return self.compute_logprobs(samples, "actor")   # the one micro-batch loop, over the value forward
 
     def close(self) -> None:
         """Nothing to release in one process (the trainer protocol's ``close``; Ray ranks stop theirs)."""
-
-def _model_dir(path) -> str:
-    """The policy's HF directory, which must exist (ValueError / FileNotFoundError naming --hf-checkpoint)."""
-    if not path:
-        raise ValueError("Trainer needs a model: pass model_path or set --hf-checkpoint")
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"--hf-checkpoint: model directory not found: {path}")
-    return str(path)
