@@ -31,12 +31,15 @@ COMMANDS = {
     "score": ("slick.observe.score_cli", "Score (prompt, response, label) rows with any reward and show its evidence."),
     "inspect": ("slick.observe.inspect.server", "Serve a local page to look inside a run (curves, samples, tokens)."),
     "flags": ("slick.configure.docs", "Print every config flag with its default and meaning (markdown)."),
+    "check-template": ("slick.chat.template_check_cli", "Fuzz a model's chat template: does it keep earlier turns as "
+                       "they were (docs/agents.md)?"),
 }
 
 
 def usage() -> str:
     lines = ["usage: slick <command> [options]", "", "commands:"]
-    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    width = max(len(name) for name in COMMANDS)
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run `slick <command> --help` for the options of one command."]
     return "\n".join(lines)
 

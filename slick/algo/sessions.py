@@ -1,11 +1,12 @@
-"""Advantages for agent sessions that became several training samples (docs/agents.md).
+"""Advantages for episodes that became several training samples (docs/agents.md).
 
-An agent session (``--agent-function-path``) whose calls do not extend one another yields several samples; the
-estimator then sees one sample per session (its last, so groups keep ``--n-samples-per-prompt`` members) and
-every sample of the session gets that session's advantage on its own loss-masked tokens. The rollout marks each
-sample with its session under ``sample.metadata[SESSION_KEY]``; the loop (``slick.loop.step``) calls
-:func:`split_sessions`, :func:`check_session_estimator`, the estimator on the heads, and
-:func:`spread_session_advantages`.
+An agent session (``--agent-function-path``) whose calls do not extend one another yields several samples, and so
+does a multi-turn episode of the built-in rollout under a chat template that rewrites earlier turns (one sample
+per assistant turn, ``slick.rollout.turn_samples``); the estimator then sees one sample per session (its last, so
+groups keep ``--n-samples-per-prompt`` members) and every sample of the session gets that session's advantage on
+its own loss-masked tokens. The rollout marks each sample with its session under ``sample.metadata[SESSION_KEY]``;
+the advantage assembly (``slick.algo.assemble``) calls :func:`split_sessions`, :func:`check_session_estimator`,
+the estimator on the heads, and :func:`spread_session_advantages`.
 """
 from __future__ import annotations
 
@@ -27,15 +28,25 @@ def split_sessions(samples: Sequence) -> Optional[list[list[int]]]:
     return None if all(len(v) == 1 for v in order.values()) else list(order.values())
 
 
-def check_session_estimator(sessions: list[list[int]], estimator: str, kl_coef: float, custom: bool) -> None:
-    """Only outcome-level estimators (:data:`OUTCOME_ESTIMATORS`, no ``--kl-coef``, no
-    ``--custom-advantage-function-path``) give one advantage per session; others raise, naming the flags."""
+def session_estimator_problem(estimator: str, kl_coef: float, custom: bool) -> str:
+    """What keeps the advantage settings from giving one advantage per session ("" when nothing does): only
+    outcome-level estimators (:data:`OUTCOME_ESTIMATORS`) without ``--kl-coef`` or
+    ``--custom-advantage-function-path`` do."""
     if estimator not in OUTCOME_ESTIMATORS or kl_coef or custom:
+        return (f"one advantage per session needs --advantage-estimator {'/'.join(OUTCOME_ESTIMATORS)} without "
+                f"--kl-coef or a custom advantage function (got {estimator})")
+    return ""
+
+
+def check_session_estimator(sessions: list[list[int]], estimator: str, kl_coef: float, custom: bool) -> None:
+    """Raise, naming the flags, when the estimator cannot give one advantage per session
+    (:func:`session_estimator_problem`)."""
+    problem = session_estimator_problem(estimator, kl_coef, custom)
+    if problem:
         raise ValueError(
-            f"--agent-function-path: {sum(len(v) > 1 for v in sessions)} agent session(s) became several training "
-            f"samples each (their calls do not extend one another; docs/agents.md), which needs one advantage per "
-            f"session: use --advantage-estimator {'/'.join(OUTCOME_ESTIMATORS)} without --kl-coef or a custom "
-            f"advantage function (got {estimator})")
+            f"{sum(len(v) > 1 for v in sessions)} agent session(s) or multi-turn episode(s) became several training "
+            f"samples each (an agent whose calls do not extend one another, or a chat template that rewrites earlier "
+            f"turns; docs/agents.md): {problem}")
 
 
 def session_heads(sessions: list[list[int]]) -> list[int]:

@@ -23,9 +23,11 @@ such as Qwen's group consecutive tool messages under one header and close the gr
 reasoning of past assistant turns, one that shows only the last N messages, one that groups messages
 differently once more arrive) break the prefix property: ``new`` does not start with ``prev``, or the text
 of the conversation after the policy's turn does not start with the text the policy was prompted with.
-Then :class:`ChatTemplateRewriteError` names the message and shows where the texts part. slick refuses
-such a template for token-exact multi-turn training instead of silently training on tokens the policy
-never saw; fix the template (or append the messages of one step together) and run again.
+Then :class:`ChatTemplateRewriteError` names the message and shows where the texts part: a delta is never
+made up for a template that has none. The built-in multi-turn rollout fuzzes the template once at start-up
+(:mod:`slick.chat.template_check`, ``slick check-template``) and, for a template that rewrites, renders each
+turn's prompt afresh (:meth:`ChatDelta.restart`) and trains each turn as a sample of its own
+(:mod:`slick.rollout.turn_samples`); SFT masks (:mod:`slick.chat.turns`) still refuse such templates.
 """
 from __future__ import annotations
 
@@ -154,6 +156,18 @@ class ChatDelta:
         self.messages = msgs
         self.text = new
         return encode(self.tok, delta_text)
+
+    def restart(self, new_messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Append ``new_messages`` after the policy's last turn and return the template's text of the whole
+        conversation, to be tokenized whole as the next turn's prompt: for templates that rewrite earlier turns,
+        where the next turn is a training sample of its own (no prefix check; ``slick.rollout.turn_samples``)."""
+        if not self.messages or self.messages[-1]["role"] != "assistant" or not hasattr(self, "_pending_closing"):
+            raise ValueError("ChatDelta.restart: record the policy's turn with add_policy_turn() first")
+        msgs = self.messages + [dict(m) for m in new_messages]
+        text = render(self.tok, msgs, self.tools, add_generation_prompt)
+        del self._pending_closing
+        self.messages, self.text = msgs, text
+        return text
 
     def state(self) -> dict:
         """JSON-serialisable state (kept in ``sample.metadata`` across partial-rollout aborts)."""

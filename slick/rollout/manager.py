@@ -21,6 +21,7 @@ from slick.rollout.filters import verdict
 from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.rollout.timeline import Timeline, TimedEngine
+from slick.rollout.turn_samples import split_group
 from slick.types import SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.rollout")
@@ -145,6 +146,10 @@ class RolloutManager:
             self.on_generated(todo)
         if all(s.status != Status.ABORTED for s in group) and any(s.reward is None for s in group):
             await self._score(group)   # a group reward (--group-rm), or samples handed back unscored
+        if salt == "train" and self.multiturn is not None and all(s.status != Status.ABORTED for s in group):
+            # episodes under a chat template that rewrites earlier turns: one training sample per turn, sharing
+            # the episode's reward (slick/rollout/turn_samples.py); evaluation keeps one sample per episode
+            return split_group(group, self.tok)
         return group
 
     async def _sample_then_score(self, sample: Sample, sampling: SamplingParams, evaluation: bool,

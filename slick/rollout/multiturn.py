@@ -21,6 +21,11 @@ sequence), so ``len(response_ids) <= --rollout-max-response-len`` always holds. 
 ``--max-tokens-per-turn`` is closed with the template's end-of-turn text (loss mask 0) and parsed like any other
 turn; the sample's status is that of its last turn (TRUNCATED when that turn was cut).
 
+**Chat templates that rewrite earlier turns** (Qwen3's drops the reasoning of earlier turns): at start-up the
+template is fuzzed once (``slick check-template``'s check) and, when it rewrites, every turn's prompt is the
+template's rendering of the conversation so far and each assistant turn becomes its own training sample after
+scoring, sharing the episode's reward and advantage (:mod:`slick.rollout.turn_samples`). The choice is logged.
+
 **Partial rollouts.** A turn aborted by the engine returns the sample ABORTED with the tokens so far; the
 conversation state lives in ``sample.metadata["multiturn"]`` (JSON), so the next call continues the same turn.
 A sample whose response was reset starts over.
@@ -41,20 +46,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import logging
 import random
 import time
 from typing import Optional
 
-from slick.chat.delta import ChatDelta, encode, render, template_supports_tools
+from slick.algo.sessions import session_estimator_problem
+from slick.chat.delta import ChatDelta, ChatTemplateRewriteError, encode, render, template_supports_tools
 from slick.chat.toolcall import get_parser, with_tools_in_system
 from slick.config import Config
 from slick.models.tokenizer import load_tokenizer
 from slick.rollout.env import load_env_factory
 from slick.rollout.timeline import Timeline
 from slick.rollout.tools import ToolSet
+from slick.rollout.turn_samples import STATE_KEY, choose_mode, context_ids, episodes, is_episode_head, \
+    start_segment, used
 from slick.types import SamplingParams, Sample, Status
 
-STATE_KEY = "multiturn"
+log = logging.getLogger("slick.rollout")
 _TOKENIZERS: dict[str, object] = {}
 
 
@@ -130,6 +139,14 @@ class MultiTurnRollout:
         self.max_per_turn = cfg.max_tokens_per_turn
         self.tools_in_template = template_supports_tools(tokenizer)
         self._envs: dict[int, object] = {}
+        # exact concatenation, or one training sample per turn for a template that rewrites earlier turns
+        self.mode = choose_mode(tokenizer)
+        self.per_turn = self.mode.per_turn
+        self._fell_back = False
+        problem = session_estimator_problem(cfg.advantage_estimator, cfg.kl_coef,
+                                            bool(cfg.custom_advantage_function_path)) if self.per_turn else ""
+        if problem:
+            raise ValueError(f"multi-turn rollout: {self.mode.describe()}; {problem} (docs/agents.md)")
 
     @classmethod
     def from_config(cls, cfg: Config, tokenizer, timeline: Optional[Timeline] = None) -> Optional["MultiTurnRollout"]:
@@ -215,14 +232,13 @@ class MultiTurnRollout:
                 st["turn_start"] = len(sample.response_ids)
                 st["turns"] += 1
             in_turn = len(sample.response_ids) - st["turn_start"]
-            n = budget - len(sample.response_ids)
+            n = budget - used(sample, st)   # len(response_ids) unless turns have prompts of their own
             if self.max_per_turn:
                 n = min(n, self.max_per_turn - in_turn)
             if n <= 0:
                 sample.status = Status.TRUNCATED
                 return
-            gen = await engine.generate(list(sample.prompt_ids) + list(sample.response_ids),
-                                        self._turn_sampling(sampling, n, sample))
+            gen = await engine.generate(context_ids(sample, st), self._turn_sampling(sampling, n, sample))
             sample.apply_generation(gen)
             if sample.status == Status.ABORTED:
                 return
@@ -230,18 +246,39 @@ class MultiTurnRollout:
             st["turn_start"] = None
             # a turn cut by --max-tokens-per-turn is closed by the template's end-of-turn text and the
             # conversation goes on; a cut by the total budget ends the sample (TRUNCATED)
-            if sample.status == Status.FAILED or len(sample.response_ids) >= budget or st["turns"] >= self.max_turns:
+            if sample.status == Status.FAILED or used(sample, st) >= budget or st["turns"] >= self.max_turns:
                 return
             track = f"sample {sample.group_index}.{sample.index}" if self.timeline.tracing else None
             async with self.timeline.span("tool", track, "tool"):   # other episodes generate meanwhile
                 messages = await self._answer(sample, content, st)
             if not messages:
                 return
-            ids = delta.append(messages)
-            if len(sample.response_ids) + len(ids) >= budget:
-                sample.status = Status.TRUNCATED
+            if not self.per_turn:
+                try:
+                    ids = delta.append(messages)
+                except ChatTemplateRewriteError as e:   # a rewrite the start-up check did not meet
+                    if not self._fell_back:
+                        self._fell_back = True
+                        log.warning("multi-turn rollout: %s; this episode's next turn becomes a training sample of "
+                                    "its own (logged once)", e)
+                else:
+                    if used(sample, st) + len(ids) >= budget:
+                        sample.status = Status.TRUNCATED
+                        return
+                    append_env_tokens(sample, ids)
+                    continue
+            if not self._next_prompt(sample, st, delta, messages, budget):
                 return
-            append_env_tokens(sample, ids)
+
+    def _next_prompt(self, sample: Sample, st: dict, delta: ChatDelta, messages: list[dict], budget: int) -> bool:
+        """The next turn's prompt rendered afresh from the whole conversation, opening a segment (a training
+        sample of its own, slick/rollout/turn_samples.py); False (TRUNCATED) when it leaves no room for a token."""
+        ids = encode(self.tok, delta.restart(messages))
+        if len(ids) - len(sample.prompt_ids) >= budget:
+            sample.status = Status.TRUNCATED
+            return False
+        start_segment(sample, st, ids)
+        return True
 
     async def _answer(self, sample: Sample, content: str, st: dict) -> list[dict]:
         """Messages answering the policy's turn: tool results, else the environment's observation; [] ends."""
@@ -270,11 +307,16 @@ class MultiTurnRollout:
 def multiturn_metrics(samples) -> dict:
     """rollout/turns/mean, rollout/tool_calls/mean, rollout/tool_errors, rollout/tool_time of multi-turn samples
     ({} when none is multi-turn)."""
-    states = [s.metadata.get(STATE_KEY) for s in samples if isinstance(s.metadata.get(STATE_KEY), dict)]
+    states = [s.metadata.get(STATE_KEY) for s in samples
+              if isinstance(s.metadata.get(STATE_KEY), dict) and is_episode_head(s)]   # an episode counts once
     if not states:
         return {}
     n = len(states)
-    return {"rollout/turns/mean": sum(st["turns"] for st in states) / n,
-            "rollout/tool_calls/mean": sum(st["tool_calls"] for st in states) / n,
-            "rollout/tool_errors": sum(st["tool_errors"] for st in states),
-            "rollout/tool_time": sum(st["tool_time"] for st in states)}
+    m = {"rollout/turns/mean": sum(st["turns"] for st in states) / n,
+         "rollout/tool_calls/mean": sum(st["tool_calls"] for st in states) / n,
+         "rollout/tool_errors": sum(st["tool_errors"] for st in states),
+         "rollout/tool_time": sum(st["tool_time"] for st in states)}
+    eps, total = episodes(samples)
+    if total > eps:   # some episode became one training sample per turn (slick/rollout/turn_samples.py)
+        m["rollout/turn_samples/mean"] = total / eps
+    return m
