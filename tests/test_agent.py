@@ -299,8 +299,8 @@ def test_agent_rollout_in_slick_train(tiny_model_dir, agents_module, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["rollout/agent_calls/mean"] == 2.0 and r["rollout/agent_samples/mean"] == 1.0 for r in rows)
     assert all(r["rollout/agent_errors"] == 0.0 for r in rows)
-    assert run.trainer.version == 2
-    assert run.manager.agent._runner is None          # the endpoint closed with the run
+    assert run.train_parts.trainer.version == 2
+    assert run.rollout_parts.manager.agent._runner is None          # the endpoint closed with the run
 
 
 def _sample(mask, sid, reward):
@@ -339,7 +339,7 @@ def test_split_sessions_train(tiny_model_dir, agents_module, tmp_path):
                    micro_batch_size=8, custom_rm_path=None, save_debug_train_data=str(tmp_path / "dbg"))
     run = asyncio.run(train(cfg))
     (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert row["rollout/agent_samples/mean"] == 2.0 and run.trainer.version == 1
+    assert row["rollout/agent_samples/mean"] == 2.0 and run.train_parts.trainer.version == 1
     assert row["train/loss"] == row["train/loss"]      # finite, not NaN
     rows = [json.loads(x) for x in (tmp_path / "dbg" / "train_0.jsonl").read_text().splitlines()]
     assert len(rows) == 8                              # 2 prompts x 2 sessions x 2 samples, all trained
@@ -403,7 +403,7 @@ def test_agent_rollout_in_train_async(tiny_model_dir, agents_module, tmp_path):
                   save_debug_train_data=str(tmp_path / "dbg"))
     run = asyncio.run(train_async(validate_config(Config.from_flat(values), driver="async")))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3] and run.trainer.version == 3
+    assert [r["step"] for r in rows] == [1, 2, 3] and run.train_parts.trainer.version == 3
     assert all(r["rollout/agent_calls/mean"] == 2.0 and r["rollout/agent_errors"] == 0.0 for r in rows)
     for step in range(3):
         trained = [json.loads(x) for x in (tmp_path / "dbg" / f"train_{step}.jsonl").read_text().splitlines()]

@@ -83,10 +83,11 @@ def test_two_ranks_and_two_engines_on_ray_learn_and_engines_follow_the_trainer(t
     cfg = make_cfg(model, prompts, tmp_path / "run", save_debug_rollout_data=str(tmp_path / "dbg"), **over)
     assert cfg.weight_transport == ("disk" if layout == "disaggregated" else "colocated")
     run = asyncio.run(asyncio.wait_for(train(cfg), 600))
-    assert run.cluster is None                        # stopped at the end (slick started it)
-    assert run.trainer.world_size == 2 and len(set(run.trainer.pids)) == 2 and run.trainer.version == 12
-    assert len(set(run.engines.worker_urls)) == 2
-    _wait_gone(run.trainer.pids, "trainer rank actors")
+    assert run.processes.cluster is None                        # stopped at the end (slick started it)
+    trainer = run.train_parts.trainer
+    assert trainer.world_size == 2 and len(set(trainer.pids)) == 2 and trainer.version == 12
+    assert len(set(run.rollout_parts.engines.worker_urls)) == 2
+    _wait_gone(run.train_parts.trainer.pids, "trainer rank actors")
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert all(r["perf/update_weights_time"] > 0 for r in rows)
@@ -135,7 +136,7 @@ def test_a_trainer_rank_killed_mid_run_ends_the_run_naming_it_and_leaves_no_proc
 
     async def go():
         run = Run(cfg)
-        pids, temp_dir = list(run.trainer.pids), run.cluster.temp_dir
+        pids, temp_dir = list(run.train_parts.trainer.pids), run.processes.cluster.temp_dir
         try:
             await run.start()
             groups, _ = await run.rollout(0)
@@ -169,9 +170,10 @@ def test_train_async_on_ray_broadcasts_weights_to_engine_actors_behind_the_sglan
                   dist_timeout=120.0, ray_start_timeout=120.0, save_debug_train_data=str(tmp_path / "dbg"))
     cfg = validate_config(Config.from_flat(values), driver="async")
     run = asyncio.run(asyncio.wait_for(train_async(cfg), 600))
-    assert run.trainer.version == 4 and len(run.engines.worker_urls) == 2
-    assert run.engines.engine.urls != run.engines.worker_urls        # generation went through the router
-    _wait_gone(run.trainer.pids, "trainer rank actors")
+    assert run.train_parts.trainer.version == 4 and len(run.rollout_parts.engines.worker_urls) == 2
+    engines = run.rollout_parts.engines
+    assert engines.engine.urls != engines.worker_urls        # generation went through the router
+    _wait_gone(run.train_parts.trainer.pids, "trainer rank actors")
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["perf/update_weights_time"] > 0 for r in rows)
@@ -198,7 +200,7 @@ def test_engine_actors_get_sglang_options_and_the_trainers_version_after_a_step(
     async def go():
         run = Run(cfg)
         try:
-            urls = run.engines.worker_urls
+            urls = run.rollout_parts.engines.worker_urls
             infos = [get(u + "/get_server_info") for u in urls]
             groups, _ = await run.rollout(0)
             await run.train_off_loop(0, groups)
@@ -211,8 +213,8 @@ def test_engine_actors_get_sglang_options_and_the_trainers_version_after_a_step(
     assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
     assert [(i["context_length"], i["max_running"]) for i in infos] == [(64, 3), (64, 3)]
     assert len({i["pid"] for i in infos} | {os.getpid()}) == 3          # each engine in a process of its own
-    assert run.trainer.version == 1 and [v["weight_version"] for v in versions] == [1, 1], versions
-    _wait_gone([i["pid"] for i in infos] + run.trainer.pids, "engine and trainer actors")
+    assert run.train_parts.trainer.version == 1 and [v["weight_version"] for v in versions] == [1, 1], versions
+    _wait_gone([i["pid"] for i in infos] + run.train_parts.trainer.pids, "engine and trainer actors")
 
 
 @pytest.mark.slow

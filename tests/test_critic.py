@@ -203,8 +203,9 @@ def test_slick_train_ppo_with_critic_only_steps(tiny_model_dir, prompts, tmp_pat
             assert key in r and r[key] == r[key], (key, r)   # present and not NaN
     assert "train/loss" not in rows[0] and "perf/update_weights_time" not in rows[0]   # critic only
     assert "train/loss" in rows[1] and "perf/update_weights_time" in rows[1]
-    assert run.trainer.version == 2 and run.critic.version == 6   # 2 actor steps; 3 x 2 critic steps
-    assert asyncio.run(run.engines.engine.get_weight_version()) == 2
+    trainer, critic = run.train_parts.trainer, run.train_parts.critic
+    assert trainer.version == 2 and critic.version == 6   # 2 actor steps; 3 x 2 critic steps
+    assert asyncio.run(run.rollout_parts.engines.engine.get_weight_version()) == 2
     assert (tmp_path / "ckpt" / "step_000003" / "critic" / "trainer_state.json").is_file()
 
 
@@ -221,7 +222,7 @@ def test_train_async_ppo(tiny_model_dir, prompts, tmp_path):
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(key in r for r in rows for key in CRITIC_KEYS)
-    assert run.critic.version == 3 and run.trainer.version == 3
+    assert run.train_parts.critic.version == 3 and run.train_parts.trainer.version == 3
 
 
 def test_critic_load_that_is_no_model_is_named(tiny_model_dir, tmp_path):

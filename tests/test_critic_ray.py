@@ -31,8 +31,8 @@ def test_ppo_critic_on_two_ray_ranks_saves_and_resumes_in_one_process(tmp_path, 
                   num_critic_only_steps=1, save=str(tmp_path / "ck"))
     cfg = validate_config(Config.from_flat(values))
     run = asyncio.run(asyncio.wait_for(train(cfg), 600))
-    assert run.cluster is None and run.trainer.world_size == 2
-    assert run.trainer.version == 2 and run.critic.version == 3
+    assert run.processes.cluster is None and run.train_parts.trainer.world_size == 2
+    assert run.train_parts.trainer.version == 2 and run.train_parts.critic.version == 3
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(key in r for r in rows for key in CRITIC_KEYS)

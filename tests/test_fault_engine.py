@@ -149,32 +149,32 @@ async def _steps(run, fault):
     await run.start()
     injector = asyncio.ensure_future(fault(run))
     out = []
-    for step in range(run.num_steps):
+    for step in range(run.steps.stop):
         groups, _ = await run.rollout(step)
         out.append(groups)
-        run.buffer.put(groups)
-        await run.train_off_loop(step, run.buffer.take(len(groups), run.version))
+        run.rollout_parts.buffer.put(groups)
+        await run.train_off_loop(step, run.rollout_parts.buffer.take(len(groups), run.version))
         await run.sync_weights()
     await asyncio.wait_for(injector, 60)
-    await run.engines.recovery.wait_idle(300)
+    await run.rollout_parts.engines.recovery.wait_idle(300)
     return out
 
 
 async def _check_replacement(run, originals):
     """The replacement is in the router (when there is one) and the client, at the trainer's version, and its
     logprobs on a probe are the trainer's."""
-    eng = run.engines.engine
+    eng = run.rollout_parts.engines.engine
     (new,) = set(eng.control_urls) - set(originals)
-    router = run.engines.recovery.router
+    router = run.rollout_parts.engines.recovery.router
     if router is not None:
         assert sorted(await asyncio.to_thread(router.list_workers)) == sorted(eng.control_urls)
-    assert await eng.weight_version_of(new) == run.trainer.version == run.num_steps
+    assert await eng.weight_version_of(new) == run.train_parts.trainer.version == run.steps.stop
     probe = [1, 2, 3, 4, 5, 6]
     one = HttpEngine([new])
     gen = await one.generate(probe, SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
     await one.close()
     s = Sample(prompt_ids=probe, response_ids=gen.token_ids, loss_mask=[1] * len(gen.token_ids))
-    ref = run.trainer.compute_logprobs([s], "actor")[0].tolist()
+    ref = run.train_parts.trainer.compute_logprobs([s], "actor")[0].tolist()
     assert len(ref) == len(gen.logprobs) == 8
     assert max(abs(x - y) for x, y in zip(ref, gen.logprobs)) < PROBE_TOL
     return new
@@ -203,7 +203,7 @@ def test_sigkill_of_a_worker_behind_the_router_mid_rollout_is_recovered(tiny_mod
     killed = {}
 
     async def kill_first_worker(run):
-        victim = run.engines.recovery.workers[run.engines.worker_urls[0]]
+        victim = run.rollout_parts.engines.recovery.workers[run.rollout_parts.engines.worker_urls[0]]
         await _when_busy(victim.url)
         killed.update(url=victim.url, pid=victim.pid)
         os.kill(victim.pid, signal.SIGKILL)
@@ -213,21 +213,21 @@ def test_sigkill_of_a_worker_behind_the_router_mid_rollout_is_recovered(tiny_mod
     async def go():
         try:
             steps = await _steps(run, kill_first_worker)
-            return steps, await _check_replacement(run, run.engines.worker_urls)
+            return steps, await _check_replacement(run, run.rollout_parts.engines.worker_urls)
         finally:
             await run.close()
 
     try:
         steps, new = asyncio.run(go())
-        rec = run.engines.recovery
+        rec = run.rollout_parts.engines.recovery
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
         assert rec.events[0][1:] == (killed["url"], "its process exited: killed by SIGKILL")
-        assert run.engines.engine.resubmitted >= 1
-        m = run.engines.fault_metrics()
+        assert run.rollout_parts.engines.engine.resubmitted >= 1
+        m = run.rollout_parts.engines.fault_metrics()
         assert m["fault/engine_deaths"] == 1 and m["fault/engine_restarts"] == 1 and m["fault/recovery_time"] > 0
         assert new != killed["url"]
     finally:
-        run._stop_processes()
+        run.processes.stop()
         sys.path.remove(str(tmp_path))
     _assert_each_prompt_once(steps, 6, 2)
 
@@ -245,7 +245,7 @@ def test_sigstopped_worker_is_detected_within_the_health_timeout_and_replaced(ti
     stopped = {}
 
     async def stop_first_worker(run):
-        victim = run.engines.recovery.workers[run.engines.worker_urls[0]]
+        victim = run.rollout_parts.engines.recovery.workers[run.rollout_parts.engines.worker_urls[0]]
         await _when_busy(victim.url)
         stopped.update(url=victim.url, pid=victim.pid, proc=victim, t=time.time())
         os.kill(victim.pid, signal.SIGSTOP)
@@ -255,24 +255,24 @@ def test_sigstopped_worker_is_detected_within_the_health_timeout_and_replaced(ti
     async def go():
         try:
             steps = await _steps(run, stop_first_worker)
-            await _check_replacement(run, run.engines.worker_urls)
+            await _check_replacement(run, run.rollout_parts.engines.worker_urls)
             return steps
         finally:
             await run.close()
 
     try:
         steps = asyncio.run(go())
-        rec = run.engines.recovery
+        rec = run.rollout_parts.engines.recovery
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
         t, url, reason = rec.events[0]
         assert url == stopped["url"] and "no answer to /health_generate within 3s" in reason
         assert t - stopped["t"] <= 0.5 + 3.0 + 1.5                 # interval + timeout + slack
-        assert run.engines.engine.resubmitted >= 1
+        assert run.rollout_parts.engines.engine.resubmitted >= 1
         assert not stopped["proc"].alive()                          # the hung process was killed
     finally:
         if stopped:
             _reap([stopped["proc"]])
-        run._stop_processes()
+        run.processes.stop()
         sys.path.remove(str(tmp_path))
     _assert_each_prompt_once(steps, 6, 2)
 
@@ -339,7 +339,7 @@ def test_a_killed_engine_actor_on_ray_is_restarted_at_the_trainers_weights(tiny_
     killed = {}
 
     async def kill_engine_actor(run):
-        actors = run.engines.processes[0]
+        actors = run.rollout_parts.engines.processes[0]
         await _when_busy(actors.urls[0])
         killed.update(url=actors.urls[0], pid=actors.pids[0])
         os.kill(actors.pids[0], signal.SIGKILL)
@@ -349,18 +349,18 @@ def test_a_killed_engine_actor_on_ray_is_restarted_at_the_trainers_weights(tiny_
     async def go():
         try:
             steps = await _steps(run, kill_engine_actor)
-            return steps, await _check_replacement(run, run.engines.worker_urls)
+            return steps, await _check_replacement(run, run.rollout_parts.engines.worker_urls)
         finally:
             await run.close()
 
     try:
         steps, new = asyncio.run(asyncio.wait_for(go(), 600))
-        rec = run.engines.recovery
+        rec = run.rollout_parts.engines.recovery
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
         assert rec.events[0][1] == killed["url"] and "/health_generate failed" in rec.events[0][2]
-        assert new not in run.engines.worker_urls
+        assert new not in run.rollout_parts.engines.worker_urls
     finally:
-        run._stop_processes()
+        run.processes.stop()
         sys.path.remove(str(tmp_path))
     _assert_each_prompt_once(steps, 6, 2)
 

@@ -56,10 +56,10 @@ def test_sync_steps_train_and_sync(tiny_model_dir, prompts, tmp_path):
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in rows)
-    after = dict(run.trainer.named_weights())
+    after = dict(run.train_parts.trainer.named_weights())
     assert any(not torch.equal(before[k], after[k].float()) for k in before)
-    assert run.trainer.version == 3
-    assert asyncio.run(run.engines.engine.get_weight_version()) == 3  # the engine got the new weights
+    assert run.train_parts.trainer.version == 3
+    assert asyncio.run(run.rollout_parts.engines.engine.get_weight_version()) == 3  # the engine got the new weights
     assert rows[-1]["train/train_rollout_logprob_abs_diff"] < 1e-3  # engine and trainer agree (fp32)
     dump = read_jsonl(tmp_path / "dbg" / "train_2.jsonl")
     assert len(dump) == 8 and all(len(d["advantages"]) == len(d["loss_mask"]) for d in dump)
@@ -89,7 +89,7 @@ def test_resume_continues_with_same_prompts(tiny_model_dir, prompts, tmp_path):
     resumed = make_cfg(tiny_model_dir, prompts, tmp_path / "b", num_rollout=4, load=str(tmp_path / "ckpt"),
                        save_debug_train_data=str(tmp_path / "d_b"), **common)
     run = asyncio.run(train(resumed))
-    assert run.start_step == 2
+    assert run.steps.start == 2
     order = epoch_order(12, 0, shuffle=True, seed=5)  # the DataSource's order for --rollout-seed 5
     assert order != list(range(12))
     for step in (0, 1, 2, 3):
@@ -108,13 +108,13 @@ def test_hf_export_reloads_with_identical_logits(tiny_model_dir, prompts, tmp_pa
     cfg = make_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=2, save=ckpt, save_interval=1,
                    save_hf=str(tmp_path / "hf"))
     run = asyncio.run(train(cfg))
-    assert run.trainer.version == 2
+    assert run.train_parts.trainer.version == 2
     assert (tmp_path / "ckpt").is_dir() == with_checkpoints
     reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
     ids = torch.tensor([[1, 5, 9, 42, 7]])
     with torch.no_grad():
         a = reloaded(ids).logits
-        b = run.trainer.model(ids).logits.float()
+        b = run.train_parts.trainer.model(ids).logits.float()
     assert torch.allclose(a, b, atol=1e-5)
 
 
@@ -135,16 +135,16 @@ def test_offload_rollout_frees_the_engine_and_changes_nothing(tiny_model_dir, pr
     assert len(keys) > 15
     # r.get: the mismatch probe's keys are in the first step's row only (--mismatch-probe-interval 10)
     assert [[r.get(k) for k in keys] for r in rows_a] == [[r.get(k) for k in keys] for r in rows_b]
-    wa, wb = dict(plain.trainer.named_weights()), dict(off.trainer.named_weights())
+    wa, wb = dict(plain.train_parts.trainer.named_weights()), dict(off.train_parts.trainer.named_weights())
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    model = off.engines.engine.model
+    model = off.rollout_parts.engines.engine.model
     packed_mb = sum(op.packed.numel() * op.packed.element_size() for op in model.dense_ops()
                     if op.packed is not None) / 2**20
     assert model.packed and packed_mb > 0
     assert all(r["perf/offload_freed_mb"] > packed_mb for r in rows_b)   # the packed copies and a KV cache
     assert "perf/offload_freed_mb" not in rows_a[0]
-    assert off.engines.engine.cache.nbytes() == 0                       # freed by the last step, not regrown
-    assert asyncio.run(off.engines.engine.get_weight_version()) == 3
+    assert off.rollout_parts.engines.engine.cache.nbytes() == 0   # freed by the last step, not regrown
+    assert asyncio.run(off.rollout_parts.engines.engine.get_weight_version()) == 3
 
 
 @pytest.mark.parametrize("over, message", [

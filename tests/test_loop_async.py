@@ -52,7 +52,7 @@ def test_every_trained_sample_respects_the_staleness_bound(tiny_model_dir, promp
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["rollout/staleness/max"] for m in metrics] == [min(s, n) for s in range(6)]
     assert all(m["buffer/dropped_stale_groups"] == 0 for m in metrics)
-    assert run.trainer.version == 6
+    assert run.train_parts.trainer.version == 6
 
 
 def test_max_staleness_0_gives_the_batches_of_slick_train(tiny_model_dir, prompts, tmp_path):

@@ -13,26 +13,32 @@ import pytest
 from slick.config import Config
 from slick.configure.validate import async_lead, validate_config
 from slick.engine.local import LocalEngine
-from slick.loop.build import MODES, Components, build, staleness_bound
+from slick.loop.build import MODES, build, staleness_bound
+from slick.loop.parts import Parts, Processes, RolloutParts, RunOutputs, TrainParts
 from slick.loop.run import Run
 from slick.loop.threads import ThreadPolicy, thread_split
 from slick.rollout.interrupt import InterruptibleEngine
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = {f.name for f in dataclasses.fields(Components)}
+GROUPS = {f.name: f.type for f in dataclasses.fields(Parts)}   # rollout_parts, train_parts, outputs, ...
+PARTS = {f.name for group in (RolloutParts, TrainParts, RunOutputs, Processes) for f in dataclasses.fields(group)}
 RUN_NAMES = {"run", "parts", "c", "components"}
 
 
 def patches(source: str, name: str = "<src>") -> list:
     """Assignments to an attribute of a run part (``run.X.Y = ...``, ``self.run.X.Y = ...``, ``c.X.Y = ...``,
-    ``self.X.Y = ...`` for a part name X) and ``setattr`` on one."""
-    def is_part(node) -> bool:   # run.X / self.run.X / c.X / self.X with X a part
-        if not (isinstance(node, ast.Attribute) and node.attr in PARTS):
-            return False
-        root = node.value
-        if isinstance(root, ast.Attribute) and isinstance(root.value, ast.Name) and root.value.id == "self":
-            return root.attr in RUN_NAMES
-        return isinstance(root, ast.Name) and (root.id in RUN_NAMES or root.id == "self")
+    ``self.X.Y = ...`` for a part name X, and the same through a group: ``run.train_parts.X.Y = ...``,
+    ``train_parts.X.Y = ...``) and ``setattr`` on one."""
+    def is_run(node) -> bool:    # run / c / self / self.run, or a group of one (run.train_parts, train_parts)
+        if isinstance(node, ast.Name):
+            return node.id in RUN_NAMES or node.id in GROUPS or node.id == "self"
+        if isinstance(node, ast.Attribute) and node.attr in GROUPS:
+            return is_run(node.value)
+        return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and node.attr in RUN_NAMES)
+
+    def is_part(node) -> bool:   # run.X / self.run.X / c.X / self.X / run.<group>.X with X a part
+        return isinstance(node, ast.Attribute) and node.attr in PARTS and is_run(node.value)
 
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -59,15 +65,20 @@ def test_the_check_finds_every_patch_the_loop_used_to_make():
         run.rewards.on_scored = exporter.observe_reward
         self.run.manager.on_generated = exporter.observe_generated
         self.trainer.thread_budget += 1
+        run.rollout_parts.buffer.max_staleness = 3
+        self.train_parts.trainer.thread_budget = None
+        train_parts.trainer.thread_budget = None
         setattr(run.trainer, "thread_budget", None)
         run.engine_version = 3            # the run's own attribute: not a part's
         c.trainer = make_trainer(cfg)     # the builder filling its container: not a part's attribute
+        processes.trainer = trainer       # likewise
         budget.value = 2
     ''')
     assert [line.split(": ", 1)[1] for line in patches(old)] == [
         "run.buffer.max_staleness = ...", "run.manager.engine = ...", "run.trainer.thread_budget = ...",
         "run.rewards.on_scored = ...", "self.run.manager.on_generated = ...", "self.trainer.thread_budget = ...",
-        "setattr(run.trainer, 'thread_budget', None)"]
+        "run.rollout_parts.buffer.max_staleness = ...", "self.train_parts.trainer.thread_budget = ...",
+        "train_parts.trainer.thread_budget = ...", "setattr(run.trainer, 'thread_budget', None)"]
 
 
 def test_nothing_in_loop_or_observe_patches_a_part_after_it_is_built():
@@ -118,14 +129,18 @@ def test_sync_parts_are_built_as_slick_train_needs_them(tiny_model_dir, run_cfg)
     cfg = run_cfg(tiny_model_dir)
     run = Run(cfg)
     try:
-        assert run.parts.mode == "sync"
-        assert run.buffer.max_staleness == cfg.max_staleness == staleness_bound(cfg, "sync")
+        ro, tr, out = run.rollout_parts, run.train_parts, run.outputs
+        assert run.mode == "sync"
+        assert ro.buffer.max_staleness == cfg.max_staleness == staleness_bound(cfg, "sync")
         # the manager holds a timed view of the engine (rollout/timeline.py)
-        assert isinstance(run.engine, LocalEngine) and run.manager.engine.engine is run.engine is run.engines.engine
-        assert run.trainer.thread_budget is None and run.threads.take_turns and not run.threads.share_cores
-        assert run.events is None and run.exporter is None
-        assert run.rewards.on_scored is None and run.manager.on_generated is None
-        assert run.weights.transport == "colocated" and run.weights.engines is run.engines
+        assert isinstance(ro.engine, LocalEngine) and ro.manager.engine.engine is ro.engine is ro.engines.engine
+        assert tr.trainer.thread_budget is None and tr.threads.take_turns and not tr.threads.share_cores
+        assert out.events is None and out.exporter is None
+        assert ro.rewards.on_scored is None and ro.manager.on_generated is None
+        assert tr.weights.transport == "colocated" and tr.weights.engines is ro.engines
+        # the processes close stops are the parts' own
+        assert (run.processes.trainer, run.processes.engines, run.processes.cluster) == (tr.trainer, ro.engines, None)
+        assert (run.steps.start, run.steps.stop) == (0, 1)
     finally:
         _closed(run)
 
@@ -135,21 +150,38 @@ def test_async_parts_get_the_bound_the_engine_wrapper_the_budget_and_the_hooks(t
                   use_tis=True)
     run = Run(cfg, overlap=True)
     try:
-        assert run.buffer.max_staleness == async_lead(cfg) * 2 == 2 == staleness_bound(cfg, "async")
-        assert isinstance(run.engine, InterruptibleEngine) and run.manager.engine.engine is run.engine
-        assert run.engine.engine is run.engines.engine and run.engine.mode == cfg.async_weight_update
+        ro, tr, out = run.rollout_parts, run.train_parts, run.outputs
+        assert run.mode == "async"
+        assert ro.buffer.max_staleness == async_lead(cfg) * 2 == 2 == staleness_bound(cfg, "async")
+        assert isinstance(ro.engine, InterruptibleEngine) and ro.manager.engine.engine is ro.engine
+        assert ro.engine.engine is ro.engines.engine and ro.engine.mode == cfg.async_weight_update
         # the trainer asks the policy before each micro-batch: its share while a request is in flight
-        assert run.threads.share_cores and not run.threads.take_turns
-        assert run.trainer.thread_budget() == run.threads.cores
-        run.engine._inflight["r"] = "train"
-        assert run.trainer.thread_budget() == run.threads.train
-        run.engine._inflight.clear()
+        assert tr.threads.share_cores and not tr.threads.take_turns
+        assert tr.trainer.thread_budget() == tr.threads.cores
+        ro.engine._inflight["r"] = "train"
+        assert tr.trainer.thread_budget() == tr.threads.train
+        ro.engine._inflight.clear()
         # the Prometheus hooks were given to the hub and the manager when they were built
-        assert run.rewards.on_scored == run.events.observe_reward
-        assert run.manager.on_generated == run.events.observe_generated
-        assert run.exporter.events is run.events and run.exporter.registry is run.events.registry
+        assert ro.rewards.on_scored == out.events.observe_reward
+        assert ro.manager.on_generated == out.events.observe_generated
+        assert out.exporter.events is out.events and out.exporter.registry is out.events.registry
+        assert run.processes.exporter is out.exporter
     finally:
         _closed(run)
+
+
+def test_groups_are_small_typed_and_frozen():
+    """No grab-bag: each group holds what one phase reads, every field typed with a class (not Any), and a built
+    group cannot be changed; Run has no attribute forwarding."""
+    groups = (RolloutParts, TrainParts, RunOutputs, Processes, Parts)
+    assert all(len(dataclasses.fields(g)) <= 8 for g in groups)
+    assert all(f.type != "Any" for g in groups for f in dataclasses.fields(g))
+    for g in (RolloutParts, TrainParts, RunOutputs, Parts):
+        assert g.__dataclass_params__.frozen, g
+    assert "__getattr__" not in vars(Run)
+    import slick.loop
+    loop_sources = (Path(slick.loop.__file__).parent).glob("*.py")
+    assert not [p.name for p in loop_sources if "def __getattr__" in p.read_text()]
 
 
 def test_build_refuses_an_unknown_mode_by_name(tiny_model_dir, run_cfg):

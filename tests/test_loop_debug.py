@@ -51,7 +51,7 @@ def test_train_from_saved_rollouts_without_an_engine(tiny_model_dir, parity_prom
     replay = make_cfg(tiny_model_dir, parity_prompts, tmp_path / "b", num_rollout=2,
                       custom_rm_path="parity_rm.first_even", load_debug_rollout_data=str(tmp_path / "rollouts"))
     run = asyncio.run(train(replay))
-    assert run.engines is None and run.trainer.version == 2
+    assert run.rollout_parts.engines is None and run.train_parts.trainer.version == 2
     a, b = read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl")
     assert [r["rollout/raw_reward"] for r in a] == [r["rollout/raw_reward"] for r in b]
     # same batch and same initial weights: the same gradient
@@ -64,6 +64,6 @@ def test_weight_sync_every_other_step_still_trains_every_step(tiny_model_dir, pa
     assert cfg.max_staleness == 1  # derived: the engine lags one optimizer step between syncs
     run = asyncio.run(train(cfg))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert all("train/loss" in r for r in rows) and run.trainer.version == 4
+    assert all("train/loss" in r for r in rows) and run.train_parts.trainer.version == 4
     assert ["perf/update_weights_time" in r for r in rows] == [False, True, False, True]
-    assert asyncio.run(run.engines.engine.get_weight_version()) == 4
+    assert asyncio.run(run.rollout_parts.engines.engine.get_weight_version()) == 4

@@ -18,12 +18,12 @@ def _run(tiny_model_dir, prompts, run_dir, **over):
 
 def test_the_evaluation_beside_the_next_rollout_changes_no_number(tiny_model_dir, prompts, tmp_path, monkeypatch):
     run, beside = _run(tiny_model_dir, prompts, tmp_path / "beside")
-    steps_beside = run.engines.engine.stats()["decode_steps"]
+    steps_beside = run.rollout_parts.engines.engine.stats()["decode_steps"]
     assert run.evaluates_beside_rollout
     with monkeypatch.context() as m:
         m.setattr(Run, "evaluates_beside_rollout", property(lambda self: False))
         run, alone = _run(tiny_model_dir, prompts, tmp_path / "alone")
-        steps_alone = run.engines.engine.stats()["decode_steps"]
+        steps_alone = run.rollout_parts.engines.engine.stats()["decode_steps"]
     # one line per step, each evaluation logged with its step (step 0: the weights before training)
     assert [r["step"] for r in beside] == [r["step"] for r in alone] == [0, 1, 2, 3]
     for b, a in zip(beside, alone):

@@ -30,5 +30,5 @@ def test_train_through_router_with_disk_weight_sync(tiny_model_dir, tmp_path):
     assert all(r["perf/update_weights_time"] > 0 for r in rows)
     # the workers loaded the trainer's weights from disk: rollout logprobs match the trainer's (fp32)
     assert rows[-1]["train/train_rollout_logprob_abs_diff"] < 1e-3
-    assert run.trainer.version == 2
+    assert run.train_parts.trainer.version == 2
     assert (tmp_path / "run" / "weights" / "model.safetensors").is_file()

@@ -67,11 +67,12 @@ def test_nan_reward_in_a_loaded_rollout_is_replaced_and_counted(tiny_model_dir, 
     nan_run, same_run = runs
     assert [r["train/nonfinite_rewards"] for r in rows[0]] == [1.0, 0.0]
     assert [r["train/nonfinite_rewards"] for r in rows[1]] == [0.0, 0.0]
-    assert [r["train/skipped_steps"] for r in rows[0]] == [0.0, 0.0] and nan_run.trainer.version == 2
+    assert [r["train/skipped_steps"] for r in rows[0]] == [0.0, 0.0] and nan_run.train_parts.trainer.version == 2
     assert read_jsonl(env / "dbg_nan" / "train_0.jsonl")[2]["reward"] == 0.25
     for key in ("rollout/raw_reward", "train/grad_norm", "train/loss"):
         assert [r[key] for r in rows[0]] == [r[key] for r in rows[1]], key
-    for (n, a), (_, b) in zip(nan_run.trainer.named_weights(), same_run.trainer.named_weights()):
+    for (n, a), (_, b) in zip(nan_run.train_parts.trainer.named_weights(),
+                              same_run.train_parts.trainer.named_weights()):
         assert torch.isfinite(a).all() and torch.equal(a, b), n
 
 

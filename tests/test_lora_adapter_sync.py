@@ -262,9 +262,9 @@ def test_lora_run_with_vllm_rolls_out_with_the_adapter(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3] and run.trainer.version == 3
+    assert [r["step"] for r in rows] == [1, 2, 3] and run.train_parts.trainer.version == 3
     assert all(r["perf/weight_check_max_abs_diff"] <= 1e-3 for r in rows), rows
     assert all(r["train/train_rollout_logprob_abs_diff"] < 2e-4 for r in rows), rows
     marker = json.loads((tmp_path / "run" / "weights" / "slick_weights.json").read_text())
     assert marker == {"version": 3, "kind": "lora_adapter", "tensors": marker["tensors"],
-                      "bytes": adapter_bytes(run.trainer)}
+                      "bytes": adapter_bytes(run.train_parts.trainer)}

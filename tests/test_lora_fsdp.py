@@ -130,8 +130,9 @@ def test_a_short_lora_run_on_two_colocated_ranks_passes_every_weight_check(tmp_p
     cfg = ray_cfg(model, prompts, tmp_path / "run", lora_rank=4, lr=1e-2, num_rollout=2, n_samples_per_prompt=4,
                   colocate=True, save=str(tmp_path / "ck"), save_interval=2)
     run = asyncio.run(asyncio.wait_for(train(cfg), 400))
-    assert run.cluster is None and run.trainer.world_size == 2 and run.trainer.version == 2
-    _wait_gone(run.trainer.pids, "trainer rank actors")
+    trainer = run.train_parts.trainer
+    assert run.processes.cluster is None and trainer.world_size == 2 and trainer.version == 2
+    _wait_gone(run.train_parts.trainer.pids, "trainer rank actors")
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     checks = [r["perf/weight_check_max_abs_diff"] for r in rows]

@@ -20,7 +20,7 @@ def test_lora_learns_the_tiny_task_and_every_sync_is_checked(tmp_path, monkeypat
     # the engine checked after every sync: version and a probe's logprobs within the fp32 bound (1e-3)
     checks = [r["perf/weight_check_max_abs_diff"] for r in rows]
     assert len(checks) == 12 and max(checks) <= 1e-3
-    assert asyncio.run(run.engines.engine.get_weight_version()) == run.trainer.version == 12
+    assert asyncio.run(run.rollout_parts.engines.engine.get_weight_version()) == run.train_parts.trainer.version == 12
 
 
 def test_lora_ppo_async_with_kl_saves_and_resumes(tiny_model_dir, prompts, tmp_path):  # noqa: F811
@@ -33,9 +33,10 @@ def test_lora_ppo_async_with_kl_saves_and_resumes(tiny_model_dir, prompts, tmp_p
     assert [r["step"] for r in rows] == [1, 2] and all("perf/weight_check_max_abs_diff" in r for r in rows)
     # step 1: B = 0, the actor is exactly the reference (the adapters disabled); step 2: the adapters moved it
     assert rows[0]["train/kl_loss"] == 0.0 and abs(rows[1]["train/kl_loss"]) > 1e-4
-    assert run.critic is not None and run.critic.lora is None       # the critic keeps full weights
+    assert run.train_parts.critic is not None and run.train_parts.critic.lora is None   # the critic keeps full weights
     assert (tmp_path / "ck" / "step_000002" / "adapter" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "ck" / "step_000002" / "model").exists()
     cfg2 = make_cfg(tiny_model_dir, prompts, tmp_path / "run2", num_rollout=3, load=str(tmp_path / "ck"), **common)
     run2 = asyncio.run(train_async(cfg2))
-    assert run2.trainer.version == 3 and [r["step"] for r in read_jsonl(tmp_path / "run2" / "metrics.jsonl")] == [3]
+    assert run2.train_parts.trainer.version == 3
+    assert [r["step"] for r in read_jsonl(tmp_path / "run2" / "metrics.jsonl")] == [3]

@@ -30,7 +30,7 @@ def test_lora_with_multi_turn_tool_calls(tiny_model_dir, tmp_path):
                   lora_rank=4, lr=1e-2, micro_batch_size=4, run_dir=str(tmp_path / "run"), no_progress=True)
     run = asyncio.run(asyncio.wait_for(train(validate_config(Config.from_flat(values))), 300))
     rows = _steps(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2] and run.trainer.version == 2
+    assert [r["step"] for r in rows] == [1, 2] and run.train_parts.trainer.version == 2
     assert all(r["rollout/turns/mean"] == 2.0 and r["rollout/tool_calls/mean"] == 2.0 for r in rows)
     _checked(rows)
 
@@ -43,6 +43,6 @@ def test_lora_with_agent_sessions(tiny_model_dir, agents_module, tmp_path):  # n
                     custom_rm_path=None, lora_rank=4)
     run = asyncio.run(asyncio.wait_for(train(cfg), 300))
     rows = _steps(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2] and run.trainer.version == 2
+    assert [r["step"] for r in rows] == [1, 2] and run.train_parts.trainer.version == 2
     assert all(r["rollout/agent_calls/mean"] == 2.0 and r["rollout/agent_errors"] == 0.0 for r in rows)
     _checked(rows)

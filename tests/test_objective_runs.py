@@ -62,7 +62,7 @@ def test_lora_trains_kl_cov(tiny_model_dir, prompts, tmp_path):
                    policy_loss="kl_cov", kl_cov_ratio=0.05, ppo_kl_coef=1.0)
     run = asyncio.run(train(cfg))
     rows = [m for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/pg_loss" in m]
-    assert len(rows) == 2 and run.trainer.lora is not None
+    assert len(rows) == 2 and run.train_parts.trainer.lora is not None
     for m in rows:   # 2 x 4 samples of up to 8 tokens: max(1, int(0.05 x tokens)) = 1 or 2 tokens penalised
         assert 0.0 < m["train/kl_cov_frac"] <= 0.25 and m["train/grad_norm"] > 0
 

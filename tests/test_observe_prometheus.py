@@ -58,9 +58,9 @@ def scraping(monkeypatch) -> dict:
 
     def log_and_scrape(self, metrics, step):
         log(self, metrics, step)
-        with urllib.request.urlopen(self.exporter.url, timeout=10) as r:
+        with urllib.request.urlopen(self.outputs.exporter.url, timeout=10) as r:
             scrapes[step] = r.read().decode()
-        scrapes["url"] = self.exporter.url
+        scrapes["url"] = self.outputs.exporter.url
 
     monkeypatch.setattr(Run, "log", log_and_scrape)
     return scrapes
@@ -93,7 +93,7 @@ def test_sync_run_serves_what_it_trained(tiny_model_dir, reward_module, tmp_path
     assert value(s1, "slick_trained_samples_total") == 8 and value(s3, "slick_trained_samples_total") == 24
     assert value(s3, "slick_trained_tokens_total") == sum(r["rollout/generated_tokens"] for r in rows)
     assert value(s3, "slick_steps_total") == 3 and value(s3, "slick_step") == 3
-    assert value(s3, "slick_trainer_version") == 3 == run.trainer.version
+    assert value(s3, "slick_trainer_version") == 3 == run.train_parts.trainer.version
     assert value(s3, "slick_engine_up", engine="local") == 1
     assert value(s3, "slick_engine_weight_version", engine="local") == 3
     # the step gauges are the metrics.jsonl values, exactly
@@ -242,8 +242,8 @@ def test_ray_ranks_and_engine_actors_reach_the_drivers_endpoint(tmp_path, monkey
             metrics.update(await run.train_off_loop(0, groups))
             metrics.update(await run.sync_weights())
             run.log(metrics, 1)
-            with urllib.request.urlopen(run.exporter.url, timeout=30) as r:
-                return run, run.engines.worker_urls, r.read().decode()
+            with urllib.request.urlopen(run.outputs.exporter.url, timeout=30) as r:
+                return run, run.rollout_parts.engines.worker_urls, r.read().decode()
         finally:
             await run.close()
 
@@ -259,7 +259,7 @@ def test_ray_ranks_and_engine_actors_reach_the_drivers_endpoint(tmp_path, monkey
     assert value(s, "slick_trained_samples_total") == 32 and value(s, "slick_trainer_version") == 1
     targets = json.loads((tmp_path / "run" / TARGETS_FILE).read_text())
     assert targets[1] == {"targets": [u.split("//")[1] for u in urls], "labels": {"job": "slick-engine"}}
-    assert_closed(run.exporter.url)
+    assert_closed(run.outputs.exporter.url)
 
 
 def test_step_metrics_never_shadow_the_fixed_families(tmp_path):

@@ -72,7 +72,7 @@ def test_opd_with_coef_zero_equals_the_plain_run(setup, tiny_model_dir, teacher_
     plain = asyncio.run(train(_cfg(tiny_model_dir, setup, "plain")))
     opd = asyncio.run(train(_cfg(tiny_model_dir, setup, "opd", use_opd=True, opd_teacher_load=str(teacher_dir),
                                  opd_kl_coef=0.0)))
-    a, b = dict(plain.trainer.named_weights()), dict(opd.trainer.named_weights())
+    a, b = dict(plain.train_parts.trainer.named_weights()), dict(opd.train_parts.trainer.named_weights())
     assert all(torch.equal(a[k], b[k]) for k in a)
     m = _metrics(setup, "opd")[-1]
     assert m["opd/kl"] > 0.5 and m["opd/teacher_logprob"] < m["opd/student_logprob"]

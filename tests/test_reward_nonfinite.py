@@ -191,4 +191,4 @@ def test_nan_dict_rewards_never_reach_training(tiny_model_dir, tmp_path, monkeyp
     (row,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert row["reward/nonfinite"] == 4 and row["reward/failures"] == 4      # 2 prompts x 4 samples, odd ones
     assert math.isfinite(row["train/loss"]) and math.isfinite(row["train/grad_norm"])
-    assert all(torch.isfinite(w).all() for _, w in run.trainer.named_weights())
+    assert all(torch.isfinite(w).all() for _, w in run.train_parts.trainer.named_weights())

@@ -40,7 +40,7 @@ def test_train_with_sglang_behind_the_router_syncs_every_step(sglang_model_dir, 
     finally:
         sys.path.remove(str(tmp_path))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3] and run.trainer.version == 3
+    assert [r["step"] for r in rows] == [1, 2, 3] and run.train_parts.trainer.version == 3
     # every step's rollout logprobs (steps 2, 3 sampled after a sync) equal the trainer's own in fp32, over the
     # sampled tokens and over the whole next-token distribution (top-20 + rest)
     for r in rows:
@@ -88,8 +88,8 @@ def test_a_killed_or_hung_sglang_server_mid_rollout_is_replaced(sglang_model_dir
     killed = {}
 
     async def kill_first(run):
-        victim = run.engines.recovery.workers[run.engines.worker_urls[0]]
-        await _when_serving(run.engines.engine, victim.url)
+        victim = run.rollout_parts.engines.recovery.workers[run.rollout_parts.engines.worker_urls[0]]
+        await _when_serving(run.rollout_parts.engines.engine, victim.url)
         killed.update(url=victim.url, pid=victim.pid)
         os.kill(victim.pid, sig)
 
@@ -98,8 +98,8 @@ def test_a_killed_or_hung_sglang_server_mid_rollout_is_replaced(sglang_model_dir
     async def go():
         try:
             steps = await _steps(run, kill_first)
-            eng = run.engines.engine
-            (new,) = set(eng.control_urls) - set(run.engines.worker_urls)
+            eng = run.rollout_parts.engines.engine
+            (new,) = set(eng.control_urls) - set(run.rollout_parts.engines.worker_urls)
             version = await eng.weight_version_of(new)
             one = SglangEngine([new], api_key=eng.api_key)
             gen = await one.generate([1, 2, 3, 4, 5, 6], SamplingParams(temperature=1.0, max_new_tokens=8))
@@ -110,13 +110,13 @@ def test_a_killed_or_hung_sglang_server_mid_rollout_is_replaced(sglang_model_dir
 
     try:
         steps, new, version, gen = asyncio.run(go())
-        rec = run.engines.recovery
+        rec = run.rollout_parts.engines.recovery
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
         assert rec.events[0][1] == killed["url"]
-        assert run.engines.engine.resubmitted >= 1
-        assert new != killed["url"] and version == run.trainer.version == 3
+        assert run.rollout_parts.engines.engine.resubmitted >= 1
+        assert new != killed["url"] and version == run.train_parts.trainer.version == 3
         s = Sample(prompt_ids=[1, 2, 3, 4, 5, 6], response_ids=gen.token_ids, loss_mask=[1] * 8)
-        ref = run.trainer.compute_logprobs([s], "actor")[0].tolist()
+        ref = run.train_parts.trainer.compute_logprobs([s], "actor")[0].tolist()
         assert max(abs(x - y) for x, y in zip(ref, gen.logprobs)) < 2e-4   # the replacement has the trainer's weights
     finally:
         sys.path.remove(str(tmp_path))

@@ -40,8 +40,8 @@ def test_a_killed_or_hung_vllm_server_mid_rollout_is_replaced(vllm_model_dir, tm
     killed = {}
 
     async def kill_first(run):
-        victim = run.engines.recovery.workers[run.engines.worker_urls[0]]
-        await _when_serving(run.engines.engine, victim.url)
+        victim = run.rollout_parts.engines.recovery.workers[run.rollout_parts.engines.worker_urls[0]]
+        await _when_serving(run.rollout_parts.engines.engine, victim.url)
         killed.update(url=victim.url, pid=victim.pid)
         os.kill(victim.pid, sig)
 
@@ -50,8 +50,8 @@ def test_a_killed_or_hung_vllm_server_mid_rollout_is_replaced(vllm_model_dir, tm
     async def go():
         try:
             steps = await _steps(run, kill_first)
-            eng = run.engines.engine
-            (new,) = set(eng.control_urls) - set(run.engines.worker_urls)
+            eng = run.rollout_parts.engines.engine
+            (new,) = set(eng.control_urls) - set(run.rollout_parts.engines.worker_urls)
             version = await eng.weight_version_of(new)
             one = VllmEngine([new], api_key=eng.api_key)
             gen = await one.generate([1, 2, 3, 4, 5, 6], SamplingParams(temperature=1.0, max_new_tokens=8, seed=1))
@@ -62,17 +62,17 @@ def test_a_killed_or_hung_vllm_server_mid_rollout_is_replaced(vllm_model_dir, tm
 
     try:
         steps, new, version, gen = asyncio.run(go())
-        rec = run.engines.recovery
+        rec = run.rollout_parts.engines.recovery
         assert (rec.deaths, rec.restarts, rec.errors) == (1, 1, [])
         # a killed server is seen by whichever check comes first: its process watch or a /health probe whose
         # connection is reset; a stopped one only by the probe's timeout
         reasons = (("its process exited: killed by SIGKILL", "/health failed: ") if sig == signal.SIGKILL
                    else ("no answer to /health within 10s (--rollout-health-check-timeout): hung",))
         assert rec.events[0][1] == killed["url"] and rec.events[0][2].startswith(reasons), rec.events
-        assert run.engines.engine.resubmitted >= 1
-        assert new != killed["url"] and version == run.trainer.version == 3
+        assert run.rollout_parts.engines.engine.resubmitted >= 1
+        assert new != killed["url"] and version == run.train_parts.trainer.version == 3
         s = Sample(prompt_ids=[1, 2, 3, 4, 5, 6], response_ids=gen.token_ids, loss_mask=[1] * 8)
-        ref = run.trainer.compute_logprobs([s], "actor")[0].tolist()
+        ref = run.train_parts.trainer.compute_logprobs([s], "actor")[0].tolist()
         assert max(abs(x - y) for x, y in zip(ref, gen.logprobs)) < 2e-4   # the replacement has the trainer's weights
     finally:
         sys.path.remove(str(tmp_path))

@@ -66,7 +66,7 @@ def test_train_with_vllm_syncs_every_step(vllm_model_dir, tmp_path):
         sys.path.remove(str(tmp_path))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert run.trainer.version == 3
+    assert run.train_parts.trainer.version == 3
     # the servers loaded each version: rollout logprobs of steps 2 and 3 (sampled after a sync) match the trainer's
     # own recomputation in fp32 (a sync that did not land would leave step-1 weights: differences of ~1e-2)
     for r in rows:
@@ -112,7 +112,7 @@ def train_async_keeps_versions_per_token(model_dir, tmp_path, engine: str, mode:
     finally:
         sys.path.remove(str(tmp_path))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and run.trainer.version == 4
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and run.train_parts.trainer.version == 4
     seen = []
     for step in range(4):
         samples = read_jsonl(tmp_path / "dbg" / f"train_{step}.jsonl")
@@ -138,7 +138,7 @@ def test_train_on_ray_with_one_vllm_server_per_engine_bundle(vllm_model_dir, tmp
     finally:
         sys.path.remove(str(tmp_path))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2] and run.trainer.version == 2
+    assert [r["step"] for r in rows] == [1, 2] and run.train_parts.trainer.version == 2
     assert all(r["train/train_rollout_logprob_abs_diff"] < 2e-4 for r in rows)   # every sync landed
     deadline = time.monotonic() + 60
     while _vllm_processes(tmp_path) and time.monotonic() < deadline:

@@ -1,9 +1,9 @@
 """The inputs of an SFT run and its held-out evaluation; the teacher check of on-policy distillation.
 
-``build_sft_inputs(c)`` fills a run's parts (``slick.loop.build.Components``) for --loss-type sft_loss: the chat
-dataset behind the run's DataSource (groups of one), the held-out chats of --eval-prompt-data, and the SFT
-rollout (``slick.rollout.sft.SftRollout``) as the run's rollout function. ``evaluate_sft`` is the eval phase of
-such a run: loss, perplexity and token accuracy of the assistant tokens of each held-out set.
+``sft_inputs(cfg, tok)`` gives the rollout inputs of a run (``slick.loop.parts.RolloutParts``) for --loss-type
+sft_loss: the chat dataset behind the run's DataSource (groups of one), the held-out chats of --eval-prompt-data,
+and the SFT rollout (``slick.rollout.sft.SftRollout``) as the run's rollout function. ``evaluate_sft`` is the eval
+phase of such a run: loss, perplexity and token accuracy of the assistant tokens of each held-out set.
 """
 from __future__ import annotations
 
@@ -22,18 +22,17 @@ from slick.types import Sample
 log = logging.getLogger("slick")
 
 
-def build_sft_inputs(c) -> None:
-    """``c.data``, ``c.eval_sets`` and ``c.rollout_fn`` of an SFT run (``c.tok`` loaded). Every chat is checked
-    and tokenized here, before the trainer loads: a bad row stops the run naming its file and line."""
-    cfg = c.cfg
+def sft_inputs(cfg: Config, tok) -> tuple[DataSource, dict[str, ChatDataset], SftRollout]:
+    """(the chats' DataSource, the held-out chat sets by name, the SFT rollout) of an SFT run. Every chat is
+    checked and tokenized here, before the trainer loads: a bad row stops the run naming its file and line."""
     found = model_context(cfg)
     max_len, source = found if found is not None else (None, "")
-    chats = ChatDataset.from_config(cfg, c.tok, max_len=max_len, max_len_source=source)
-    c.data = DataSource(chats, 1, shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed)
+    chats = ChatDataset.from_config(cfg, tok, max_len=max_len, max_len_source=source)
+    data = DataSource(chats, 1, shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed)
     pairs = list(cfg.eval_prompt_data)
-    c.eval_sets = {n: ChatDataset.from_config(cfg, c.tok, spec=p, max_len=max_len, max_len_source=source)
-                   for n, p in zip(pairs[::2], pairs[1::2])}
-    c.rollout_fn = SftRollout(c.data, chats.row_at, c.tok)
+    eval_sets = {n: ChatDataset.from_config(cfg, tok, spec=p, max_len=max_len, max_len_source=source)
+                 for n, p in zip(pairs[::2], pairs[1::2])}
+    return data, eval_sets, SftRollout(data, chats.row_at, tok)
 
 
 def check_teacher(cfg: Config) -> None:

@@ -49,12 +49,13 @@ def tokens_per_sec(metrics: dict, seconds: float) -> float:
 
 async def train(cfg: Config) -> Run:
     run = Run(cfg)
+    rollout_parts, steps = run.rollout_parts, run.steps
     held = None   # an evaluation held to run beside the next rollout (evaluate, start_held, log_held)
     try:
         await run.start()
-        if run.start_step == 0 and run.eval_sets:
-            held = await evaluate(run, 0, {}, beside=run.start_step < run.num_steps)
-        for step in range(run.start_step, run.num_steps):
+        if steps.start == 0 and rollout_parts.eval_sets:
+            held = await evaluate(run, 0, {}, beside=steps.start < steps.stop)
+        for step in range(steps.start, steps.stop):
             t0 = time.perf_counter()
             rollout = asyncio.ensure_future(run.rollout(step))
             held = start_held(held)                # after the rollout: the engine's queue serves the rollout first
@@ -65,11 +66,12 @@ async def train(cfg: Config) -> Run:
             if cfg.load_debug_rollout_data:  # a replay is trained on as saved, whatever policy generated it
                 batch = groups
             else:
-                run.buffer.put(groups)
-                batch = run.buffer.take(len(groups), run.version)
+                rollout_parts.buffer.put(groups)
+                batch = rollout_parts.buffer.take(len(groups), run.version)
                 if len(batch) < len(groups):
                     log.warning("step %d: training on %d of %d groups (stale ones dropped, or kept back by "
-                                "--buffer-filter-path): %s", step, len(batch), len(groups), run.buffer.stats())
+                                "--buffer-filter-path): %s", step, len(batch), len(groups),
+                            rollout_parts.buffer.stats())
             if not cfg.debug_rollout_only:
                 metrics.update(await run.probe_mismatch(step, batch))   # engines and trainer hold the same weights here
                 syncs = (step + 1) % cfg.update_weights_interval == 0
@@ -79,19 +81,19 @@ async def train(cfg: Config) -> Run:
                 if syncs:
                     metrics.update(await run.sync_weights())
                     metrics.update(await run.check_weights())
-            if run.engines:
-                metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
+            if rollout_parts.engines:
+                metrics.update(rollout_parts.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = tokens_per_sec(metrics, metrics["perf/step_time"])
-            if run.timeline is not None:
-                metrics.update(run.timeline.take())        # engine busy fraction, reward waits overlapped/exposed
+            if run.outputs.timeline is not None:
+                metrics.update(run.outputs.timeline.take())   # engine busy fraction, reward waits overlapped/exposed
             done = step + 1
             # checkpoints every --save-interval and after the last step; --save-hf exports with each
             # checkpoint, or after the last step only when there is no --save
-            if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):
+            if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, steps.stop):
                 run.save(done)
-            if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
-                held = await evaluate(run, done, metrics, beside=done < run.num_steps)
+            if rollout_parts.eval_sets and due(done, cfg.eval_interval, steps.stop):
+                held = await evaluate(run, done, metrics, beside=done < steps.stop)
             else:
                 run.log(metrics, done)
     finally:
@@ -149,5 +151,5 @@ def main(argv=None, prog: str = "slick train", defaults: Optional[dict] = None) 
         sigterm = isinstance(e, asyncio.CancelledError)
         print(f"{prog}: stopped ({'SIGTERM' if sigterm else 'interrupted'}); resume with --load", file=sys.stderr)
         return 143 if sigterm else 130
-    print(f"run directory: {run.run_dir}")
+    print(f"run directory: {run.outputs.run_dir}")
     return 0

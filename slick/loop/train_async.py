@@ -45,29 +45,32 @@ def staleness_metrics(batch, train_version: int) -> dict:
 
 async def train_async(cfg: Config) -> Run:
     # built for overlap (slick/loop/build.py): the buffer's staleness backstop, the interruptible engine
-    # (run.engine) in the rollout manager, the trainer's thread budget (slick/loop/threads.py)
+    # (rollout_parts.engine) in the rollout manager, the trainer's thread budget (slick/loop/threads.py)
     run = Run(cfg, overlap=True)
-    engine = run.engine
-    producer = Producer(cfg, run.manager, run.buffer, run.data, engine, lead=async_lead(cfg),
-                        synced_steps=run.start_step, consumed_steps=run.start_step, num_steps=run.num_steps)
+    rollout_parts, threads, steps = run.rollout_parts, run.train_parts.threads, run.steps
+    engine = rollout_parts.engine
+    producer = Producer(cfg, rollout_parts.manager, rollout_parts.buffer, rollout_parts.data, engine,
+                        lead=async_lead(cfg), synced_steps=steps.start, consumed_steps=steps.start,
+                        num_steps=steps.stop)
     try:
         await run.start()
         producer.start()
-        if run.start_step == 0 and run.eval_sets:
+        if steps.start == 0 and rollout_parts.eval_sets:
             run.log(await run.evaluate(), 0)
         last, filtered = time.perf_counter(), 0
-        for step in range(run.start_step, run.num_steps):
+        for step in range(steps.start, steps.stop):
             t0 = time.perf_counter()
             batch = await producer.take(run.version, cfg.async_timeout)
             metrics = {"perf/trainer_idle_time": time.perf_counter() - t0}
             # perf/rollout_time: seconds between two batches becoming ready (the rollout side's period)
-            metrics.update(run.manager.rollout_metrics(batch, producer.filtered - filtered, time.perf_counter() - last))
+            metrics.update(rollout_parts.manager.rollout_metrics(batch, producer.filtered - filtered,
+                                                                 time.perf_counter() - last))
             last, filtered = time.perf_counter(), producer.filtered
             metrics.update(staleness_metrics(batch, run.version))
-            if run.threads.share_cores:      # one set of cores: the next batch is generated with all of them
+            if threads.share_cores:          # one set of cores: the next batch is generated with all of them
                 # first, then the step takes them while those groups wait for rewards (slick/loop/threads.py)
                 metrics["perf/trainer_yield_time"] = await engine.wait_idle(cfg.async_timeout)
-            with run.threads.training():     # the engine's share of the cores while the trainer runs
+            with threads.training():         # the engine's share of the cores while the trainer runs
                 metrics.update(await run.train_off_loop(step, batch))
             done = step + 1
             if done % cfg.update_weights_interval == 0:
@@ -82,17 +85,17 @@ async def train_async(cfg: Config) -> Run:
                 metrics["perf/paused_time"] = engine.paused_time - paused0
             metrics["perf/step_time"] = time.perf_counter() - t0    # as slick train's: evaluation and saving apart
             metrics["perf/tokens_per_sec"] = tokens_per_sec(metrics, metrics["perf/step_time"])
-            if run.eval_sets and due(done, cfg.eval_interval, run.num_steps):
+            if rollout_parts.eval_sets and due(done, cfg.eval_interval, steps.stop):
                 metrics.update(await run.evaluate())
-            if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, run.num_steps):
+            if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, steps.stop):
                 await producer.quiesce(cfg.async_timeout)      # untrained groups go into the checkpoint
                 run.save(done)
                 producer.resume()
-            metrics.update(run.buffer.stats())
+            metrics.update(rollout_parts.buffer.stats())
             metrics.update({"perf/rollout_idle_time": producer.take_idle_time(),
                             "rollout/resubmitted_requests": engine.resubmitted})
-            metrics.update(run.engines.fault_metrics())   # fault/* with --use-fault-tolerance
-            metrics.update(run.timeline.take())            # engine busy fraction, reward waits overlapped/exposed
+            metrics.update(rollout_parts.engines.fault_metrics())   # fault/* with --use-fault-tolerance
+            metrics.update(run.outputs.timeline.take())    # engine busy fraction, reward waits overlapped/exposed
             metrics.update(producer.groups_in_flight())
             run.log(metrics, done)
     finally:
@@ -121,5 +124,5 @@ def main(argv=None) -> int:
         sigterm = isinstance(e, asyncio.CancelledError)
         print(f"slick train-async: stopped ({'SIGTERM' if sigterm else 'interrupted'}); resume with --load", file=sys.stderr)
         return 143 if sigterm else 130
-    print(f"run directory: {run.run_dir}")
+    print(f"run directory: {run.outputs.run_dir}")
     return 0
