@@ -15,7 +15,7 @@ SGLANG_STAMP := $(SGLANG_VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo demo-agent demo-sft demo-distill test test-fast bench clean chromium tcmalloc vllm sglang sandbox promtool
+.PHONY: setup demo demo-agent demo-sft demo-distill demo-moe test test-fast bench clean chromium tcmalloc vllm sglang sandbox promtool
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -43,6 +43,9 @@ demo-sft: $(STAMP) tcmalloc
 
 demo-distill: $(STAMP) tcmalloc
 	$(BIN)/python -m slick.demo distill
+
+demo-moe: $(STAMP) tcmalloc
+	$(BIN)/python -m slick.demo moe
 
 test: $(STAMP) $(REF_STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
 	$(BIN)/python -m pytest -q --durations=30 --timeout=1800 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

@@ -170,7 +170,7 @@ def train_with(engine: str, model_dir: str, steps: int, work: Path) -> dict:
     from slick.demo.addition import write_addition_data
     train, test = write_addition_data(work / "data")
     run_dir = work / f"run-{engine}"
-    from slick.demo.__main__ import DEFAULTS    # the demo's flags, with the engine and the step count changed
+    from slick.demo.task import DEFAULTS    # the demo's flags, with the engine and the step count changed
     flags = dict(DEFAULTS, **{"--num-rollout": str(steps), "--eval-interval": str(steps),
                               "--run-dir": str(run_dir), "--rollout-engine": engine, "--no-progress": None})
     if engine != "local":

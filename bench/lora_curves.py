@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def run(model_dir: str, data: Path, work: Path, name: str, seed: int, steps: int, extra: list[str]) -> dict:
-    from slick.demo.__main__ import DEFAULTS
+    from slick.demo.task import DEFAULTS
     from slick.demo.addition import write_addition_data
     train, test = write_addition_data(data, n_test=30)
     run_dir = work / f"{name}-seed{seed}"

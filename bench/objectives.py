@@ -28,7 +28,7 @@ COMMON = ["--num-steps-per-rollout", "2"]
 
 def run_one(name: str, seed: int, model_dir: Path, runs_dir: Path, steps: int) -> dict:
     from slick.configure import build_parser, parse_config
-    from slick.demo.__main__ import demo_argv
+    from slick.demo.task import demo_argv
     from slick.loop.sync import train
     from slick.observe.metrics import read_metrics
 

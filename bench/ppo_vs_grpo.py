@@ -31,7 +31,7 @@ RUNS = {
 
 def run_one(name: str, model_dir: Path, out_root: Path, steps: int, extra: list[str]) -> dict:
     from slick.configure import build_parser, parse_config
-    from slick.demo.__main__ import demo_argv
+    from slick.demo.task import demo_argv
     from slick.loop.sync import train
 
     run_dir = out_root / name

