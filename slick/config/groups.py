@@ -18,7 +18,9 @@ from slick.config.groups_megatron import MegatronCompatConfig
 
 @dataclass
 class DataConfig:
-    prompt_data: Optional[str] = F(None, "Prompt dataset (.jsonl or .parquet); `path@[start:end]` takes a row slice.")
+    prompt_data: Optional[str] = F(None, "Prompt dataset (.jsonl or .parquet); `path@[start:end]` takes a row slice; "
+                                         "`reasoning-gym:TASK[,TASK...][?size=N&seed=S]` generates reasoning-gym's "
+                                         "tasks (docs/data.md).")
     input_key: str = F("prompt", "Key of the prompt (a string or a list of chat messages) in each row.")
     label_key: Optional[str] = F("label", "Key of the label handed to the reward function.")
     metadata_key: str = F("metadata", "Key of a per-row metadata dict (e.g. metadata.rm_type overrides --rm-type).")
@@ -396,6 +398,19 @@ class AgentConfig:
     environment_path: Optional[str] = F(None, "Multi-turn: dotted path to an environment factory "
                                               "`make(args, sample)` whose result has `reset(sample)` and "
                                               "`step(policy_message) -> (observation, reward, done)` (docs/agents.md).")
+    mcp_server: Optional[str] = F(None, "Multi-turn: the command line of an MCP server speaking stdio (`python "
+                                        "server.py`); slick starts it once, and its tools (names and JSON schemas "
+                                        "from the server) join the rollout's tools; each call is bounded by "
+                                        "--tool-timeout (docs/agents.md, MCP tools).")
+    mcp_url: Optional[str] = F(None, "Multi-turn: the URL of an MCP server speaking streamable HTTP "
+                                     "(`http://127.0.0.1:8000/mcp`), instead of --mcp-server; loopback only unless "
+                                     "--mcp-allow-remote.")
+    mcp_allow_remote: bool = F(False, "Allow an --mcp-url whose host is not loopback (its tools then run on "
+                                      "another machine, which sees every call's arguments).")
+    mcp_env: list = F([], "Names of the driver's environment variables the --mcp-server process gets besides the "
+                          "MCP SDK's safe defaults (HOME, PATH, ...); it gets no others.", nargs="+")
+    mcp_startup_timeout: float = F(60.0, "Seconds the MCP server may take to start and list its tools (at the "
+                                         "run's start, and when a crashed server is started again).")
     agent_function_path: Optional[str] = F(None, "Black-box agent: dotted path to `async def run(args, sample, "
                                                  "base_url) -> None | float | dict`, which calls the OpenAI-compatible "
                                                  "endpoint at base_url; every completion is recorded and trained "

@@ -16,6 +16,7 @@ from slick.config.config import Config, ConfigError
 from slick.config.engine_checks import server_engine_problems
 from slick.config.fields import field_choices, flag_name
 from slick.config.groups import GROUPS
+from slick.configure.envs import env_problems, is_generated
 from slick.configure.lora import lora_problems
 from slick.config.megatron import megatron_problems, shape_problems
 from slick.config.objectives import objective_problems   # --policy-loss, OPSM, entropy mask, DAPO
@@ -245,22 +246,22 @@ def driver_problems(cfg: Config, driver: str, p: list[str]) -> None:
 
 def agent_problems(cfg: Config, p: list[str]) -> None:
     """Multi-turn flags (docs/agents.md): each one does what it says or is refused."""
-    multi = bool(cfg.tool_path or cfg.environment_path)
+    multi = bool(cfg.tool_path or cfg.environment_path or cfg.mcp_server or cfg.mcp_url)
     custom = cfg.custom_generate_function_path or cfg.rollout_function_path
     if cfg.max_turns < 1:
         p.append(f"--max-turns must be >= 1 (got {cfg.max_turns})")
     elif cfg.max_turns > 1 and not multi and not custom:
-        p.append(f"--max-turns {cfg.max_turns} needs --tool-path or --environment-path (nothing would answer the "
-                 "policy's turns)")
-    elif multi and cfg.max_turns == 1:
+        p.append(f"--max-turns {cfg.max_turns} needs --tool-path or --environment-path, or an MCP server "
+                 "(--mcp-server/--mcp-url): nothing would answer the policy's turns")
+    elif multi and cfg.max_turns == 1 and (cfg.tool_path or cfg.environment_path):   # MCP: slick/configure/envs.py
         flag = "--tool-path" if cfg.tool_path else "--environment-path"
         p.append(f"{flag} needs --max-turns >= 2 (with one turn no tool result or observation is ever read)")
     for flag, value in (("--custom-generate-function-path", cfg.custom_generate_function_path),
                         ("--rollout-function-path", cfg.rollout_function_path)):
         if value and multi:
-            p.append(f"{flag} replaces the built-in multi-turn rollout that --tool-path/--environment-path "
-                     "select: use one or the other (a custom generate can use slick.rollout.multiturn's helpers "
-                     "and read args.max_turns)")
+            p.append(f"{flag} replaces the built-in multi-turn rollout that --tool-path/--mcp-server/--mcp-url/"
+                     "--environment-path select: use one or the other (a custom generate can use "
+                     "slick.rollout.multiturn's helpers and read args.max_turns)")
     if cfg.max_tokens_per_turn is not None and cfg.max_tokens_per_turn < 1:
         p.append(f"--max-tokens-per-turn must be >= 1 (got {cfg.max_tokens_per_turn})")
     if cfg.tool_timeout <= 0:
@@ -269,7 +270,7 @@ def agent_problems(cfg: Config, p: list[str]) -> None:
         p.append(f"--tool-max-output-chars must be >= 1 (got {cfg.tool_max_output_chars})")
 
     checks = [(load_tools, cfg.tool_path), (load_function, cfg.environment_path, "--environment-path")]
-    if cfg.tool_path and cfg.tool_parser not in PARSERS:
+    if (cfg.tool_path or cfg.mcp_server or cfg.mcp_url) and cfg.tool_parser not in PARSERS:
         checks.append((load_function, cfg.tool_parser, "--tool-parser"))
     for fn, *args in checks:  # plug-ins load before any model does, so a typo costs no model load
         if args[0]:
@@ -394,6 +395,7 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
     offload_problems(cfg, driver, p)
     agent_problems(cfg, p)
     black_box_agent_problems(cfg, p)
+    env_problems(cfg, p)   # reasoning-gym prompt data, MCP servers (slick/configure/envs.py)
     rollout_store_problems(cfg, p)
     prometheus_problems(cfg, p)
     critic_problems(cfg, p)
@@ -412,7 +414,7 @@ def validate(cfg: Config, check_files: bool = True, driver: str = "sync") -> tup
         if cfg.load_debug_rollout_data is None and not cfg.prompt_data:
             p.append("--prompt-data is required (or --load-debug-rollout-data)")
         for flag, spec in specs:
-            if not Path(_data_path(spec)).is_file():
+            if not is_generated(spec) and not Path(_data_path(spec)).is_file():
                 p.append(f"{flag}: file not found: {_data_path(spec)}")
         checkpoint_problems(cfg, p)
     if p:

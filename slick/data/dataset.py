@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from slick.config import Config
 from slick.config.groups import DataConfig
+from slick.data import reasoning_gym as rg_data
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +155,15 @@ def _load_rows(spec: str, input_key: str, label_key: Optional[str], metadata_key
                tool_key: Optional[str]) -> tuple[list[dict], list[str]]:
     """:func:`load_prompt_rows` and, per row, where it is (``path:line`` or ``path row N``)."""
     path_str, sl = parse_spec(spec)
+    if rg_data.is_spec(path_str):     # reasoning-gym:TASK[,TASK...][?...] (slick/data/reasoning_gym.py)
+        try:
+            rows, wheres = rg_data.load_rows(path_str)
+        except ValueError as e:      # a bad spec, reasoning-gym missing, a generator that failed
+            raise DataError(str(e)) from None
+        rows, wheres = rows[sl], wheres[sl]
+        if not rows:
+            raise DataError(f"{spec}: empty dataset after the row slice")
+        return rows, wheres
     path = Path(path_str)
     if not path.exists():
         raise DataError(f"{path}: prompt file not found")

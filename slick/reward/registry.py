@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from slick.config import Config
-from slick.reward import code, countdown, gsm8k, math as math_rm, slime_rm, text
+from slick.reward import code, countdown, gsm8k, math as math_rm, reasoning_gym, slime_rm, text
 from slick.reward.evidence import Judgement
 from slick.reward.extract import last_boxed
 
@@ -28,6 +28,7 @@ JUDGES: dict[str, JudgeFn] = {
     "deepscaler": slime_rm.judge_deepscaler,   # slime's rm-hub types (slick/reward/slime_rm.py)
     "dapo": slime_rm.judge_dapo,
     "gpqa": slime_rm.judge_gpqa,
+    "reasoning_gym": reasoning_gym.judge,     # the task's own verifier (slick/reward/reasoning_gym.py; envs extra)
 }
 
 BUILTIN: dict[str, ScoreFn] = {
@@ -40,6 +41,7 @@ BUILTIN: dict[str, ScoreFn] = {
     "deepscaler": slime_rm.score_deepscaler,
     "dapo": slime_rm.score_dapo,
     "gpqa": slime_rm.score_gpqa,
+    "reasoning_gym": reasoning_gym.score,
 }
 # types whose verifier a run's config shapes (``make(cfg) -> JudgeFn``; the hub builds one per run)
 CONFIGURED: dict[str, Callable[[Config], JudgeFn]] = {"code": code.judge_from_config}

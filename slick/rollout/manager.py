@@ -17,11 +17,13 @@ from typing import Callable, Optional
 from slick.config import Config
 from slick.plugins import load_function
 from slick.rollout.agent import AgentRollout
+from slick.rollout.env import ERROR_KEY as ENV_ERROR
 from slick.rollout.filters import verdict
 from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.rollout.timeline import Timeline, TimedEngine
 from slick.rollout.turn_samples import split_group
+from slick.rollout.tools import ToolSet, register_run_tools
 from slick.types import SamplingParams, Sample, Status
 
 log = logging.getLogger("slick.rollout")
@@ -93,6 +95,10 @@ class RolloutManager:
         self.agent = AgentRollout.from_config(cfg, lambda: self.engine, tokenizer, reward_hub)
         register_tokenizer(cfg, tokenizer)  # slick.rollout.multiturn.get_tokenizer(args) for custom generates
         self.multiturn = MultiTurnRollout.from_config(cfg, tokenizer, timeline=self.timeline)  # --max-turns > 1 / --tool-path / env
+        # the run's tools (--tool-path, --mcp-server/--mcp-url): the multi-turn rollout's, or for an agent its own set
+        self.tools = self.multiturn.tools if self.multiturn is not None else \
+            ToolSet.from_config(cfg) if self.agent is not None else None
+        register_run_tools(cfg, self.tools)   # slick.rollout.tools.run_tools(args) for agents
         self.on_generated = on_generated   # called with each group's newly generated samples
         self.pending: set[int] = set()       # indices of the training samples being generated now
 
@@ -165,10 +171,16 @@ class RolloutManager:
             return
         if self.cfg.mask_offpolicy_in_partial_rollout:
             mask_offpolicy(sample)
+        if sample.metadata.get(ENV_ERROR):   # bad environment output: a failed sample, not scored (rollout/env.py)
+            sample.reward = float(self.cfg.rm_failure_reward)
+            return
         if per_sample:
             await self._score([sample])
 
     async def _score(self, samples: list[Sample]) -> None:
+        samples = [s for s in samples if not s.metadata.get(ENV_ERROR)]   # failed by their environment
+        if not samples:
+            return
         track = f"sample {samples[0].group_index}.{samples[0].index}" if len(samples) == 1 else \
             f"group {samples[0].group_index}"
         t0 = time.perf_counter()
@@ -264,10 +276,17 @@ class RolloutManager:
         m.update(self.rewards.stats())
         if self.agent is not None:
             m.update(self.agent.metrics(samples))
+        if self.tools is not None:
+            m.update(self.tools.metrics())   # rollout/mcp_* (slick/rollout/mcp.py)
+        if self.multiturn is not None and self.multiturn.env_factory is not None:
+            m["rollout/env_errors"] = float(sum(bool(s.metadata.get(ENV_ERROR)) for s in samples))
         return m
 
     async def close(self) -> None:
-        """Stop what the manager started (the agent endpoint, the SGLang front of slime plug-ins)."""
+        """Stop what the manager started (the agent endpoint, the SGLang front of slime plug-ins, the MCP session)."""
+        if self.tools is not None:
+            register_run_tools(self.cfg, None)
+            await self.tools.close()
         if self.agent is not None:
             await self.agent.close()
         if self.slime is not None:

@@ -25,6 +25,10 @@ one tool.
 (:mod:`slick.rollout.tool_sandbox`): no network, no host files, the ``--sandbox-*`` limits. The function must be
 self-contained (imports inside its body, standard library only); the sandbox pool is built from the run's config.
 
+**MCP servers** (``--mcp-server CMD`` / ``--mcp-url URL``): the server's tools join the set, with the server's own
+schemas; :class:`ToolSet` hands their calls to :class:`slick.rollout.mcp.McpTools` (one session per run, closed by
+:meth:`ToolSet.close`). A black-box agent reaches the same set with :func:`run_tools`.
+
 **Failures never crash a rollout.** A tool that raises, times out (``--tool-timeout``), is unknown, gets bad
 arguments, or whose call could not be parsed, answers with a tool message starting ``Error:`` and counts in
 ``rollout/tool_errors``. Output longer than ``--tool-max-output-chars`` is cut, ending with
@@ -44,6 +48,7 @@ from typing import Callable, Optional, Sequence
 from slick.config import Config, ConfigView
 from slick.plugins import _import
 from slick.reward.sandbox import SandboxPool, default_pool, pool_from_config
+from slick.rollout.mcp import McpTools
 from slick.rollout.tool_process import run_in_subprocess, to_text
 from slick.rollout.tool_sandbox import run_in_sandbox
 from slick.chat.toolcall import ToolCall
@@ -174,25 +179,54 @@ def _in_daemon_thread(fn, kwargs) -> asyncio.Future:
 
 
 class ToolSet:
-    """Named tools with their schemas; :meth:`run_all` executes a turn's calls concurrently."""
+    """Named tools with their schemas; :meth:`run_all` executes a turn's calls concurrently. ``remote``: tools
+    another process serves (:class:`slick.rollout.mcp.McpTools`: ``names``, ``schemas()``, ``async call(name,
+    arguments, timeout) -> (text, error)``, ``metrics()``, ``aclose()``), run beside the Python ones."""
 
     def __init__(self, tools: dict[str, Callable], timeout: float = 10.0, max_output_chars: int = 4000,
-                 sandbox_pool: Optional[SandboxPool] = None):
+                 sandbox_pool: Optional[SandboxPool] = None, remote: Optional[McpTools] = None):
         self.tools, self.timeout, self.max_output_chars = dict(tools), float(timeout), int(max_output_chars)
         self.sandbox_pool = sandbox_pool       # runs @tool(sandbox=True) tools (from_config builds one when needed)
+        self.remote = remote
+        clash = sorted(set(self.tools) & set(remote.names)) if remote is not None else []
+        if clash:
+            raise ValueError(f"tool name(s) {', '.join(clash)} both in --tool-path and on the MCP server "
+                             f"{remote.label!r}: rename one")
 
     @classmethod
     def from_config(cls, cfg: Config | ConfigView) -> Optional["ToolSet"]:
-        """The tools of --tool-path (agent group), sandboxed with the sandbox group's limits where a tool asks."""
+        """The tools of --tool-path and of --mcp-server / --mcp-url (agent group; the MCP session is started here,
+        once), sandboxed with the sandbox group's limits where a tool asks. None when there are none."""
         cfg = cfg.view("agent", "sandbox")
-        if not cfg.tool_path:
+        if not (cfg.tool_path or cfg.mcp_server or cfg.mcp_url):
             return None
-        tools = load_tools(cfg.tool_path)
+        tools = load_tools(cfg.tool_path) if cfg.tool_path else {}
         wants = any(getattr(f, "__slick_tool__", {}).get("sandbox") for f in tools.values())
-        return cls(tools, cfg.tool_timeout, cfg.tool_max_output_chars, pool_from_config(cfg.sandbox) if wants else None)
+        remote = McpTools.from_config(cfg)
+        try:
+            return cls(tools, cfg.tool_timeout, cfg.tool_max_output_chars,
+                       pool_from_config(cfg.sandbox) if wants else None, remote)
+        except ValueError:
+            if remote is not None:
+                remote.close()
+            raise
 
     def schemas(self) -> list[dict]:
-        return [function_schema(n, f) for n, f in self.tools.items()]
+        local = [function_schema(n, f) for n, f in self.tools.items()]
+        return local + (self.remote.schemas() if self.remote is not None else [])
+
+    async def call(self, name: str, arguments: Optional[dict] = None) -> ToolResult:
+        """Run one tool by name (for agents: :func:`run_tools`); failures are results starting ``Error:``."""
+        return await self.run(ToolCall(name, dict(arguments or {})))
+
+    def metrics(self) -> dict:
+        """rollout/mcp_* counts since the last call (empty without MCP tools)."""
+        return self.remote.metrics() if self.remote is not None else {}
+
+    async def close(self) -> None:
+        """End what the tool set started (the MCP session); idempotent."""
+        if self.remote is not None:
+            await self.remote.aclose()
 
     def _truncate(self, text: str) -> tuple[str, bool]:
         if len(text) <= self.max_output_chars:
@@ -212,9 +246,12 @@ class ToolSet:
     async def _run(self, call: ToolCall) -> tuple[str, bool]:
         if call.error:
             return f"Error: {call.error}", True
+        if self.remote is not None and call.name in self.remote.names:
+            return await self.remote.call(call.name, call.arguments, self.timeout)
         fn = self.tools.get(call.name)
         if fn is None:
-            return f"Error: unknown tool {call.name!r} (available: {', '.join(sorted(self.tools))})", True
+            known = sorted(self.tools) + (self.remote.names if self.remote is not None else [])
+            return f"Error: unknown tool {call.name!r} (available: {', '.join(known)})", True
         try:
             inspect.signature(fn).bind(**call.arguments)
         except TypeError as e:
@@ -239,3 +276,28 @@ class ToolSet:
             return f"Error: tool {call.name!r} timed out after {timeout:g} s", True
         except Exception as e:  # noqa: BLE001 - a tool's failure is the policy's observation
             return f"Error: tool {call.name!r} raised {type(e).__name__}: {e}", True
+
+
+_RUN_TOOLS: dict[int, ToolSet] = {}
+
+
+def register_run_tools(args: Config, tools: Optional[ToolSet]) -> None:
+    """Make ``tools`` what :func:`run_tools` returns for this run's config (the rollout manager calls this;
+    ``None`` forgets it)."""
+    if tools is None:
+        _RUN_TOOLS.pop(id(args), None)
+    else:
+        _RUN_TOOLS[id(args)] = tools
+
+
+def run_tools(args: Config) -> ToolSet:
+    """The run's tools for a black-box agent (``--agent-function-path`` with ``--mcp-server`` / ``--mcp-url``):
+    ``schemas()`` (OpenAI function schemas, for a request's ``tools``) and ``await call(name, arguments)`` (a
+    :class:`ToolResult`: ``content``, ``error``), bounded by ``--tool-timeout``; one MCP session for the whole run.
+    ``args`` is the config the agent was handed."""
+    tools = _RUN_TOOLS.get(id(args))
+    if tools is None:
+        raise ValueError("run_tools(args): this run has no tools for agents (pass --mcp-server or --mcp-url with "
+                         "--agent-function-path)")
+    return tools
+

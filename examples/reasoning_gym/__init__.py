@@ -1,0 +1,1 @@
+"""reasoning-gym example: procedural reasoning tasks as prompt data, scored by each task's own verifier."""

@@ -1,0 +1,82 @@
+"""Start-up checks of the environments users bring (issue 56): reasoning-gym prompt data and MCP tool servers.
+
+* ``--prompt-data`` / ``--eval-prompt-data`` ``reasoning-gym:TASK[,TASK...][?...]``: the spec parses, reasoning-gym
+  is installed, the tasks exist (slick/data/reasoning_gym.py); the prompts are chat messages (a system prompt asking
+  for ``<answer>`` tags) unless ``system=none``, so they need ``--apply-chat-template``; a held-out set with the
+  training set's task and seed would hold the training prompts.
+* ``--mcp-server`` / ``--mcp-url`` (slick/rollout/mcp.py): one of them, the SDK installed, a loopback URL unless
+  ``--mcp-allow-remote``, the command non-empty, and turns to use the tools in (``--max-turns >= 2``) unless a
+  black-box agent (``--agent-function-path``) calls them itself (``slick.rollout.tools.run_tools``).
+"""
+from __future__ import annotations
+
+import shlex
+
+from slick.config import Config
+from slick.reward import reasoning_gym as rg_data
+from slick.rollout.mcp import INSTALL as MCP_INSTALL, url_problem
+
+
+def data_specs(cfg: Config) -> list[tuple[str, str]]:
+    """(flag, spec) of every prompt set of the run."""
+    specs = [("--prompt-data", cfg.prompt_data)] if cfg.prompt_data else []
+    return specs + [("--eval-prompt-data", s) for s in cfg.eval_prompt_data[1::2]]
+
+
+def is_generated(spec: str) -> bool:
+    """Whether a prompt spec is generated (no file to look for)."""
+    return rg_data.is_spec(spec.split("@[", 1)[0])
+
+
+def reasoning_gym_problems(cfg: Config, p: list[str]) -> None:
+    seen = {}
+    for flag, spec in data_specs(cfg):
+        path = spec.split("@[", 1)[0]
+        if not rg_data.is_spec(path):
+            continue
+        try:
+            rg_data.check(path)
+        except ValueError as e:
+            p.append(f"{flag}: {e}")
+            continue
+        s = rg_data.parse(path)
+        if s.system != "none" and not cfg.apply_chat_template:
+            p.append(f"{flag} {spec}: the prompts are chat messages (reasoning-gym's '{s.system}' system prompt, "
+                     f"then the question): pass --apply-chat-template, or system=none for the bare question")
+        for task in s.tasks:
+            key = (task, s.seed, tuple(sorted(s.config.items(), key=str)))
+            if key in seen and seen[key][0] != flag:
+                p.append(f"{flag} {spec}: task {task} with seed {s.seed} is also in {seen[key][0]} {seen[key][1]}: "
+                         f"the same items; give the held-out set another seed")
+            seen.setdefault(key, (flag, spec))
+
+
+def mcp_problems(cfg: Config, p: list[str]) -> None:
+    if not (cfg.mcp_server or cfg.mcp_url):
+        return
+    if cfg.mcp_server and cfg.mcp_url:
+        p.append("--mcp-server and --mcp-url: give one MCP server (a stdio command or an HTTP URL)")
+    try:
+        import mcp  # noqa: F401  # optional dependency: the envs extra
+    except ImportError as e:
+        p.append(f"--mcp-server/--mcp-url need the MCP SDK ({e}): {MCP_INSTALL}")
+    if cfg.mcp_url:
+        problem = url_problem(cfg.mcp_url, cfg.mcp_allow_remote)
+        if problem:
+            p.append(problem)
+    if cfg.mcp_server is not None:
+        try:
+            if not shlex.split(cfg.mcp_server):
+                p.append("--mcp-server: empty command")
+        except ValueError as e:
+            p.append(f"--mcp-server {cfg.mcp_server!r}: {e}")
+    if cfg.mcp_startup_timeout <= 0:
+        p.append(f"--mcp-startup-timeout must be > 0 seconds (got {cfg.mcp_startup_timeout})")
+    if cfg.max_turns < 2 and not cfg.agent_function_path:
+        p.append("--mcp-server/--mcp-url need --max-turns >= 2 (with one turn no tool result is ever read), or "
+                 "--agent-function-path for an agent that calls the tools itself")
+
+
+def env_problems(cfg: Config, p: list[str]) -> None:
+    reasoning_gym_problems(cfg, p)
+    mcp_problems(cfg, p)
