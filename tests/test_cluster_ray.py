@@ -100,7 +100,7 @@ def test_two_ranks_and_two_engines_on_ray_learn_and_engines_follow_the_trainer(t
         cfg1 = make_cfg(model, prompts, tmp_path / "run1", actor_num_gpus_per_node=0, num_rollout=13,
                         load=str(tmp_path / "ck"))
         run1 = asyncio.run(asyncio.wait_for(train(cfg1), 300))
-        assert run1.cluster is None and run1.start_step == 12 and run1.trainer.version == 13
+        assert run1.processes.cluster is None and run1.steps.start == 12 and run1.train_parts.trainer.version == 13
         assert read_jsonl(tmp_path / "run1" / "metrics.jsonl")[-1]["rollout/raw_reward"] > 0.9
 
 

@@ -42,5 +42,5 @@ def test_ppo_critic_on_two_ray_ranks_saves_and_resumes_in_one_process(tmp_path, 
     values.update(actor_num_gpus_per_node=0, colocate=False, num_rollout=4, load=str(tmp_path / "ck"),
                   run_dir=str(tmp_path / "run1"), save=None)
     run1 = asyncio.run(asyncio.wait_for(train(validate_config(Config.from_flat(values))), 300))
-    assert run1.start_step == 3 and run1.trainer.version == 3 and run1.critic.version == 4
+    assert run1.steps.start == 3 and run1.train_parts.trainer.version == 3 and run1.train_parts.critic.version == 4
     assert all(key in read_jsonl(tmp_path / "run1" / "metrics.jsonl")[-1] for key in CRITIC_KEYS)
