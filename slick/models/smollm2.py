@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE = Path(os.environ.get("SLICK_CACHE", Path.home() / ".cache" / "slick")) / "SmolLM2-135M-Instruct"
@@ -43,11 +44,21 @@ def prepare_smollm2(out_dir: str | os.PathLike | None = None) -> Path:
     if unexpected or [m for m in missing if "lm_head" not in m]:
         raise RuntimeError(f"GGUF weights do not match the config: missing={missing} unexpected={unexpected}")
     fresh.tie_weights()
+
+    def write(tmp: Path) -> None:
+        fresh.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    return write_cached_dir(out, write)
+
+
+def write_cached_dir(out: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` a model directory into a temp directory beside ``out``, then rename it into place: a cache entry
+    is complete or absent, never half-written."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp", dir=out.parent))
     try:
-        fresh.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        write(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

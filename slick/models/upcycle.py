@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from slick.models.smollm2 import DEFAULT_CACHE, prepare_smollm2
+from slick.models.smollm2 import DEFAULT_CACHE, prepare_smollm2, write_cached_dir
 
 # the dense config fields a Mixtral config takes as they are
 _SHARED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -80,13 +79,4 @@ def prepare_smollm2_moe(experts: int = 4, top_k: int = 2, out_dir: str | os.Path
         return out
     dense = prepare_smollm2()
     print(f"[slick] upcycling {dense.name} into {out} ({experts} experts, top-{top_k}; one-time)", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp", dir=out.parent))
-    try:
-        upcycle_to_mixtral(dense, tmp, experts, top_k)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return write_cached_dir(out, lambda tmp: upcycle_to_mixtral(dense, tmp, experts, top_k))
