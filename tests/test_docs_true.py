@@ -1,4 +1,4 @@
-"""Docs that are true (issue 53): what README.md and docs/*.md state that a test can check.
+"""Docs that are true: what README.md and docs/*.md state that a test can check.
 
 * no machine load figures or dates in docs/*.md: measurements live in bench/results/, which records the machine,
   its load and the date; a doc cites the file (README.md may quote a load a results file records);

@@ -1,4 +1,4 @@
-"""No loose per-token columns outside ``slick/loop/`` and ``slick/algo/`` (issue 53).
+"""No loose per-token columns outside ``slick/loop/`` and ``slick/algo/``.
 
 The per-token columns of a rollout step (``advantages``, ``old_logprobs``, ``ref_logprobs``, ``returns``,
 ``values``) travel in one ``slick.algo.batch.TrainBatch``: the loop fills it, the trainer receives it

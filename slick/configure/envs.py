@@ -1,4 +1,4 @@
-"""Start-up checks of the environments users bring (issue 56): reasoning-gym prompt data and MCP tool servers.
+"""Start-up checks of the environments users bring: reasoning-gym prompt data and MCP tool servers.
 
 * ``--prompt-data`` / ``--eval-prompt-data`` ``reasoning-gym:TASK[,TASK...][?...]``: the spec parses, reasoning-gym
   is installed, the tasks exist (slick/data/reasoning_gym.py); the prompts are chat messages (a system prompt asking
