@@ -23,6 +23,7 @@ from slick.algo.objective import compute_policy_objective
 from slick.algo.params import AlgoParams
 from slick.algo.sessions import check_session_estimator, session_heads, split_sessions, spread_session_advantages
 from slick.algo.sft import sft_objective
+from slick.algo.turns import TURN_ESTIMATORS, has_turn_rewards, turn_advantages
 from slick.config import Config
 from slick.config.sft_distill import is_sft
 from slick.plugins import load_function
@@ -67,6 +68,8 @@ class Advantages:
     opd: bool
     opd_only: bool
     opd_kl_coef: float
+    turn_gamma: float = 1.0      # per-turn rewards (slick.algo.turns): discount and normalisation
+    turn_norm: str = "episode"
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Advantages":
@@ -76,7 +79,8 @@ class Advantages:
                    group_size=cfg.n_samples_per_prompt, normalize=bool(cfg.normalize_advantages),
                    kl_coef=float(cfg.kl_coef or 0.0),
                    none=is_sft(cfg) or bool(cfg.disable_compute_advantages_and_returns),
-                   opd=bool(cfg.use_opd), opd_only=bool(cfg.opd_only), opd_kl_coef=float(cfg.opd_kl_coef))
+                   opd=bool(cfg.use_opd), opd_only=bool(cfg.opd_only), opd_kl_coef=float(cfg.opd_kl_coef),
+                   turn_gamma=float(cfg.turn_gamma), turn_norm=cfg.turn_advantage_norm)
 
     def __call__(self, batch: TrainBatch) -> TrainBatch:
         """``batch`` with its advantages (and, when it has critic values, returns); with --use-opd plus (or,
@@ -96,17 +100,19 @@ class Advantages:
         return batch.with_columns(advantages=advantages, returns=returns)
 
     def _with_opd(self, batch: TrainBatch) -> TrainBatch:
-        """The estimator's advantages plus --opd-kl-coef x (teacher - student logprob) per token (--opd-only: the
-        term alone, whitened over the batch's tokens when advantages are normalised)."""
+        """The estimator's advantages plus --opd-kl-coef x (teacher - student logprob) per token, less the term's
+        mean over the batch's trained tokens (its baseline, slick/algo/distill.py); --opd-only: the term alone,
+        whitened over the batch's tokens when advantages are normalised, else centred."""
         student = student_logprobs(batch)
         if self.opd_only:
             base = [torch.zeros(len(t)) for t in batch.tokens]
         else:
             batch = self._with_estimator(batch)
             base = batch.advantages
+        whiten = self.opd_only and self.normalize
         adv = add_opd_terms(base, batch.teacher_logprobs, student, batch.loss_mask, self.opd_kl_coef,
-                            only=self.opd_only)
-        if self.opd_only and self.normalize:
+                            only=self.opd_only, centre=not whiten)
+        if whiten:
             width = max([len(a) for a in adv] + [1])
             white = normalize_advantages(pad(adv, width), batch.padded("loss_mask"))
             adv = [white[i, :len(a)] for i, a in enumerate(adv)]
@@ -120,6 +126,8 @@ class Advantages:
         ``old_logprobs``/``ref_logprobs``/``values`` are optional lists of 1-D per-token tensors, one per sample.
         """
         sessions = split_sessions(samples)   # agent sessions that became several samples
+        if any(has_turn_rewards(getattr(s, "reward", None)) for s in samples):
+            return self._turn_level(samples, rewards, sessions, values is not None or with_returns)
         if sessions is not None:   # refuses estimators that are not outcome-level (ppo among them), naming the flag
             check_session_estimator(sessions, self.estimator_name, self.kl_coef, self.custom)
             heads = session_heads(sessions)
@@ -156,3 +164,24 @@ class Advantages:
         if with_returns:
             return advantages, [out.returns[i, :n] for i, n in enumerate(lengths)]
         return advantages
+
+    def _turn_level(self, samples: Sequence, rewards: Sequence, sessions, critic: bool) -> list:
+        """Per-turn rewards (a reward function returned a list): each turn's tokens get its group-normalised
+        discounted return (slick.algo.turns)."""
+        if self.custom or self.estimator_name not in TURN_ESTIMATORS or self.kl_coef or critic:
+            raise ValueError(f"per-turn rewards need --advantage-estimator {'/'.join(TURN_ESTIMATORS)} without "
+                             f"--kl-coef, a critic or a custom advantage function (got {self.estimator_name}; "
+                             f"docs/agents.md, Turn-level rewards)")
+        if sessions is not None:
+            raise ValueError("per-turn rewards on episodes split into one sample per turn (a chat template that "
+                             "rewrites earlier turns, or an agent session) are not supported yet; docs/agents.md")
+        adv = turn_advantages([s.reward for s in samples], list(rewards), [s.loss_mask for s in samples],
+                              self.group_size, gamma=self.turn_gamma, norm=self.turn_norm,
+                              divide_by_std=not self.params.disable_grpo_std_normalization,
+                              normalize_rewards=not self.params.disable_rewards_normalization,
+                              names=[f"sample {getattr(s, 'index', i)}" for i, s in enumerate(samples)])
+        if not self.normalize:
+            return adv
+        width = max([len(a) for a in adv] + [1])
+        white = normalize_advantages(pad(adv, width), pad([s.loss_mask for s in samples], width))
+        return [white[i, :len(a)] for i, a in enumerate(adv)]

@@ -110,6 +110,11 @@ class AlgorithmConfig:
     disable_rewards_normalization: bool = F(False, "Use raw rewards as the advantage signal (no group baseline).")
     allow_zero_advantages: bool = F(False, "Train even when every advantage is 0 (a group-relative estimator with "
                                            "--n-samples-per-prompt 1), which is otherwise refused at start-up.")
+    turn_gamma: float = F(1.0, "Per-turn rewards (a reward function returning one reward per policy turn): the "
+                               "discount of the per-turn returns, G_t = r_t + gamma * G_{t+1} (docs/agents.md).")
+    turn_advantage_norm: str = F("episode", "Per-turn rewards: GRPO normalisation of each turn's return against "
+                                            "the group's episode returns (episode) or against the group's returns "
+                                            "at the same turn position (turn).", choices=["episode", "turn"])
     calculate_per_token_loss: bool = F(False, "Mean over all tokens instead of mean of per-sample token means.")
     use_tis: bool = F(False, "Truncated importance sampling against rollout logprobs.")
     tis_clip: float = F(2.0, "Upper clamp of TIS weights.")

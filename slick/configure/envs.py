@@ -77,6 +77,12 @@ def mcp_problems(cfg: Config, p: list[str]) -> None:
                  "--agent-function-path for an agent that calls the tools itself")
 
 
+def turn_problems(cfg: Config, p: list[str]) -> None:
+    if not 0.0 <= cfg.turn_gamma <= 1.0:
+        p.append(f"--turn-gamma must be in [0, 1] (got {cfg.turn_gamma})")
+
+
 def env_problems(cfg: Config, p: list[str]) -> None:
     reasoning_gym_problems(cfg, p)
     mcp_problems(cfg, p)
+    turn_problems(cfg, p)

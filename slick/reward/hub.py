@@ -66,12 +66,19 @@ def check_reward(value: Any, reward_key: Optional[str] = None, index: Any = None
     is found to be a finite number (``KeyError`` when it is missing). ``index`` names the sample
     in messages.
     """
+    if isinstance(value, (list, tuple)) and not isinstance(value, str):
+        # one reward per policy turn (slick.algo.turns): kept as {"reward": sum, "turn_rewards": [...]}
+        if not value:
+            raise ValueError("a per-turn reward list is empty: give one reward per policy turn")
+        turns = [finite_float(v, f"per-turn reward {i}") for i, v in enumerate(value)]
+        return {"reward": sum(turns), "turn_rewards": turns}
     if isinstance(value, dict):
         scalar_reward(value, reward_key, index)
         return value
     if is_number(value):
         return finite_float(value, "reward")
-    raise ValueError(f"reward must be a number or a dict, got {type(value).__name__}: {str(value)[:80]!r}")
+    raise ValueError(f"reward must be a number or a dict (or a list, one per policy turn), got "
+                     f"{type(value).__name__}: {str(value)[:80]!r}")
 
 
 def rm_concurrency(cfg: Config) -> int:

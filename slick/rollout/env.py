@@ -173,3 +173,13 @@ def env_reward(args, sample) -> float:
     """A ``--custom-rm-path``: the sum of the rewards the environment returned for ``sample``."""
     st = sample.metadata.get("multiturn") or {}
     return float(st.get("env_reward") or 0.0)
+
+
+def env_turn_rewards(args, sample) -> list:
+    """A ``--custom-rm-path`` giving one reward per policy turn (turn-level credit, slick/algo/turns.py): what the
+    environment returned after each turn (0.0 for a turn it gave none, e.g. the last turn of --max-turns)."""
+    st = sample.metadata.get("multiturn") or {}
+    per_turn = list(st.get("env_turn_rewards") or [])
+    turns = max(int(st.get("turns") or 0), 1)
+    return per_turn + [0.0] * (turns - len(per_turn))
+

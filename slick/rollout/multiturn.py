@@ -296,6 +296,9 @@ class MultiTurnRollout:
         obs, reward, done = await _env_step(env, content)
         if reward is not None:
             st["env_reward"] = (st["env_reward"] or 0.0) + float(reward)
+            per_turn = st.setdefault("env_turn_rewards", [])   # by policy turn: slick.rollout.env.env_turn_rewards
+            per_turn += [0.0] * (st["turns"] - len(per_turn))
+            per_turn[st["turns"] - 1] += float(reward)
         if done or obs is None:
             return []
         role = getattr(env, "observation_role", "user")
