@@ -140,7 +140,6 @@ OTHER_PROGRAMS = {
     "sglang-router": {"--worker-urls", "--policy"},
     "vllm serve": {"--max-loras", "--max-num-seqs", "--max-logprobs", "--logprobs-mode", "--enable-scale-out",
                    "--structured-outputs-config", "--middleware"},
-    "Megatron-LM (multi-latent attention sizes)": {"--q-lora-rank", "--kv-lora-rank"},
     "torch.distributed": {"--master-addr"},
     "tensorboard": {"--logdir"},
     "git worktree remove": {"--force"},

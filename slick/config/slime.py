@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
+from slick.config.slime_table import add_table_arguments, resolve_table, table_rows
+
 PREFIX = "slime__"          # argparse dests of the slime spellings; removed before the Config is built
 log = logging.getLogger("slick.config")
 
@@ -87,6 +89,10 @@ FLAGS: list[SlimeFlag] = [
               "rollout engine's experts replayed in training).", dict(action="store_true")),
     SlimeFlag("--use-dynamic-batch-size", None, "slime's token-budget micro-batches; with --max-tokens-per-gpu N it is "
               "--max-tokens-per-micro-batch N (alone it is refused, as in slime).", dict(action="store_true")),
+    SlimeFlag("--bf16", "dtype", "Megatron's bf16 training: --dtype bf16.", dict(action="store_const", const="bf16")),
+    SlimeFlag("--data-source-path", None, "slime's rollout data source class: its default "
+              "(slime.rollout.data_source.RolloutDataSourceWithBuffer) is slick's DataSource, prompts with a buffer "
+              "of returned groups; another class is refused.", dict(type=str)),
     SlimeFlag("--max-tokens-per-gpu", None, "slime's token budget of a micro-batch; needs --use-dynamic-batch-size "
               "(without it slime does not use it, so it is refused).", dict(type=int)),
 ]
@@ -186,6 +192,7 @@ def slime_script_warnings(ns: dict) -> list[str]:
 _EXTRA_SETS = {"--rollout-external-engine-addrs": {"rollout_engine": "http"},
                "--use-dynamic-batch-size": {}, "--max-tokens-per-gpu": {}}
 WARMUP_FRACTION = "--lr-warmup-fraction"
+DATA_SOURCES = ("slime.rollout.data_source.RolloutDataSourceWithBuffer",)
 
 
 def add_slime_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,6 +208,7 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> None:
         for flag, (kw, why) in table.items():
             grp.add_argument(flag, dest=_dest(flag), default=argparse.SUPPRESS,
                              help=f"{word}: {why}.".replace("%", "%%"), **kw)
+    add_table_arguments(grp)
     grp.add_argument(WARMUP_FRACTION, dest=_dest(WARMUP_FRACTION), type=float, default=argparse.SUPPRESS,
                      help="Megatron's warm-up as a fraction of the decay steps: --lr-warmup-steps = FRACTION x "
                           "--lr-decay-iters (or x the run's optimizer steps, --num-rollout x steps per rollout, when "
@@ -269,10 +277,16 @@ def resolve_slime_flags(ns: dict) -> list[str]:
     for line in slime_script_warnings(ns):
         log.warning("%s", line)
     _noted_flags(ns, problems)
+    resolve_table(ns, problems)
     given = {f.flag: ns.pop(f.dest) for f in FLAGS if f.dest in ns}
     for flag, instead in REFUSED.items():
         if ns.pop(PREFIX + flag[2:].replace("-", "_"), False):
             problems.append(f"{flag}: not supported by slick ({instead})")
+    source = given.pop("--data-source-path", None)
+    if source is not None and source not in DATA_SOURCES:
+        problems.append(f"--data-source-path {source}: not supported by slick (slick's DataSource is slime's "
+                        f"default {DATA_SOURCES[0]}: prompts in order, groups put back first; another class is "
+                        f"not called)")
     dyn, tokens = given.pop("--use-dynamic-batch-size", False), given.pop("--max-tokens-per-gpu", None)
     if dyn and tokens is None:
         problems.append("--use-dynamic-batch-size needs --max-tokens-per-gpu N (slime asserts the same); in slick "
@@ -312,7 +326,7 @@ def alias_rows() -> list[tuple[str, str]]:
     rows += [(flag, f"No effect (a warning): {why}.") for flag, (_, why) in NO_EFFECT.items()]
     rows.append((WARMUP_FRACTION, "Megatron's warm-up fraction: --lr-warmup-steps = FRACTION x --lr-decay-iters "
                                   "(or x --num-rollout x steps per rollout)."))
-    return rows + [(flag, f"Refused: {instead}.") for flag, instead in REFUSED.items()]
+    return rows + [(flag, f"Refused: {instead}.") for flag, instead in REFUSED.items()] + table_rows()
 
 
 def kept_rows() -> list[tuple[str, str, str]]:

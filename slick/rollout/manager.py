@@ -20,6 +20,7 @@ from slick.rollout.agent import AgentRollout
 from slick.rollout.env import ERROR_KEY as ENV_ERROR
 from slick.rollout.filters import verdict
 from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
+from slick.rollout.slime_hooks import SlimeRolloutHooks
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.rollout.timeline import Timeline, TimedEngine
 from slick.rollout.turn_samples import split_group
@@ -88,6 +89,7 @@ class RolloutManager:
         self.slime = SlimeGenerate(self.generate_fn, cfg, lambda: self.engine, tokenizer) \
             if self.generate_fn is not None and not takes_engine(self.generate_fn) else None
         self.filter_slime = self.filter_fn is not None and is_slime_plugin(self.filter_fn)
+        self.slime_hooks = SlimeRolloutHooks.from_config(cfg, tokenizer)   # slime's end-of-rollout hooks
         self.drop_reasons: dict[str, int] = {}
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.sampling = sampling_from_config(cfg, stop_token_ids=eos)
@@ -209,6 +211,7 @@ class RolloutManager:
         per_round = (cfg.over_sampling_batch_size or want) if self.filter_fn else want
         max_rounds = 1 if self.filter_fn is None else 4 * -(-want // per_round) + 4
         kept: list[list[Sample]] = []
+        generated: list[list[Sample]] = []   # every finished group, kept or dropped (slime's all_samples)
         pending: set[asyncio.Task] = set()
         dropped = submitted = rounds = 0
         while len(kept) < want:
@@ -225,6 +228,7 @@ class RolloutManager:
                 raise
             for task in done:
                 group = task.result()
+                generated.append(group)
                 if self.keep(group, len(kept) + len(pending) + 1, want):
                     kept.append(group)
                 else:
@@ -244,7 +248,11 @@ class RolloutManager:
             log.warning("step %d: only %d of %d groups passed the dynamic-sampling filter after %d groups",
                         step, len(kept), want, submitted)
         kept = sorted(kept, key=lambda g: g[0].group_index)[:want]  # batch order independent of timing
-        return kept, self.rollout_metrics(kept, dropped, time.perf_counter() - t0)
+        removed = self.slime_hooks.after_rollout(kept, generated, self.data) if self.slime_hooks else None
+        metrics = self.rollout_metrics(kept, dropped, time.perf_counter() - t0)
+        if removed is not None:
+            metrics["rollout/slime_removed_samples"] = float(removed)
+        return kept, metrics
 
     def rollout_metrics(self, groups: list[list[Sample]], dropped: int, seconds: float) -> dict:
         """rollout/* and perf/rollout_* metrics of a batch of groups produced in ``seconds``."""

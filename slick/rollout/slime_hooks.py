@@ -1,0 +1,54 @@
+"""slime's end-of-rollout hooks, called with slime's arguments after each training rollout.
+
+- ``--rollout-sample-filter-path``: ``filter(args, groups) -> None`` on the step's kept groups, in slime's Sample
+  shape; a sample it marks ``remove_sample = True`` stays in the batch (its reward still counts in its group)
+  and trains with loss mask 0, as in slime.
+- ``--rollout-all-samples-process-path``: ``process(args, all_groups, data_source) -> None`` on every group the
+  step generated, those the dynamic-sampling filter dropped included, ordered by group; ``data_source`` is the
+  run's DataSource.
+
+``args`` is the namespace a slime generate function gets (the run's flags); the Sample views share each sample's
+``metadata`` dict, so what a hook writes there travels with the sample.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, Optional
+
+from slick.compat.view import to_slime
+from slick.config import Config
+from slick.plugins import load_function
+from slick.types import Sample
+
+
+class SlimeRolloutHooks:
+    def __init__(self, cfg: Config, tokenizer, sample_filter: Optional[Callable], process_all: Optional[Callable]):
+        self.cfg, self.tok = cfg, tokenizer
+        self.sample_filter, self.process_all = sample_filter, process_all
+
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer) -> Optional["SlimeRolloutHooks"]:
+        f = load_function(cfg.rollout_sample_filter_path, "--rollout-sample-filter-path")
+        p = load_function(cfg.rollout_all_samples_process_path, "--rollout-all-samples-process-path")
+        return None if f is None and p is None else cls(cfg, tokenizer, f, p)
+
+    def _view(self, groups: list[list[Sample]]) -> list[list[Any]]:
+        return [[to_slime(s, self.tok.decode(s.prompt_ids, skip_special_tokens=False)) for s in g] for g in groups]
+
+    def after_rollout(self, kept: list[list[Sample]], generated: list[list[Sample]], data_source) -> int:
+        """Run the hooks; returns how many kept samples the sample filter removed from the loss."""
+        args = argparse.Namespace(**self.cfg.flat())
+        removed = 0
+        if self.sample_filter is not None:
+            view = self._view(kept)
+            self.sample_filter(args, view)
+            for g, vg in zip(kept, view):
+                for s, v in zip(g, vg):
+                    if v.remove_sample:
+                        s.loss_mask = [0] * len(s.response_ids)
+                        s.metadata["remove_sample"] = True
+                        removed += 1
+        if self.process_all is not None:
+            ordered = sorted(generated, key=lambda g: g[0].group_index if g else -1)
+            self.process_all(args, self._view(ordered), data_source)
+        return removed

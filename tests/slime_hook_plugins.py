@@ -1,0 +1,23 @@
+"""End-of-rollout hooks written for slime (--rollout-sample-filter-path, --rollout-all-samples-process-path), as
+slime documents them; each records what it was called with, for tests/test_slime_hooks.py."""
+from slime.utils.types import Sample
+
+CALLS = []
+
+
+def remove_odd_samples(args, data):
+    """slime's sample filter: mark samples; returns None."""
+    CALLS.append(("filter", args.n_samples_per_prompt, [[(type(s) is Sample, s.index, s.prompt) for s in g]
+                                                        for g in data]))
+    for group in data:
+        for s in group:
+            if s.index % 2:
+                s.remove_sample = True
+
+
+def record_all(args, all_samples, data_source):
+    CALLS.append(("all", args.rollout_batch_size, [[s.index for s in g] for g in all_samples], data_source))
+
+
+def drop_group_one(args, group):
+    return group[0].group_index != 1

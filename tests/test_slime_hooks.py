@@ -1,0 +1,43 @@
+"""slime's end-of-rollout hooks run with slime's arguments and their results used (slick/rollout/slime_hooks.py):
+real LocalEngine on the tiny model, real RolloutManager."""
+import pytest
+
+from slick.compat.finder import install
+from slick.data.source import DataSource
+
+install()   # `import slime` in the plug-ins resolves to slick's stand-in, as when slick loads them
+from tests import slime_hook_plugins as plug  # noqa: E402
+from tests.test_slime_plugins import engine, make_cfg, rollout  # noqa: E402,F401  (the engine fixture)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    plug.CALLS.clear()
+
+
+def test_sample_filter_gets_slime_samples_and_removes_them_from_the_loss(tiny_model_dir, engine):  # noqa: F811
+    cfg = make_cfg(tiny_model_dir, rollout_max_response_len=3,
+                   rollout_sample_filter_path="tests.slime_hook_plugins.remove_odd_samples")
+    samples, metrics, _, manager = rollout(cfg, engine)
+    ((kind, n, seen),) = plug.CALLS
+    assert kind == "filter" and n == 2
+    assert [[i for _, i, _ in g] for g in seen] == [[0, 1], [2, 3]]
+    assert all(is_slime for g in seen for is_slime, _, _ in g)
+    tok = manager.tok
+    assert seen[0][0][2] == tok.decode(samples[0].prompt_ids, skip_special_tokens=False)   # chat-templated text
+    assert [s.metadata.get("remove_sample", False) for s in samples] == [False, True, False, True]
+    assert [set(s.loss_mask) for s in samples] == [{1}, {0}, {1}, {0}]
+    assert metrics["rollout/slime_removed_samples"] == 2.0
+
+
+def test_all_samples_process_sees_dropped_groups_and_the_data_source(tiny_model_dir, engine):  # noqa: F811
+    cfg = make_cfg(tiny_model_dir, rollout_max_response_len=2, over_sampling_batch_size=3,
+                   dynamic_sampling_filter_path="tests.slime_hook_plugins.drop_group_one",
+                   rollout_all_samples_process_path="tests.slime_hook_plugins.record_all")
+    samples, metrics, _, manager = rollout(cfg, engine)
+    ((kind, batch, groups, source),) = plug.CALLS
+    assert kind == "all" and batch == 2 and isinstance(source, DataSource) and source is manager.data
+    assert metrics["rollout/filtered_groups"] == 1
+    assert groups == [[0, 1], [2, 3], [4, 5]]                       # group 1 was dropped, still processed
+    assert [s.index for s in samples] == [0, 1, 4, 5]
+    assert "rollout/slime_removed_samples" in metrics and metrics["rollout/slime_removed_samples"] == 0.0
