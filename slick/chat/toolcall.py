@@ -146,6 +146,13 @@ def strip_tool_calls(text: str) -> str:
     return "".join(parts)
 
 
+def before_unclosed_call(text: str) -> str:
+    """``text`` up to a ``<tool_call>`` that no closing tag follows (all of it when there is none): what stays of
+    an answer that a length limit cut inside a call (linear time)."""
+    _, unclosed = tool_call_spans(text)
+    return text if unclosed < 0 else text[:unclosed]
+
+
 PARSERS: dict[str, Callable[[str], list]] = {"hermes": parse_hermes}
 
 

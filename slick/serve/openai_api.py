@@ -145,6 +145,8 @@ class OpenAIEndpoint:
             return error_response(str(e), e.status, e.param)
         except ValueError as e:          # the engine refused the input
             return error_response(f"{type(e).__name__}: {e}", 400)
+        except ConnectionError:          # the client went away: nobody to answer (the server counts it)
+            raise
         except Exception as e:  # noqa: BLE001 - answer in OpenAI's shape, keep serving
             log.exception("POST %s failed", request.path)
             return error_response(f"internal error: {type(e).__name__}: {e}", 500, type="server_error")
@@ -272,7 +274,7 @@ class OpenAIEndpoint:
             content, n_text = response_text(self.tok, gen, sp, self.eos_ids)
             calls = []
             if parse_calls:
-                content, calls = split_tool_calls(content, self.parser)
+                content, calls = split_tool_calls(content, self.parser, gen.finish_reason == "length")
             msg = {"role": "assistant", "content": content}
             if calls:
                 msg["tool_calls"] = calls

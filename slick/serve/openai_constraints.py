@@ -66,13 +66,61 @@ def _lit(s: str) -> str:
     return json.dumps(s)         # a Lark string literal (JSON escapes)
 
 
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")   # name -> schema
+SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any, depth: int = 0) -> Any:
+    """A copy of ``schema`` where every object schema that lists ``properties`` and none of :data:`OPEN_KEYS`
+    takes no other key (``additionalProperties: false``, what OpenAI's strict mode requires of a tool). Walks
+    subschemas only (never ``enum``/``const``/``default`` values); below 64 levels it leaves the rest as it is
+    (the engine's depth limit refuses such a grammar anyway). A schema that intersects several subschemas
+    (``allOf`` of two or more) is left open: closing each part would refuse the other parts' keys."""
+    if not isinstance(schema, dict) or depth > 64:
+        return schema
+    if depth == 0 and _intersects(schema):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_objects(v, depth + 1) for k, v in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v, depth + 1) for v in out[key]]
+    for key in SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key], depth + 1)
+    if isinstance(out.get("items"), list):      # draft 4's tuple form
+        out["items"] = [closed_objects(v, depth + 1) for v in out["items"]]
+    if isinstance(out.get("properties"), dict) and out["properties"] and not any(k in out for k in OPEN_KEYS):
+        out["additionalProperties"] = False
+    return out
+
+
+def _intersects(schema: Any) -> bool:
+    """Whether ``schema`` holds an ``allOf`` of two or more subschemas anywhere (no recursion: a work list)."""
+    todo, seen = [schema], 0
+    while todo and seen < 100_000:
+        x = todo.pop()
+        seen += 1
+        if isinstance(x, dict):
+            if isinstance(x.get("allOf"), list) and len(x["allOf"]) > 1:
+                return True
+            todo.extend(x.values())
+        elif isinstance(x, list):
+            todo.extend(x)
+    return False
+
+
 def _call_schema(tools: list, name: Optional[str]) -> dict:
     alts = []
     for t in tools:
         fn = t["function"]
         if name is not None and fn["name"] != name:
             continue
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = closed_objects(fn.get("parameters") or {"type": "object", "properties": {}})
         alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                      "required": ["name", "arguments"], "additionalProperties": False})
     return alts[0] if len(alts) == 1 else {"anyOf": alts}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from slick.chat.delta import encode, render, template_supports_tools
-from slick.chat.toolcall import strip_tool_calls, with_tools_in_system   # strip: linear, no regex rescans
+from slick.chat.toolcall import before_unclosed_call, strip_tool_calls, with_tools_in_system   # linear scans
 from slick.types import Generation, SamplingParams
 
 MAX_N = 128
@@ -390,11 +390,15 @@ def response_text(tokenizer, gen: Generation, sp: SamplingParams, eos_ids) -> tu
     return text, n
 
 
-def split_tool_calls(text: str, parser: Callable[[str], list]) -> tuple[Optional[str], list[dict]]:
-    """(content, OpenAI ``tool_calls``) of an answer; with no readable call the whole text is the content."""
+def split_tool_calls(text: str, parser: Callable[[str], list], cut: bool = False) -> tuple[Optional[str], list[dict]]:
+    """(content, OpenAI ``tool_calls``) of an answer; with no readable call the whole text is the content. ``cut``:
+    a length limit ended the answer, and the call it cut off (an unclosed ``<tool_call>`` on) is dropped, not
+    returned as content."""
+    if cut:
+        text = before_unclosed_call(text)
     calls = [c for c in parser(text) if not c.error]
     if not calls:
-        return text, []
+        return (text if text or not cut else None), []
 
     content = strip_tool_calls(text).strip()
     out = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",

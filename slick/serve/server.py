@@ -79,7 +79,7 @@ class SlickServer:
         self._weights_lock = asyncio.Lock()
         self.counters = {"requests_total": 0, "request_errors_total": 0, "aborted_requests_total": 0,
                          "prompt_tokens_total": 0, "http_generation_tokens_total": 0,
-                         "disconnect_aborted_requests_total": 0}
+                         "disconnect_aborted_requests_total": 0, "client_disconnects_total": 0}
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
@@ -126,12 +126,17 @@ class SlickServer:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
+        v1 = request.method == "POST" and request.path.startswith("/v1/")   # OpenAI/Anthropic: counted here,
+        if v1:                                                                # they answer their own errors
+            self.counters["requests_total"] += 1
         try:
             resp = await handler(request)
-            if request.method == "POST" and request.path.startswith("/v1/"):   # the OpenAI/Anthropic routes answer
-                self.counters["requests_total"] += 1                           # their own errors: count both here
+            if v1:
                 self.counters["request_errors_total"] += resp.status >= 400
             return resp
+        except (asyncio.CancelledError, ConnectionError):   # the client went away (its handler was cancelled, or
+            self.counters["client_disconnects_total"] += 1   # a write to it failed)
+            raise
         except (RequestError, BodyError) as e:
             self.counters["request_errors_total"] += 1
             return _error(str(e), e.status)
