@@ -405,6 +405,10 @@ class AgentConfig:
     environment_path: Optional[str] = F(None, "Multi-turn: dotted path to an environment factory "
                                               "`make(args, sample)` whose result has `reset(sample)` and "
                                               "`step(policy_message) -> (observation, reward, done)` (docs/agents.md).")
+    environment: Optional[str] = F(None, "Multi-turn: an environment users already have, `verifiers:ENV_ID` (a "
+                                         "verifiers 0.4.0 taskset/env importable by id) or `textarena:GAME` (a "
+                                         "single-player TextArena game); its prompts come from --prompt-data "
+                                         "KIND:ID[?size=N&seed=S] (docs/agents.md, Environments users bring).")
     mcp_server: Optional[str] = F(None, "Multi-turn: the command line of an MCP server speaking stdio (`python "
                                         "server.py`); slick starts it once, and its tools (names and JSON schemas "
                                         "from the server) join the rollout's tools; each call is bounded by "

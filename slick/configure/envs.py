@@ -14,6 +14,7 @@ import shlex
 
 from slick.config import Config
 from slick.reward import reasoning_gym as rg_data
+from slick.rollout import envs as user_envs
 from slick.rollout.mcp import INSTALL as MCP_INSTALL, url_problem
 
 
@@ -25,7 +26,8 @@ def data_specs(cfg: Config) -> list[tuple[str, str]]:
 
 def is_generated(spec: str) -> bool:
     """Whether a prompt spec is generated (no file to look for)."""
-    return rg_data.is_spec(spec.split("@[", 1)[0])
+    path = spec.split("@[", 1)[0]
+    return rg_data.is_spec(path) or user_envs.is_spec(path)
 
 
 def reasoning_gym_problems(cfg: Config, p: list[str]) -> None:
@@ -77,6 +79,35 @@ def mcp_problems(cfg: Config, p: list[str]) -> None:
                  "--agent-function-path for an agent that calls the tools itself")
 
 
+REWARDS = {"verifiers": "slick.rollout.envs.verifiers.rubric_reward", "textarena": "slick.rollout.env.env_reward"}
+
+
+def environment_problems(cfg: Config, p: list[str]) -> None:
+    """``--environment KIND:ID``: it loads, its prompts come from ``--prompt-data KIND:ID[?...]``, a reward is set."""
+    for flag, spec in data_specs(cfg):
+        path = spec.split("@[", 1)[0]
+        if user_envs.is_spec(path) and not cfg.environment:
+            p.append(f"{flag} {spec}: an environment's prompts need --environment {path.split('?', 1)[0]}")
+    if not cfg.environment:
+        return
+    try:
+        env = user_envs.check(cfg.environment)
+    except ValueError as e:
+        p.append(f"--environment: {e}")
+        return
+    if cfg.environment_path:
+        p.append("--environment and --environment-path: give one environment")
+    prompt = (cfg.prompt_data or "").split("@[", 1)[0]
+    if not user_envs.is_spec(prompt) or user_envs.parse(prompt).name != env.name:
+        p.append(f"--environment {env.name} needs its prompts: --prompt-data {env.name}[?size=N&seed=S] "
+                 f"(got {cfg.prompt_data!r})")
+    if not cfg.apply_chat_template:
+        p.append(f"--environment {env.name}: the prompts are chat messages: pass --apply-chat-template")
+    if not cfg.custom_rm_path:
+        p.append(f"--environment {env.name}: no reward; --custom-rm-path {REWARDS[env.kind]} gives the "
+                 f"{'rubric' if env.kind == 'verifiers' else 'game'}'s")
+
+
 def turn_problems(cfg: Config, p: list[str]) -> None:
     if not 0.0 <= cfg.turn_gamma <= 1.0:
         p.append(f"--turn-gamma must be in [0, 1] (got {cfg.turn_gamma})")
@@ -85,4 +116,5 @@ def turn_problems(cfg: Config, p: list[str]) -> None:
 def env_problems(cfg: Config, p: list[str]) -> None:
     reasoning_gym_problems(cfg, p)
     mcp_problems(cfg, p)
+    environment_problems(cfg, p)
     turn_problems(cfg, p)

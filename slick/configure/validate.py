@@ -246,7 +246,7 @@ def driver_problems(cfg: Config, driver: str, p: list[str]) -> None:
 
 def agent_problems(cfg: Config, p: list[str]) -> None:
     """Multi-turn flags (docs/agents.md): each one does what it says or is refused."""
-    multi = bool(cfg.tool_path or cfg.environment_path or cfg.mcp_server or cfg.mcp_url)
+    multi = bool(cfg.tool_path or cfg.environment_path or cfg.environment or cfg.mcp_server or cfg.mcp_url)
     custom = cfg.custom_generate_function_path or cfg.rollout_function_path
     if cfg.max_turns < 1:
         p.append(f"--max-turns must be >= 1 (got {cfg.max_turns})")

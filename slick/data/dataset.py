@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from slick.config import Config
 from slick.config.groups import DataConfig
+from slick.data import environments as env_specs
 from slick.data import reasoning_gym as rg_data
 
 logger = logging.getLogger(__name__)
@@ -155,9 +156,9 @@ def _load_rows(spec: str, input_key: str, label_key: Optional[str], metadata_key
                tool_key: Optional[str]) -> tuple[list[dict], list[str]]:
     """:func:`load_prompt_rows` and, per row, where it is (``path:line`` or ``path row N``)."""
     path_str, sl = parse_spec(spec)
-    if rg_data.is_spec(path_str):     # reasoning-gym:TASK[,TASK...][?...] (slick/data/reasoning_gym.py)
+    if rg_data.is_spec(path_str) or env_specs.is_spec(path_str):   # generated: reasoning-gym / an environment
         try:
-            rows, wheres = rg_data.load_rows(path_str)
+            rows, wheres = (rg_data if rg_data.is_spec(path_str) else env_specs).load_rows(path_str)
         except ValueError as e:      # a bad spec, reasoning-gym missing, a generator that failed
             raise DataError(str(e)) from None
         rows, wheres = rows[sl], wheres[sl]

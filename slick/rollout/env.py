@@ -54,8 +54,12 @@ def load_env_factory(path: Optional[str]):
     """The ``--environment-path`` factory wrapped so that its environments are :class:`GuardedEnv`, or None when
     unset (errors name the flag, at start-up)."""
     factory = load_function(path, "--environment-path")
-    if factory is None:
-        return None
+    return None if factory is None else guard_factory(factory)
+
+
+def guard_factory(factory):
+    """``factory(args, sample)`` (sync or async) made to return :class:`GuardedEnv` environments: a factory that
+    raises fails its sample (``--environment`` adapters use it too: slick/rollout/envs/)."""
 
     async def make(args, sample):
         try:

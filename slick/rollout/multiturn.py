@@ -57,6 +57,7 @@ from slick.chat.toolcall import get_parser, with_tools_in_system
 from slick.config import Config
 from slick.models.tokenizer import load_tokenizer
 from slick.rollout.env import load_env_factory
+from slick.rollout.envs import environment_factory
 from slick.rollout.timeline import Timeline
 from slick.rollout.tools import ToolSet
 from slick.rollout.turn_samples import STATE_KEY, choose_mode, context_ids, episodes, is_episode_head, \
@@ -106,7 +107,7 @@ def final_answer(sample: Sample) -> str:
 
 def enabled(cfg: Config) -> bool:
     """Whether the config selects the built-in multi-turn rollout."""
-    return (cfg.max_turns or 1) > 1 or bool(cfg.tool_path) or bool(cfg.environment_path)
+    return (cfg.max_turns or 1) > 1 or bool(cfg.tool_path) or bool(cfg.environment_path) or bool(cfg.environment)
 
 
 def _prompt_messages(sample: Sample) -> list[dict]:
@@ -152,7 +153,8 @@ class MultiTurnRollout:
     def from_config(cls, cfg: Config, tokenizer, timeline: Optional[Timeline] = None) -> Optional["MultiTurnRollout"]:
         if not enabled(cfg):
             return None
-        return cls(cfg, tokenizer, ToolSet.from_config(cfg), load_env_factory(cfg.environment_path), timeline)
+        env = environment_factory(cfg.environment) or load_env_factory(cfg.environment_path)   # slick/rollout/envs
+        return cls(cfg, tokenizer, ToolSet.from_config(cfg), env, timeline)
 
     # ------------------------------------------------------------------ state
     def _tool_schemas(self, sample: Sample) -> Optional[list]:
