@@ -197,6 +197,58 @@ def test_metrics_count_the_openai_and_anthropic_routes(server):
         chat["usage"]["prompt_tokens"] + msg["usage"]["input_tokens"]
 
 
+def test_metrics_count_every_v1_route_streamed_or_not_and_disconnects(server):
+    """Chat, completions, responses and messages, streamed and not, through the real clients, one refused request
+    and one client that goes away: each is a request, the refused one an error, the one that went away a
+    disconnect, and the tokens are the ones the answers report."""
+    import socket
+
+    import anthropic
+    import openai
+
+    before = _metrics(server.url)
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    msgs = [{"role": "user", "content": "hi"}]
+    usages = [oa.chat.completions.create(model="m", messages=msgs, max_tokens=5, n=2, temperature=1.0).usage]
+    chunks = list(oa.chat.completions.create(model="m", messages=msgs, max_tokens=5, stream=True,
+                                             stream_options={"include_usage": True}))
+    usages.append(chunks[-1].usage)
+    chunks = list(oa.completions.create(model="m", prompt="x", max_tokens=4, stream=True,
+                                        stream_options={"include_usage": True}))
+    usages.append(chunks[-1].usage)
+    usages.append(oa.responses.create(model="m", input="hi", max_output_tokens=4).usage)
+    done = [e for e in oa.responses.create(model="m", input="hi", max_output_tokens=4, stream=True)
+            if e.type == "response.completed"]
+    usages.append(done[0].response.usage)
+    a = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    with a.messages.stream(model="m", max_tokens=4, messages=msgs) as st:
+        usages.append(st.get_final_message().usage)
+    st_, _ = call(server.url, "/v1/responses", {"model": "m", "input": "hi", "nonsense": 1})
+    assert st_ == 400
+    body = json.dumps({"model": "m", "messages": msgs, "max_tokens": 1900, "ignore_eos": True}).encode()
+    host, port = server.url.rsplit("/", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.monotonic() + 30
+    while _metrics(server.url)["slick_num_running_reqs"] < 1:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
+    sock.close()
+    deadline = time.monotonic() + 20
+    while (after := _metrics(server.url))["slick_num_running_reqs"] > 0:
+        assert time.monotonic() < deadline, "the engine still decodes a request nobody waits for"
+        time.sleep(0.02)
+    d = {k: after[k] - before[k] for k in after if k.endswith("_total")}
+    out = sum(getattr(u, "completion_tokens", None) or getattr(u, "output_tokens") for u in usages)
+    inp = sum(getattr(u, "prompt_tokens", None) or getattr(u, "input_tokens") for u in usages)
+    assert (d["slick_requests_total"], d["slick_request_errors_total"], d["slick_client_disconnects_total"],
+            d["slick_disconnect_aborted_requests_total"]) == (8, 1, 1, 1), d
+    assert d["slick_http_generation_tokens_total"] == out and 5 * 2 + 5 + 4 + 4 * 3 >= out > 0
+    assert d["slick_prompt_tokens_total"] == inp
+    assert d["slick_generation_tokens_total"] > out       # the engine also sampled for the one that went away
+
+
 def test_update_weights_from_disk_changes_version(server, tiny_model_dir, tmp_path):
     from slick.models.tiny import make_tiny_model
 
