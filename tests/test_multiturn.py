@@ -211,6 +211,7 @@ def test_golden_trajectory(name, template, tiny_model_dir, engine, trainer):
     # tokens the policy sampled, not the tool results' (they counted too: 113 for 57 sampled)
     assert metrics["rollout/generated_tokens"] == sum(sum(s.loss_mask) for s in samples) < \
         sum(len(s.response_ids) for s in samples)
+    assert metrics["rollout/generated_tokens"] == sum(len(g.token_ids) for _, g, _ in calls)   # what the engine sampled
     if name != "qwen":  # no tools in this template: the schemas went into the system prompt
         assert '"name": "add"' in tok.decode(samples[0].prompt_ids)
 
