@@ -21,3 +21,9 @@ def record_all(args, all_samples, data_source):
 
 def drop_group_one(args, group):
     return group[0].group_index != 1
+
+
+async def record_prompt(args, sample, **kwargs):
+    """A slime reward function: records the prompt it sees."""
+    CALLS.append(("reward", isinstance(sample, Sample), sample.prompt))
+    return 0.5

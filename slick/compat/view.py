@@ -30,6 +30,15 @@ def to_slime(sample: Any, prompt_text: str) -> SlimeSample:
                        status=SlimeSample.Status(sample.status.value), metadata=sample.metadata)
 
 
+def slime_prompt(sample: Any, decode: Callable[[list], str], apply_chat_template: bool) -> Any:
+    """``sample.prompt`` as slime gives it to plug-ins: with --apply-chat-template the chat-templated text (``decode``
+    of the prompt's token ids: what the engine was given), else the prompt as the data row has it (a string, or
+    a list of chat messages)."""
+    if apply_chat_template:
+        return decode(list(sample.prompt_ids))
+    return sample.prompt
+
+
 def prompt_text(sample: Any) -> str:
     """A slick sample's prompt as slime's text field (chat messages joined by content)."""
     p = sample.prompt

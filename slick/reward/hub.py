@@ -42,7 +42,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union
 
-from slick.compat.view import is_slime_plugin, prompt_text, to_slime
+from slick.compat.view import is_slime_plugin, prompt_text, slime_prompt, to_slime
 from slick.config import Config
 from slick.plugins import load_function
 from slick.proc.children import DaemonThreadPool
@@ -127,6 +127,7 @@ class RewardHub:
                 raise ValueError("--rm-type remote_rm needs --rm-url")
         else:
             get_score_fn(self.rm_type)           # raises ValueError naming the unknown type
+        self._slime = self.custom_fn is not None and is_slime_plugin(self.custom_fn)
         self._judges: dict = {}                  # rm_type -> verifier built for this run (get_judge_fn with cfg)
         if self.rm_type and self.rm_type != REMOTE and self.custom_fn is None:
             self._judge(self.rm_type)            # e.g. code: its sandbox is checked now, not at the first sample
@@ -144,6 +145,13 @@ class RewardHub:
         self.on_scored = on_scored   # called with each scored sample
 
     # ------------------------------------------------------------------ public API
+    def use_tokenizer(self, tokenizer, apply_chat_template: bool) -> None:
+        """Give a slime reward plug-in ``sample.prompt`` as slime does (``slick.compat.view.slime_prompt``: the
+        chat-templated text under --apply-chat-template); without a tokenizer it sees the joined contents."""
+        if self._slime:
+            decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)   # noqa: E731
+            self._view = lambda s: to_slime(s, slime_prompt(s, decode, apply_chat_template))
+
     @property
     def per_sample(self) -> bool:
         """Whether each sample is scored on its own (it can be scored the moment it finishes), i.e. no --group-rm."""

@@ -90,6 +90,7 @@ class RolloutManager:
             if self.generate_fn is not None and not takes_engine(self.generate_fn) else None
         self.filter_slime = self.filter_fn is not None and is_slime_plugin(self.filter_fn)
         self.slime_hooks = SlimeRolloutHooks.from_config(cfg, tokenizer)   # slime's end-of-rollout hooks
+        reward_hub.use_tokenizer(tokenizer, bool(cfg.apply_chat_template))   # a slime reward plug-in's sample.prompt is slime's (templated text)
         self.drop_reasons: dict[str, int] = {}
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.sampling = sampling_from_config(cfg, stop_token_ids=eos)
