@@ -234,3 +234,59 @@ def test_grammars_reach_vllms_constrained_decoding(server, vllm_model_dir):  # n
     texts = _run(go, proc)
     for name, (_, ok) in cases.items():
         assert all(ok(t) for t in texts[name]), (name, texts[name])
+
+
+def test_openai_endpoint_over_vllm_forces_tool_calls_and_structured_output(server, vllm_model_dir):  # noqa: F811
+    """The OpenAI endpoint (what `slick serve` and agent sessions answer with) in front of the vLLM server: a named
+    and a required tool call, instructor's json_object with a schema, and a json_schema response_format reach
+    vLLM's structured_outputs; every answer of the random model parses and validates (before, 0 of 4 did)."""
+    import jsonschema
+    import openai
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from slick.serve.openai_api import OpenAIEndpoint
+    from tests.test_openai_structured import MSGS, SCHEMA, TOOLS
+    from tests.test_toolcall_forced import GET_TIME, NAMED
+
+    tok = AutoTokenizer.from_pretrained(str(vllm_model_dir))
+    small = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+             "required": ["x"], "additionalProperties": False}
+    proc, _ = server
+
+    async def main():
+        eng = VllmEngine([proc.url], api_key=proc.api_key)
+        app = web.Application()
+        OpenAIEndpoint(eng, tok, model_name="m", vocab_size=len(tok), eos_ids=[tok.eos_token_id],
+                       max_context=2048).add_routes(app)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{runner.addresses[0][1]}/v1", api_key="x",
+                               max_retries=0, timeout=300)
+        kw = dict(model="m", messages=MSGS, n=4, temperature=1.0)
+        try:
+            return await asyncio.gather(
+                c.chat.completions.create(tools=[GET_TIME], tool_choice=NAMED, max_tokens=80, **kw),
+                c.chat.completions.create(tools=TOOLS, tool_choice="required", max_tokens=120, **kw),
+                c.chat.completions.create(response_format={"type": "json_object", "schema": small}, max_tokens=40,
+                                          **kw),
+                c.chat.completions.create(response_format={"type": "json_schema", "json_schema": {
+                    "name": "person", "schema": SCHEMA, "strict": True}}, max_tokens=150, **kw))
+        finally:
+            await c.close()
+            await runner.cleanup()
+            await eng.close()
+
+    named, required, instructor, structured = asyncio.run(main())
+    for r, tools in ((named, [GET_TIME]), (required, TOOLS)):
+        for ch in r.choices:
+            assert (ch.finish_reason, ch.message.content, len(ch.message.tool_calls)) == ("tool_calls", None, 1), \
+                ch.message
+            call = ch.message.tool_calls[0]
+            tool = next(t for t in tools if t["function"]["name"] == call.function.name)
+            jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    for r, schema in ((instructor, small), (structured, SCHEMA)):
+        for ch in r.choices:
+            assert ch.finish_reason == "stop", ch.message.content
+            jsonschema.validate(json.loads(ch.message.content), schema)
