@@ -31,6 +31,8 @@ COMMANDS = {
     "score": ("slick.observe.score_cli", "Score (prompt, response, label) rows with any reward and show its evidence."),
     "inspect": ("slick.observe.inspect.server", "Serve a local page to look inside a run (curves, samples, tokens)."),
     "flags": ("slick.configure.docs", "Print every config flag with its default and meaning (markdown)."),
+    "slime-check": ("slick.configure.slime_check", "Read a slime launch script and say, flag by flag, what slick will "
+                    "do with it (docs/slime.md)."),
     "check-template": ("slick.chat.template_check_cli", "Fuzz a model's chat template: does it keep earlier turns as "
                        "they were (docs/agents.md)?"),
 }

@@ -150,3 +150,55 @@ DIFFERS = [
 
 # fields behind DIFFERS rows whose slime flag is spelt differently in slick
 DIFFERS_FIELD = {"--log-probs-chunk-size": "logprob_chunk_size", "--update-weight-transport": "weight_transport"}
+
+
+# every flag slime/utils/arguments.py (624b824a) defines; each must be known to slick's parser: the same flag, a
+# spelling, or a row of slick/config/slime_table.py (accepted, no-op or refused by name)
+ARGUMENTS_PY = """
+--actor-num-gpus-per-node --actor-num-nodes --advantage-estimator --allgather-cp --apply-chat-template
+--apply-chat-template-kwargs --async-save --balance-by-flops --balance-data --buffer-filter-path
+--calculate-per-token-loss --check-weight-update-equal --ci-disable-kl-checker --ci-load-grad-norm
+--ci-save-grad-norm --ci-test --ci-train-rollout-logprob-abs-diff-threshold --clip-grad --colocate
+--custom-advantage-function-path --custom-config-path --custom-convert-samples-to-train-data-path
+--custom-eval-rollout-log-function-path --custom-generate-function-path --custom-loss-function-path
+--custom-megatron-before-log-prob-hook-path --custom-megatron-before-train-step-hook-path
+--custom-megatron-init-path --custom-model-provider-path --custom-pg-loss-reducer-function-path
+--custom-reward-post-process-path --custom-rm-path --custom-rollout-log-function-path --custom-tis-function-path
+--custom-update-weight-post-write-path --data-pad-size-multiplier --data-source-path --debug-rollout-only
+--debug-train-only --disable-compute-advantages-and-returns --disable-grpo-std-normalization
+--disable-rewards-normalization --disable-rollout-global-dataset --disable-wandb-random-suffix --distributed-backend
+--distributed-timeout-minutes --dump-details --dynamic-sampling-filter-path --enable-mtp-training --entropy-coef
+--eps-clip --eps-clip-c --eps-clip-high --eval-config --eval-function-path --eval-input-key --eval-interval
+--eval-label-key --eval-max-context-len --eval-max-prompt-len --eval-max-response-len --eval-min-new-tokens
+--eval-prompt-data --eval-reward-key --eval-temperature --eval-tool-key --eval-top-k --eval-top-p
+--fetch-trajectory-retry-times --freeze-indexer --freeze-params-name-list --gamma --get-mismatch-metrics
+--global-batch-size --group-rm --hf-checkpoint --http-proxy --input-key --keep-old-actor --kl-coef --kl-loss-coef
+--kl-loss-type --label-key --lambd --load --load-debug-rollout-data --load-debug-rollout-data-subsample
+--load-forge-rollout-data --log-correct-samples --log-multi-turn --log-passrate --log-probs-chunk-size
+--log-probs-max-tokens-per-gpu --log-reward-category --loss-mask-type --loss-type --lr
+--mask-offpolicy-in-partial-rollout --max-tokens-per-gpu --megatron-config-path --megatron-deepgemm-forward-layers
+--megatron-deepgemm-forward-modules --megatron-deepgemm-moe-forward-layers --megatron-deepgemm-moe-forward-modules
+--memory-recorder --memory-snapshot-dir --memory-snapshot-num-steps --metadata-key --micro-batch-size
+--min-batch-collection-ratio --model-name --mtp-loss-scaling-factor --mtp-num-layers --multimodal-keys
+--n-samples-per-eval-prompt --n-samples-per-prompt --no-save-optim --normalize-advantages --num-critic-only-steps
+--num-epoch --num-gpus-per-node --num-rollout --num-steps-per-rollout --offload --offload-rollout --offload-train
+--only-train-params-name-list --opd-kl-coef --opd-teacher-ckpt-step --opd-teacher-load --opd-type --opsm-delta
+--over-sampling-batch-size --padded-vocab-size --partial-rollout --profile-target --prompt-data --qwen-gdn-backend
+--recompute-loss-function --record-memory-history --ref-ckpt-step --ref-load --ref-update-interval --release-train
+--reset-optimizer-states --reward-key --rm-type --rm-url --rollout-all-samples-process-path --rollout-batch-size
+--rollout-buffer-url --rollout-data-postprocess-path --rollout-data-transport --rollout-external-engine-addrs
+--rollout-function-path --rollout-health-check-first-wait --rollout-health-check-interval
+--rollout-health-check-timeout --rollout-max-context-len --rollout-max-prompt-len --rollout-max-response-len
+--rollout-num-gpus --rollout-num-gpus-per-engine --rollout-sample-filter-path --rollout-sample-hook-path
+--rollout-seed --rollout-shuffle --rollout-skip-special-tokens --rollout-stop --rollout-stop-token-ids
+--rollout-task-type --rollout-temperature --rollout-top-k --rollout-top-p --save --save-debug-rollout-data
+--save-debug-train-data --save-hf --save-interval --seed --skip-eval-before-train --start-rollout-id
+--tb-experiment-name --tb-project-name --tis-clip --tis-clip-low --tool-key --train-backend --train-env-vars
+--update-weight-buffer-size --update-weight-delta-checksum --update-weight-delta-encoding --update-weight-disk-dir
+--update-weight-disk-keep-files --update-weight-local-checkpoint-dir --update-weight-mode --update-weight-transport
+--update-weights-interval --use-distributed-post --use-dynamic-batch-size --use-fault-tolerance --use-kl-loss
+--use-opd --use-opsm --use-rollout-entropy --use-rollout-logprobs --use-rollout-routing-replay --use-routing-replay
+--use-stateless-adam --use-tensorboard --use-tis --use-unbiased-kl --use-wandb --value-clip
+--wandb-always-use-train-step --wandb-dir --wandb-group --wandb-host --wandb-key --wandb-mode --wandb-project
+--wandb-run-id --wandb-team
+""".split()

@@ -126,6 +126,11 @@ def test_interval_without_its_target_warns(tiny_model_dir, tmp_path, caplog, arg
       "4", "--global-batch-size", "8"], "lr_warmup_steps", 5),          # 10 rollouts x 2 steps
     (["--lr-warmup-fraction", "0.5", "--num-rollout", "6", "--num-steps-per-rollout", "3"], "lr_warmup_steps", 9),
     (["--optimizer", "adam"], "weight_decay", 0.0),
+    # a slime script's decaying schedule spans the run's optimizer steps (Megatron's default): 10 x 4 chats / 2
+    (["--optimizer", "adam", "--loss-type", "sft_loss", "--lr-decay-style", "cosine", "--num-rollout", "10",
+      "--rollout-batch-size", "4", "--global-batch-size", "2"], "lr_decay_iters", 20),
+    (["--lr-decay-style", "cosine", "--num-rollout", "10", "--rollout-batch-size", "4", "--global-batch-size", "2",
+      "--loss-type", "sft_loss"], "lr_decay_iters", None),             # a slick command: not guessed
     (["--attention-dropout", "0.1"], "attention_dropout", 0.1),
 ])
 def test_megatron_optimizer_flags_map(argv, field, value):

@@ -185,7 +185,8 @@ def slime_script_warnings(ns: dict) -> list[str]:
         return []
     return [f"{flag} is not given: slime's default is {KEPT_DEFAULTS[flag][0]}, slick's differs "
             f"({KEPT_DEFAULTS[flag][1]}); this command reads as a slime script ({sign} given), so give {flag} to "
-            f"say which is meant" for flag in CHANGES_MEANING if flag[2:].replace("-", "_") not in ns]
+            f"say which is meant" for flag in CHANGES_MEANING if flag[2:].replace("-", "_") not in ns
+            and not (flag == "--n-samples-per-prompt" and ns.get("loss_type") == "sft_loss")]   # SFT: 1, as slime
 
 
 # slime's spellings with the slick field they set when it takes slick's own flag too (for conflicts)
@@ -242,10 +243,22 @@ def _optimizer_steps(ns: dict) -> Optional[int]:
     n = ns.get("num_rollout")
     if n and ns.get("num_steps_per_rollout"):
         return n * ns["num_steps_per_rollout"]
-    rb, k, gb = ns.get("rollout_batch_size"), ns.get("n_samples_per_prompt"), ns.get("global_batch_size")
+    k = ns.get("n_samples_per_prompt") or (1 if ns.get("loss_type") == "sft_loss" else None)   # SFT implies 1
+    rb, gb = ns.get("rollout_batch_size"), ns.get("global_batch_size")
     if n and rb and k and gb and (rb * k) % gb == 0:
         return n * (rb * k // gb)
     return None
+
+
+def _decay_iters(ns: dict) -> None:
+    """For a slime script (``slime_script_sign``): a decaying schedule without --lr-decay-iters decays over the
+    run's optimizer steps, Megatron's default (its --lr-decay-iters is the training iterations), when the flags
+    give them."""
+    if ns.get("lr_decay_style") not in (None, "constant") and not ns.get("lr_decay_iters") \
+            and _optimizer_steps(ns) is not None:
+        ns["lr_decay_iters"] = _optimizer_steps(ns)
+        log.info("--lr-decay-iters %d: the run's optimizer steps (Megatron's default for a slime script)",
+                 ns["lr_decay_iters"])
 
 
 def _warmup_fraction(ns: dict, problems: list[str]) -> None:
@@ -274,6 +287,7 @@ def resolve_slime_flags(ns: dict) -> list[str]:
     """Move the slime spellings in ``ns`` (parsed flags, typed ones only) onto slick's fields, in place.
     Returns the problems: refused flags, bad values, and a slime spelling that disagrees with slick's own flag."""
     problems: list[str] = []
+    script = slime_script_sign(ns) is not None
     for line in slime_script_warnings(ns):
         log.warning("%s", line)
     _noted_flags(ns, problems)
@@ -312,6 +326,8 @@ def resolve_slime_flags(ns: dict) -> list[str]:
             else:
                 ns[name] = want
     _warmup_fraction(ns, problems)      # after --lr-warmup-iters landed on lr_warmup_steps
+    if script:
+        _decay_iters(ns)
     return problems
 
 

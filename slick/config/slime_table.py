@@ -209,8 +209,8 @@ def dest(flag: str) -> str:
 
 
 def row(flag: str):
-    """(kind, reason) of ``flag`` in the table: kind "always", "no-op" or "refused"; None when not in it."""
-    for kind, table in (("always", ALWAYS), ("no-op", NO_OP), ("refused", REFUSED)):
+    """(kind, reason) of ``flag`` in the table: kind "accepted", "no-op" or "refused"; None when not in it."""
+    for kind, table in (("accepted", ALWAYS), ("no-op", NO_OP), ("refused", REFUSED)):
         if flag in table:
             return kind, table[flag]
     return None
