@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from slick.algo.routing import decode_routing, expert_mix, replay_weights, route, routing_stats
+from slick.proc import dist as D
 
 MOE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
 log = logging.getLogger("slick.train")
@@ -82,8 +83,17 @@ class MoeRouting:
     def pop_metrics(self) -> dict[str, float]:
         """Means since the last call: ``moe/load_max/layer{j}``, ``moe/load_mean/layer{j}`` (tokens per expert),
         ``moe/entropy/layer{j}``, ``moe/mismatch/layer{j}`` (tokens with a record only), the averages over layers
-        (``moe/load_max`` ...) and ``moe/replay_missing_samples``."""
-        out = {f"moe/{k}": sum(v) / len(v) for k, v in self._stats.items() if v}
+        (``moe/load_max`` ...) and ``moe/replay_missing_samples``. On FSDP ranks (collective: every rank calls it
+        once per step) the means are over every rank's micro-batches, the same dict on each rank."""
+        sums = {k: (sum(v), len(v)) for k, v in self._stats.items() if v}
+        if D.is_distributed():
+            merged: dict[str, tuple[float, int]] = {}
+            for part in D.all_gather_objects(sums, "MoE routing metrics"):
+                for k, (s, n) in part.items():
+                    a, b = merged.get(k, (0.0, 0))
+                    merged[k] = (a + s, b + n)
+            sums = dict(sorted(merged.items()))
+        out = {f"moe/{k}": s / n for k, (s, n) in sums.items()}
         for k in ("load_max", "load_mean", "entropy", "mismatch"):
             vals = [v for key, v in out.items() if key.startswith(f"moe/{k}/layer")]
             if vals:
