@@ -2,6 +2,8 @@
 slime documents them; each records what it was called with, for tests/test_slime_hooks.py."""
 from slime.utils.types import Sample
 
+from tests.slime_plugins import generate  # noqa: F401  (the multi-turn script's generate function)
+
 CALLS = []
 
 
@@ -27,3 +29,8 @@ async def record_prompt(args, sample, **kwargs):
     """A slime reward function: records the prompt it sees."""
     CALLS.append(("reward", isinstance(sample, Sample), sample.prompt))
     return 0.5
+
+
+async def reward_func(args, sample, **kwargs):
+    """A slime reward returning a dict, read with --reward-key score."""
+    return {"score": 1.0 if "4" in sample.response else 0.0, "len": sample.response_length}

@@ -145,7 +145,8 @@ def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
 def verdict(flag: str, known: set) -> tuple[str, str]:
     """(kind, what slick does) for one slime flag (module doc)."""
     if flag.startswith(("--sglang-", "--vllm-")):
-        return "engine", "an option of the engines slick launches (SGLang/vLLM servers)"
+        return "engine", ("an option of the SGLang/vLLM servers slick launches (slick's own engine honours "
+                          "the few it has a meaning for and warns about the rest)")
     spelled = {f.flag: f for f in spellings.FLAGS}
     if flag in spelled:
         return "mapped", spelled[flag].help
@@ -164,18 +165,35 @@ def verdict(flag: str, known: set) -> tuple[str, str]:
     return "refused", "unknown to slick"
 
 
+def _command(entry: str, flags: list) -> str:
+    sft = any(f == "--loss-type" and v == ["sft_loss"] for f, v in flags)
+    if any(f == "--rollout-function-path" and v and v[0] in ROLLOUT_FUNCTIONS for f, v in flags):
+        return "slick train-async"
+    return "slick train-async" if entry == "train_async.py" and not sft else "slick train"
+
+
+def to_slick(text: str) -> tuple[str, list[str]]:
+    """(the slick command, its argument list) that runs the script ``text``: the script's arguments less the
+    rollout functions a slick command stands for (``ROLLOUT_FUNCTIONS``)."""
+    entry, argv = read_script(text)
+    flags = split_flags(argv)
+    keep = [x for f, v in flags if not (f == "--rollout-function-path" and v and v[0] in ROLLOUT_FUNCTIONS)
+            for x in [f] + v]
+    return _command(entry, flags), keep
+
+
 def check(text: str) -> tuple[list[str], int]:
     """The report's lines and the exit code for the script ``text``."""
     entry, argv = read_script(text)
     known = set(build_parser()._option_string_actions)
     flags = split_flags(argv)
     sft = any(f == "--loss-type" and v == ["sft_loss"] for f, v in flags)
-    command = "slick train-async" if entry == "train_async.py" and not sft else "slick train"
+    command = _command(entry, flags)
     lines, refused, rest = [], 0, []
     for flag, values in flags:
         shown = " ".join([flag] + values)
         if flag == "--rollout-function-path" and values and values[0] in ROLLOUT_FUNCTIONS:
-            kind, why, command = "mapped", ROLLOUT_FUNCTIONS[values[0]], "slick train-async"
+            kind, why = "mapped", ROLLOUT_FUNCTIONS[values[0]]
         else:
             kind, why = verdict(flag, known)
             if any("$" in v for v in values):     # set outside the script (or computed): not checked
