@@ -295,7 +295,7 @@ class HttpEngine(WeightGroupCalls):
                     self._flights.pop(rid_now, None)
                     if self._current.get(rid) == rid_now:
                         del self._current[rid]
-                part.add_tokens(*flight.received())
+                part.add_tokens(*flight.received(), sampling)   # a constrained one starts over
                 attempt += 1
                 self.resubmitted += 1
                 if part.tokens and part.left(sampling) <= 0:   # everything arrived but the final chunk

@@ -63,7 +63,14 @@ class PartialGeneration:
         self.versions += gen.weight_versions if gen.weight_versions is not None \
             else [gen.weight_version] * len(gen.token_ids)
 
-    def add_tokens(self, tokens: list[int], logprobs: list[float], versions: list[int]) -> None:
+    def add_tokens(self, tokens: list[int], logprobs: list[float], versions: list[int],
+                   sampling: Optional[SamplingParams] = None) -> None:
+        """Tokens a failed attempt streamed, kept for the next attempt to continue from; none when ``sampling``
+        constrains the answer (``json_schema`` / ``regex`` / ``ebnf``): a server matches a request's grammar
+        from the start of its answer, so after the kept tokens it would allow a whole new answer. A constrained
+        generation starts over instead."""
+        if sampling is not None and any(getattr(sampling, f) is not None for f in ("json_schema", "regex", "ebnf")):
+            return
         if tokens:
             self.tops = None
         self.tokens += tokens

@@ -15,16 +15,22 @@ SGLang's native API is the one ``HttpEngine`` speaks; what differs between relea
   "end": 5}, ...]``): a request that a weight update paused in place carries each token's version.
 * **streams.** SGLang's streamed chunks are cumulative (each holds every token so far); a partial chunk replaces
   what the request had received (``--use-fault-tolerance`` resubmits from it).
+* **grammars.** ``json_schema``, ``regex`` and ``ebnf`` go as SGLang's own ``sampling_params`` keys (servers slick
+  launches run llguidance, whose Lark slick's grammars are); a JSON schema carries llguidance's compact-JSON
+  options (``x-guidance``, the schema's own win), as slick's engine applies them: without them a random model
+  filled the object with whitespace until ``max_new_tokens``.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Iterable, Optional
 
+from slick.engine.grammar import compact_schema
 from slick.engines.client import EngineError, HttpEngine
 from slick.engines.flight import Flight, Retryable, norm_url
 from slick.serve.http_protocol import generation_from_json, parse_weight_version
-from slick.types import Generation
+from slick.types import Generation, SamplingParams
 
 VERSION_ROUTES = ("/get_weight_version", "/get_model_info")
 
@@ -36,6 +42,13 @@ class SglangEngine(HttpEngine):
         super().__init__(urls, **kw)
         self._version_route: dict[str, str] = {}     # server url -> the route that reports its weight version
         self._no_radix: dict[str, bool] = {}         # server url -> it runs without a prefix cache
+
+    def _payload(self, prompt_ids: list[int], sampling: SamplingParams, rid: str, stream: bool) -> dict:
+        body = super()._payload(prompt_ids, sampling, rid, stream)
+        sp = body["sampling_params"]
+        if isinstance(sp.get("json_schema"), str):
+            sp["json_schema"] = compact_json_text(sp["json_schema"])
+        return body
 
     def _parse(self, out: Any) -> Generation:
         return generation_from_json(token_versions(out[0] if isinstance(out, list) else out))
@@ -138,6 +151,16 @@ class SglangEngine(HttpEngine):
 
     def _answered_with(self, outs: list) -> list[tuple[str, Any]]:
         return list(zip(self._answered, outs))
+
+
+def compact_json_text(text: str) -> str:
+    """A JSON schema's text with llguidance's compact-JSON options in it (unchanged when it is not a JSON object:
+    the server names the bad schema in its error)."""
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return text
+    return json.dumps(compact_schema(schema), ensure_ascii=False) if isinstance(schema, dict) else text
 
 
 def token_versions(out: Any) -> Any:
