@@ -31,14 +31,14 @@ def guess_env_importable(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-def exchange(idx, replies):
+def exchange(idx, replies, env_id="slick_guess_env"):
     """The env's answers to ``replies`` on task ``idx``, then the rubric's reward of the conversation."""
     from slick.rollout.envs.verifiers import VerifiersEnv, load, rubric_reward
-    rows = load_prompt_rows(f"{ENV}?size=4")
+    rows = {r["metadata"]["verifiers"]["idx"]: r for r in load_prompt_rows(f"verifiers:{env_id}?size=1&seed={idx}")}
 
     async def go():
         s = Sample(index=0, metadata=copy.deepcopy(rows[idx]["metadata"]))
-        env = VerifiersEnv(load("slick_guess_env"), idx, s)
+        env = VerifiersEnv(load(env_id), idx, s)
         out = [await env.reset(s)]
         msgs = list(rows[idx]["prompt"])
         for r in replies:
@@ -69,6 +69,20 @@ def test_rows_turns_and_rubric_by_hand():
     # the env's run raises on task 3: the step raises (GuardedEnv fails the sample)
     with pytest.raises(RuntimeError, match="GuessEnv.run raised RuntimeError: the game server fell over"):
         exchange(3, ["3"])
+
+
+def test_the_example_environment(monkeypatch):
+    """examples/verifiers_math: a right first answer ends the episode (correct 1.0 + tagged 0.1); a wrong one gets
+    the feedback turn."""
+    monkeypatch.syspath_prepend(str(ENV_DIR.parent.parent / "examples" / "verifiers_math"))
+    from slick_math_env import FEEDBACK, rows
+    answer = rows()[1000]["answer"]
+    out, _, reward = exchange(1000, [f"<answer>{answer}</answer>"], "slick_math_env")
+    assert out == [None, (None, None, True)] and reward == pytest.approx(1.1)
+    out, _, reward = exchange(1000, ["<answer>-1</answer>", f"<answer>{answer}</answer>"], "slick_math_env")
+    assert out == [None, (FEEDBACK, None, False), (None, None, True)] and reward == pytest.approx(1.1)
+    out, _, reward = exchange(1000, ["no idea", "still none"], "slick_math_env")
+    assert out[-1] == (None, None, True) and reward == 0.0
 
 
 def test_start_up_checks():

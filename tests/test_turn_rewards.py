@@ -93,3 +93,24 @@ def test_environment_rewards_by_turn():
     s = Sample(index=0, metadata={"multiturn": {"turns": 3, "env_turn_rewards": [0.5, 0.0]}})
     assert env_turn_rewards(None, s) == [0.5, 0.0, 0.0]
     assert env_turn_rewards(None, Sample(index=1, metadata={"multiturn": {"turns": 2}})) == [0.0, 0.0]
+
+
+def per_turn_rm(args, sample):
+    return sample.metadata["want"]
+
+
+def test_the_reward_hub_keeps_per_turn_lists_and_fails_a_wrong_count():
+    import asyncio
+
+    from slick.reward.hub import RewardHub
+    hub = RewardHub(Config.from_flat({"custom_rm_path": "tests.test_turn_rewards.per_turn_rm",
+                                      "rm_failure_reward": -1.0}))
+    good = Sample(index=0, loss_mask=MASK_A, metadata={"want": [1, 0, 4]}, response="x")
+    wrong = Sample(index=1, loss_mask=MASK_B, metadata={"want": [1, 0, 4]}, response="x")
+
+    async def go():
+        await hub.score_group([good, wrong])
+        await hub.close()
+    asyncio.run(go())
+    assert good.reward == {"reward": 5.0, "turn_rewards": [1.0, 0.0, 4.0]}
+    assert wrong.reward == -1.0 and "3 per-turn rewards for 2 policy turn(s)" in wrong.metadata["reward_error"]

@@ -81,6 +81,19 @@ def check_reward(value: Any, reward_key: Optional[str] = None, index: Any = None
                      f"{type(value).__name__}: {str(value)[:80]!r}")
 
 
+def check_turn_count(reward: Reward, sample: Any) -> Reward:
+    """A per-turn reward list must have one reward per policy turn of ``sample`` (its runs of loss-mask-1 tokens,
+    as slick.algo.turns counts them); ``ValueError`` otherwise, so that the sample fails here, not training."""
+    if not isinstance(reward, dict) or "turn_rewards" not in reward:
+        return reward
+    mask = list(getattr(sample, "loss_mask", None) or [])
+    turns = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+    if mask and turns and len(reward["turn_rewards"]) != turns:
+        raise ValueError(f"{len(reward['turn_rewards'])} per-turn rewards for {turns} policy turn(s): give one "
+                         f"reward per turn")
+    return reward
+
+
 def rm_concurrency(cfg: Config) -> int:
     """--rm-concurrency, or when unset: --rollout-concurrency for remote_rm (calls that wait on a server; as many
     as the engine may have requests in flight, so reward waits never throttle generation), else 16 (reward
@@ -274,7 +287,8 @@ class RewardHub:
                 awaitable, timeout = await self._reward_of(sample)
                 raw = await asyncio.wait_for(awaitable, timeout)
                 value = raw.score if isinstance(raw, Judgement) else raw
-                reward = check_reward(value, self.cfg.reward_key, getattr(sample, "index", None))
+                reward = check_turn_count(check_reward(value, self.cfg.reward_key, getattr(sample, "index", None)),
+                                          sample)
                 seconds = sample.timings["reward_time"] = time.perf_counter() - t0
             if isinstance(raw, Judgement):
                 evidence = make_evidence(self._evidence_type(sample), answer=raw.answer, verdict=raw.verdict,
@@ -320,7 +334,7 @@ class RewardHub:
             return
         for s, r in zip(group, rewards):
             try:
-                reward = check_reward(r, self.cfg.reward_key, getattr(s, "index", None))
+                reward = check_turn_count(check_reward(r, self.cfg.reward_key, getattr(s, "index", None)), s)
             except Exception as e:  # noqa: BLE001 - e.g. float() of a multi-element tensor
                 self._fail(s, _describe(e), cause=e, t0=t0, reply=r)
                 continue
