@@ -155,3 +155,10 @@ def test_dropout_other_than_the_checkpoints_is_refused(tiny_model_dir, tmp_path)
     data.write_text('{"prompt": "hi", "label": "x"}\n')
     with pytest.raises(ConfigError, match="--attention-dropout 0.1 does not match the checkpoint.*attention_dropout"):
         parse_config(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data), "--attention-dropout", "0.1"])
+
+
+def test_slimes_fully_async_rollout_is_slick_train_async():
+    path = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+    assert parse_config(["--rollout-function-path", path], validate=False, driver="async").rollout_function_path is None
+    with pytest.raises(ConfigError, match="is slime's fully-async rollout: run the command with slick train-async"):
+        parse_config(["--rollout-function-path", path], validate=False)

@@ -193,6 +193,7 @@ def slime_script_warnings(ns: dict) -> list[str]:
 _EXTRA_SETS = {"--rollout-external-engine-addrs": {"rollout_engine": "http"},
                "--use-dynamic-batch-size": {}, "--max-tokens-per-gpu": {}}
 WARMUP_FRACTION = "--lr-warmup-fraction"
+FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
 DATA_SOURCES = ("slime.rollout.data_source.RolloutDataSourceWithBuffer",)
 
 
@@ -283,10 +284,19 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def resolve_slime_flags(ns: dict) -> list[str]:
+def resolve_slime_flags(ns: dict, driver: str = "sync") -> list[str]:
     """Move the slime spellings in ``ns`` (parsed flags, typed ones only) onto slick's fields, in place.
-    Returns the problems: refused flags, bad values, and a slime spelling that disagrees with slick's own flag."""
+    Returns the problems: refused flags, bad values, and a slime spelling that disagrees with slick's own flag.
+    ``driver``: the command's ("sync": slick train, "async": slick train-async)."""
     problems: list[str] = []
+    if ns.get("rollout_function_path") == FULLY_ASYNC:
+        if driver == "async":
+            ns.pop("rollout_function_path")
+            log.info("--rollout-function-path %s: slime's fully-async rollout is what slick train-async does",
+                     FULLY_ASYNC)
+        else:
+            problems.append(f"--rollout-function-path {FULLY_ASYNC} is slime's fully-async rollout: run the "
+                            f"command with slick train-async, which overlaps generation and training")
     script = slime_script_sign(ns) is not None
     for line in slime_script_warnings(ns):
         log.warning("%s", line)

@@ -130,7 +130,7 @@ def parse_config(argv: Optional[Sequence[str]] = None, parser: Optional[argparse
     rest, vllm = split_sglang_args(rest, "--vllm-")
     parser = parser or build_parser()
     ns = vars(parser.parse_args(rest))
-    slime_problems = resolve_slime_flags(ns)       # slime's spellings onto slick's fields, or refused by name
+    slime_problems = resolve_slime_flags(ns, driver)   # slime's spellings onto slick's fields, or refused by name
     if slime_problems:
         raise ConfigError(slime_problems)
     values = dict(defaults or {})

@@ -173,13 +173,9 @@ def _command(entry: str, flags: list) -> str:
 
 
 def to_slick(text: str) -> tuple[str, list[str]]:
-    """(the slick command, its argument list) that runs the script ``text``: the script's arguments less the
-    rollout functions a slick command stands for (``ROLLOUT_FUNCTIONS``)."""
+    """(the slick command, its argument list) that runs the script ``text``: its arguments as they are."""
     entry, argv = read_script(text)
-    flags = split_flags(argv)
-    keep = [x for f, v in flags if not (f == "--rollout-function-path" and v and v[0] in ROLLOUT_FUNCTIONS)
-            for x in [f] + v]
-    return _command(entry, flags), keep
+    return _command(entry, split_flags(argv)), argv
 
 
 def check(text: str) -> tuple[list[str], int]:
@@ -196,15 +192,15 @@ def check(text: str) -> tuple[list[str], int]:
             kind, why = "mapped", ROLLOUT_FUNCTIONS[values[0]]
         else:
             kind, why = verdict(flag, known)
-            if any("$" in v for v in values):     # set outside the script (or computed): not checked
-                why += "; its value is set outside the script, so slick's parser does not check it"
-            else:
-                rest += [flag] + values
+        if any("$" in v for v in values):     # set outside the script (or computed): not checked
+            why += "; its value is set outside the script, so slick's parser does not check it"
+        else:
+            rest += [flag] + values
         refused += kind == "refused"
         lines.append(f"{kind:<9} {shown}: {why}")
     note = " (SFT generates nothing to overlap)" if entry == "train_async.py" and sft else ""
     head = [f"{entry} -> {command}{note}: {len(flags)} flags, {refused} refused"]
-    problems, notes = _parse_problems(rest, known)
+    problems, notes = _parse_problems(rest, known, "async" if command == "slick train-async" else "sync")
     tail = ["", "slick's parser on the whole list (no files read):"] + ([f"  {p}" for p in problems] or ["  ok"])
     tail += [f"  note: {n}" for n in notes]
     return head + lines + tail, 1 if refused or problems else 0
@@ -219,7 +215,7 @@ class _Notes(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _parse_problems(argv: list[str], known: set) -> tuple[list[str], list[str]]:
+def _parse_problems(argv: list[str], known: set, driver: str) -> tuple[list[str], list[str]]:
     """(problems, warnings) of slick's parser on ``argv`` without opening files (unknown flags left out: each is
     listed as refused above)."""
     keep = [x for f, v in split_flags(argv) if f in known or f.startswith(("--sglang-", "--vllm-"))
@@ -229,7 +225,7 @@ def _parse_problems(argv: list[str], known: set) -> tuple[list[str], list[str]]:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            parse_config(keep, validate=False)
+            parse_config(keep, validate=False, driver=driver)
     except ConfigError as e:
         return list(e.problems), notes.lines
     except SystemExit:
