@@ -128,3 +128,21 @@ def test_response_format_keys_are_honoured_or_refused():
         constraint({"response_format": {"type": "json_object", "schemaa": small}}, None)
     with pytest.raises(OpenAIError, match="has no field 'strict'"):
         constraint({"response_format": {"type": "json_schema", "strict": True, "json_schema": {"schema": small}}}, None)
+
+
+def test_responses_text_format_keys_are_honoured_or_refused():
+    """/v1/responses text.format: json_schema's own keys reach the grammar, an unknown key or a text option slick
+    cannot follow is refused by name instead of being dropped."""
+    from slick.serve.responses_api import chat_body
+
+    small = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    out = chat_body({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": small,
+                                                       "strict": True, "description": "d"}}})
+    assert out["response_format"] == {"type": "json_schema", "json_schema": {"name": "n", "schema": small,
+                                                                              "strict": True}}
+    with pytest.raises(OpenAIError, match="text.format of type 'json_schema' has no field 'schemaa'"):
+        chat_body({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schemaa": small}}})
+    with pytest.raises(OpenAIError, match=r"text.verbosity is not supported by slick \(only text.format\)"):
+        chat_body({"input": "x", "text": {"verbosity": "low"}})
+    instructor = chat_body({"input": "x", "text": {"format": {"type": "json_object", "schema": small}}})
+    assert json.loads(constraint(instructor, None)["json_schema"])["required"] == ["x"]

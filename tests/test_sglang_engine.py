@@ -254,3 +254,31 @@ def test_agent_sessions_pass_tool_choice_and_json_schema_to_sglang(server, sglan
         assert ch.finish_reason == "stop", ch.message.content
         jsonschema.validate(json.loads(ch.message.content), SCHEMA)
     assert len(calls) == 3 and all(len(c.choices) == 4 for c in calls)   # every call recorded for training
+
+
+def test_regex_ebnf_and_json_schema_reach_sglangs_constrained_decoding(server, sglang_model_dir):
+    """SglangEngine sends json_schema, regex and ebnf (llguidance Lark, as slick's forced tool calls write it) as
+    SGLang's own sampling_params keys: every sample of the random model matches its grammar."""
+    import json
+    import re
+
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(str(sglang_model_dir))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"type": "string", "maxLength": 5}},
+              "required": ["n", "tag"], "additionalProperties": False}
+    cases = {"regex": ("[0-9]{3}-[a-c]{2}", lambda t: re.fullmatch("[0-9]{3}-[a-c]{2}", t)),
+             "ebnf": ('start: ("yes" | "no") %json {"type": "boolean"}', lambda t: t in ("yestrue", "yesfalse",
+                                                                                          "notrue", "nofalse")),
+             "json_schema": (json.dumps(schema), lambda t: set(json.loads(t)) == {"n", "tag"}
+                             and isinstance(json.loads(t)["n"], int) and len(json.loads(t)["tag"]) <= 5)}
+
+    async def go(eng):
+        out = {}
+        for name, (grammar, _) in cases.items():
+            sp = SamplingParams(max_new_tokens=40, temperature=1.0, **{name: grammar})
+            gens = await asyncio.gather(*(eng.generate(PROMPT, sp) for _ in range(4)))
+            out[name] = [(g.finish_reason, tok.decode(g.token_ids, skip_special_tokens=True)) for g in gens]
+        return out
+    texts = _run(go, server)
+    for name, (_, ok) in cases.items():
+        assert all(f == "stop" and ok(t) for f, t in texts[name]), (name, texts[name])

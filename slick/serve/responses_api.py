@@ -127,7 +127,7 @@ def chat_body(body: dict) -> dict:
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     if choice is not None:
         out["tool_choice"] = choice
-    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    fmt = _text_format(body.get("text"))
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         out["response_format"] = {"type": "json_schema", "json_schema": {
             "name": fmt.get("name", "output"), "schema": fmt.get("schema", {}), "strict": fmt.get("strict")}}
@@ -138,6 +138,28 @@ def chat_body(body: dict) -> dict:
         if body.get(src) is not None:
             out[dst] = body[src]
     return out
+
+
+JSON_SCHEMA_KEYS = {"type", "name", "schema", "strict", "description"}
+
+
+def _text_format(text: Any) -> Optional[dict]:
+    """``text.format`` of a Responses request, its keys checked: an unknown one is refused by name, never dropped
+    (the chat path checks the keys of the other format types)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise OpenAIError("'text' must be an object {\"format\": {...}}", param="text")
+    extra = sorted(set(text) - {"format"})
+    if extra:
+        raise OpenAIError(f"text.{extra[0]} is not supported by slick (only text.format)", param=f"text.{extra[0]}")
+    fmt = text.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        unknown = sorted(set(fmt) - JSON_SCHEMA_KEYS)
+        if unknown:
+            raise OpenAIError(f"text.format of type 'json_schema' has no field {unknown[0]!r} (it takes "
+                              f"{', '.join(sorted(JSON_SCHEMA_KEYS))})", param="text.format")
+    return fmt
 
 
 def response_object(body: dict, chat: dict) -> dict:
