@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import json
 import shlex
 
 from slick.config import Config
@@ -46,7 +47,7 @@ def reasoning_gym_problems(cfg: Config, p: list[str]) -> None:
             p.append(f"{flag} {spec}: the prompts are chat messages (reasoning-gym's '{s.system}' system prompt, "
                      f"then the question): pass --apply-chat-template, or system=none for the bare question")
         for task in s.tasks:
-            key = (task, s.seed, tuple(sorted(s.config.items(), key=str)))
+            key = (task, s.seed, json.dumps(s.config, sort_keys=True, default=str))   # list values too
             if key in seen and seen[key][0] != flag:
                 p.append(f"{flag} {spec}: task {task} with seed {s.seed} is also in {seen[key][0]} {seen[key][1]}: "
                          f"the same items; give the held-out set another seed")
