@@ -34,3 +34,11 @@ async def record_prompt(args, sample, **kwargs):
 async def reward_func(args, sample, **kwargs):
     """A slime reward returning a dict, read with --reward-key score."""
     return {"score": 1.0 if "4" in sample.response else 0.0, "len": sample.response_length}
+
+
+def rank_rewards(args, samples):
+    """A slime reward post-process: each sample's advantage is its index in the batch minus the mean index."""
+    CALLS.append(("post", args.n_samples_per_prompt, [(s.index, s.get_reward_value(args)) for s in samples]))
+    raw = [s.get_reward_value(args) for s in samples]
+    mean = (len(samples) - 1) / 2
+    return raw, [s.index - mean for s in samples]

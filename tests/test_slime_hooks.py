@@ -7,6 +7,7 @@ from slick.data.source import DataSource
 
 install()   # `import slime` in the plug-ins resolves to slick's stand-in, as when slick loads them
 from tests import slime_hook_plugins as plug  # noqa: E402
+from tests.test_loop import prompts  # noqa: E402,F401  (a fixture: prompts and the even_rm reward)
 from tests.test_slime_plugins import engine, make_cfg, rollout  # noqa: E402,F401  (the engine fixture)
 
 
@@ -41,3 +42,40 @@ def test_all_samples_process_sees_dropped_groups_and_the_data_source(tiny_model_
     assert groups == [[0, 1], [2, 3], [4, 5]]                       # group 1 was dropped, still processed
     assert [s.index for s in samples] == [0, 1, 4, 5]
     assert "rollout/slime_removed_samples" in metrics and metrics["rollout/slime_removed_samples"] == 0.0
+
+
+def test_reward_post_process_gives_the_advantages(tiny_model_dir, prompts, tmp_path):  # noqa: F811
+    """slime's --custom-reward-post-process-path: called with the step's samples (their rewards set); the rewards it
+    returns are the advantages on every trained token."""
+    import asyncio
+    import json
+
+    from slick.loop.sync import train
+    from tests.test_loop import make_cfg as loop_cfg
+
+    cfg = loop_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=1, disable_rewards_normalization=True,
+                   custom_reward_post_process_path="tests.slime_hook_plugins.rank_rewards",
+                   save_debug_train_data=str(tmp_path / "dbg"))
+    asyncio.run(train(cfg))
+    ((kind, n, seen),) = [c for c in plug.CALLS if c[0] == "post"]
+    assert n == 4 and [i for i, _ in seen] == list(range(8))
+    rows = [json.loads(x) for x in (tmp_path / "dbg" / "train_0.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [i - 3.5 for i in range(8)]
+    for r in rows:
+        assert {a for a, m in zip(r["advantages"], r["loss_mask"]) if m} == {r["index"] - 3.5}
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["train/slime_raw_reward"] == sum(r for _, r in seen) / 8
+
+
+@pytest.mark.parametrize("argv,problem", [
+    (["--advantage-estimator", "ppo"], "--custom-reward-post-process-path with --advantage-estimator ppo"),
+    (["--custom-advantage-function-path", "a.b"], "both set the advantages"),
+])
+def test_reward_post_process_needs_grpo(argv, problem):
+    from slick.config import ConfigError
+    from slick.configure import parse_config
+
+    base = ["--custom-reward-post-process-path", "tests.slime_hook_plugins.rank_rewards"]
+    assert parse_config(base, validate=False).disable_rewards_normalization is True
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(base + argv, validate=False)

@@ -262,6 +262,23 @@ def _decay_iters(ns: dict) -> None:
                  ns["lr_decay_iters"])
 
 
+def _reward_post_process(ns: dict, problems: list[str]) -> None:
+    """--custom-reward-post-process-path: slime's replacement of GRPO's group normalisation; its rewards are the
+    advantages, so normalisation is off, and only GRPO-style estimators have a place for it."""
+    if not ns.get("custom_reward_post_process_path"):
+        return
+    estimator = ns.get("advantage_estimator", "grpo")
+    if estimator not in ("grpo", "gspo"):
+        problems.append(f"--custom-reward-post-process-path with --advantage-estimator {estimator}: slime's reward "
+                        f"post-process replaces GRPO's group normalisation (grpo or gspo); for {estimator} use "
+                        f"--custom-advantage-function-path")
+    elif ns.get("custom_advantage_function_path"):
+        problems.append("--custom-reward-post-process-path and --custom-advantage-function-path both set the "
+                        "advantages: give one of them")
+    else:
+        ns["disable_rewards_normalization"] = True
+
+
 def _warmup_fraction(ns: dict, problems: list[str]) -> None:
     if _dest(WARMUP_FRACTION) not in ns:
         return
@@ -336,6 +353,7 @@ def resolve_slime_flags(ns: dict, driver: str = "sync") -> list[str]:
             else:
                 ns[name] = want
     _warmup_fraction(ns, problems)      # after --lr-warmup-iters landed on lr_warmup_steps
+    _reward_post_process(ns, problems)
     if script:
         _decay_iters(ns)
     return problems

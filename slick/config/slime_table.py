@@ -91,9 +91,6 @@ REFUSED: dict[str, str] = {
     "--custom-tis-function-path": "works on Megatron's packed per-micro-batch tensors; slick's --use-tis and "
                                   "--use-mis (--tis-level/--mis-level) cover token, sequence and geometric "
                                   "weights, or use --custom-loss-function-path",
-    "--custom-reward-post-process-path": "slick's estimator normalises rewards per group itself "
-                                         "(--disable-grpo-std-normalization, --disable-rewards-normalization); a "
-                                         "plug-in that replaces it is --custom-advantage-function-path",
     "--rollout-sample-hook-path": "a slime Sample rewritten before its reward is not carried back into slick's "
                                   "sample; rewrite samples in --custom-generate-function-path",
     "--custom-rollout-log-function-path": "slick logs rollout metrics itself; a plug-in's own metrics come back "

@@ -133,7 +133,13 @@ class Run:
         if bad:
             log.warning("step %d: %d non-finite reward(s) (sample indices %s) replaced by --rm-failure-reward %s",
                         step, len(bad), bad[:10], self.cfg.rm_failure_reward)
+        manager = self.rollout_parts.manager
+        post = manager.reward_post if manager is not None else None
+        if post is not None:      # slime's --custom-reward-post-process-path: its rewards are the advantages' input
+            rewards, post_metrics = post(samples, rewards)
         samples, rewards, shaped = shape_for_training(self.cfg, samples, rewards)   # DAPO: overlong, truncated
+        if post is not None:
+            shaped.update(post_metrics)
         dump = self.cfg.save_debug_train_data
         debug_logp = self.train_parts.trainer.compute_logprobs(samples, "actor") if dump else None  # an extra pass
         # the trainer's version at each sample's optimizer step (samples are split into global batches in order)

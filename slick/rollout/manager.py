@@ -20,7 +20,7 @@ from slick.rollout.agent import AgentRollout
 from slick.rollout.env import ERROR_KEY as ENV_ERROR
 from slick.rollout.filters import verdict
 from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
-from slick.rollout.slime_hooks import SlimeRolloutHooks
+from slick.rollout.slime_hooks import RewardPostProcess, SlimeRolloutHooks
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.rollout.timeline import Timeline, TimedEngine
 from slick.rollout.turn_samples import split_group
@@ -90,6 +90,7 @@ class RolloutManager:
             if self.generate_fn is not None and not takes_engine(self.generate_fn) else None
         self.filter_slime = self.filter_fn is not None and is_slime_plugin(self.filter_fn)
         self.slime_hooks = SlimeRolloutHooks.from_config(cfg, tokenizer)   # slime's end-of-rollout hooks
+        self.reward_post = RewardPostProcess.from_config(cfg, tokenizer)    # slime's reward post-process (training)
         reward_hub.use_tokenizer(tokenizer, bool(cfg.apply_chat_template))   # a slime reward plug-in's sample.prompt is slime's (templated text)
         self.drop_reasons: dict[str, int] = {}
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

@@ -3,6 +3,10 @@
 - ``--rollout-sample-filter-path``: ``filter(args, groups) -> None`` on the step's kept groups, in slime's Sample
   shape; a sample it marks ``remove_sample = True`` stays in the batch (its reward still counts in its group)
   and trains with loss mask 0, as in slime.
+- ``--custom-reward-post-process-path``: ``fn(args, samples) -> (raw_rewards, rewards)`` on the step's samples
+  (flat, in batch order, each with its reward) replaces GRPO's group normalisation, as in slime: ``rewards``
+  are the samples' advantages (``--advantage-estimator grpo`` or ``gspo``; the config implies
+  ``--disable-rewards-normalization``). ``train/slime_raw_reward`` is the mean of ``raw_rewards``.
 - ``--rollout-all-samples-process-path``: ``process(args, all_groups, data_source) -> None`` on every group the
   step generated, those the dynamic-sampling filter dropped included, ordered by group; ``data_source`` is the
   run's DataSource.
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any, Callable, Optional
 
 from slick.compat.view import to_slime
@@ -52,3 +57,30 @@ class SlimeRolloutHooks:
             ordered = sorted(generated, key=lambda g: g[0].group_index if g else -1)
             self.process_all(args, self._view(ordered), data_source)
         return removed
+
+
+class RewardPostProcess:
+    """``--custom-reward-post-process-path`` (module doc)."""
+
+    def __init__(self, cfg: Config, tokenizer, fn: Callable):
+        self.cfg, self.tok, self.fn = cfg, tokenizer, fn
+
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer) -> Optional["RewardPostProcess"]:
+        fn = load_function(cfg.custom_reward_post_process_path, "--custom-reward-post-process-path")
+        return None if fn is None else cls(cfg, tokenizer, fn)
+
+    def __call__(self, samples: list[Sample], rewards: list[float]) -> tuple[list[float], dict]:
+        views = [to_slime(s, self.tok.decode(s.prompt_ids, skip_special_tokens=False)) for s in samples]
+        out = self.fn(argparse.Namespace(**self.cfg.flat()), views)
+        flag = "--custom-reward-post-process-path"
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise ValueError(f"{flag}: must return (raw_rewards, rewards), got {type(out).__name__}")
+        raw, processed = (list(x) for x in out)
+        if len(raw) != len(samples) or len(processed) != len(samples):
+            raise ValueError(f"{flag}: returned {len(raw)} raw rewards and {len(processed)} rewards for "
+                             f"{len(samples)} samples")
+        processed = [float(x) for x in processed]
+        if not all(math.isfinite(x) for x in processed):
+            raise ValueError(f"{flag}: returned a non-finite reward")
+        return processed, {"train/slime_raw_reward": sum(float(x) for x in raw) / max(len(raw), 1)}
