@@ -91,6 +91,41 @@ def check_adapter_files(d, rank: int, model: nn.Module) -> None:
                 raise ValueError(f"{Path(d) / ADAPTER_WEIGHTS}: tensor {name!r} holds NaN or infinite values")
 
 
+# ---------------------------------------------------------------------------------------------- memory
+def recompute_mlps(model: nn.Module) -> int:
+    """Make every decoder layer's MLP recompute its inside in backward (``torch.utils.checkpoint``, non-reentrant):
+    a training forward keeps the MLP's input instead of its gate, up, activation and product tensors (4 x the
+    intermediate width per token per layer, about half of what a HF decoder layer keeps). LoRA runs the HF layers
+    (PEFT wraps their linear layers), not slick's fused ones, so their MLP activations would otherwise all stay;
+    this is what ``--recompute-mlp`` (a CPU default) does inside the fused layers of a full fine-tuning run. The
+    same matmuls on the same inputs give the same numbers (dropout's RNG state is replayed). Forwards without
+    gradients (logprobs, the reference) run as before. Returns how many MLPs were wrapped (the module names, and
+    so the state dict, are unchanged)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from slick.train.fsdp import decoder_layers
+
+    try:
+        layers = decoder_layers(model)
+    except ValueError:
+        return 0
+    n = 0
+    for layer in layers:
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None or not hasattr(mlp, "down_proj") or getattr(mlp, "_slick_recomputed", False):
+            continue
+        inner = mlp.forward
+
+        def forward(x, _inner=inner):
+            if torch.is_grad_enabled():
+                return checkpoint(_inner, x, use_reentrant=False)
+            return _inner(x)
+        mlp.forward = forward
+        mlp._slick_recomputed = True
+        n += 1
+    return n
+
+
 # ---------------------------------------------------------------------------------------------- the policy
 class PolicyLora:
     """PEFT's LoRA layers injected into ``model`` (a HF causal LM, changed in place: the trainer keeps using it
@@ -119,6 +154,11 @@ class PolicyLora:
         for n, p in model.named_parameters():   # PEFT freezes the base; adapters trained in fp32
             if p.requires_grad:
                 p.data = p.data.float()
+        self.recomputed_mlps = recompute_mlps(model)
+
+    def frozen_bytes(self) -> int:
+        """Bytes of the frozen base's parameters (no gradients, no optimizer state)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters() if not p.requires_grad)
 
     def _lora_layers(self) -> dict[str, nn.Module]:
         from peft.tuners.lora import LoraLayer
