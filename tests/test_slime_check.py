@@ -107,3 +107,40 @@ def test_cli(tmp_path, capsys):
     path.write_text("echo nothing to train\n")
     assert cli.main(["slime-check", str(path)]) == 2
     assert "no `python3 train.py ...`" in capsys.readouterr().err
+
+
+def test_model_shape_flags_are_checked_against_config_json(tiny_model_dir, caplog):
+    """The tiny model is a dense Llama: full rotary embeddings (config.json has no partial_rotary_factor: 1.0) and
+    no experts."""
+    caplog.set_level(logging.INFO, logger="slick.config")
+    base = ["--hf-checkpoint", str(tiny_model_dir)]
+    parse_config(base + ["--rotary-percent", "1.0", "--moe-aux-loss-coeff", "0"], validate=False)
+    assert "--rotary-percent 1.0: matches config.json" in caplog.text and "--moe-aux-loss-coeff 0: accepted" in caplog.text
+    with pytest.raises(ConfigError) as e:
+        parse_config(base + ["--rotary-percent", "0.5", "--num-experts", "8", "--moe-aux-loss-coeff", "0.01"],
+                     validate=False)
+    assert sorted(e.value.problems) == sorted([
+        "--rotary-percent 0.5 does not match the checkpoint's config.json (partial_rotary_factor: 1.0); slick "
+        "builds the model from config.json: drop it",
+        "--num-experts 8 does not match the checkpoint's config.json (num_experts / num_local_experts / "
+        "n_routed_experts: None); slick builds the model from config.json: drop it",
+        "--moe-aux-loss-coeff 0.01: not supported by slick (slick trains MoE models without an auxiliary "
+        "load-balancing loss; only 0 is accepted)"])
+    with pytest.raises(ConfigError, match="--num-experts: a Megatron model-shape flag, checked against"):
+        parse_config(["--num-experts", "8"], validate=False)
+    known = set(build_parser()._option_string_actions)
+    assert verdict("--num-experts", known, ["8"])[0] == "checked"
+    assert verdict("--moe-aux-loss-coeff", known, ["0"])[0] == "accepted"
+    assert verdict("--moe-aux-loss-coeff", known, ["0.01"])[0] == "refused"
+
+
+def test_sourced_model_args_are_read(tmp_path, capsys):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny.sh").write_text("MODEL_ARGS=(\n  --num-layers 2 --swiglu\n)\n")
+    script = tmp_path / "run.sh"
+    script.write_text('SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+                      'source "${SCRIPT_DIR}/models/tiny.sh"\npython3 train.py ${MODEL_ARGS[@]} --lr 1e-6\n')
+    assert read_script(script.read_text(), tmp_path) == ("train.py", ["--num-layers", "2", "--swiglu", "--lr", "1e-6"])
+    assert read_script(script.read_text())[1] == ["--lr", "1e-6"]          # no directory: the file is not found
+    assert cli.main(["slime-check", str(script)]) == 0
+    assert "train.py -> slick train: 3 flags, 0 refused" in capsys.readouterr().out

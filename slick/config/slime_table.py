@@ -16,7 +16,10 @@ Megatron-LM flags its example scripts pass. Standard library only.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from pathlib import Path
+from typing import Optional
 
 PREFIX = "slime_t__"      # argparse dests of these rows; removed before the Config is built
 log = logging.getLogger("slick.config")
@@ -63,6 +66,8 @@ NO_OP: dict[str, str] = {
     "--moe-token-dispatcher-type": "a Megatron MoE communication choice",
     "--moe-permute-fusion": "a Megatron MoE kernel fusion",
     "--moe-grouped-gemm": "a Megatron MoE kernel choice",
+    "--moe-token-drop-policy": "Megatron drops tokens only with --moe-expert-capacity-factor, which slick does not "
+                               "take; slick's MoE layers drop none",
     "--moe-enable-deepep": "a Megatron MoE communication library",
     "--no-rope-fusion": "a Megatron kernel fusion",
     "--no-masked-softmax-fusion": "a Megatron kernel fusion",
@@ -146,11 +151,9 @@ REFUSED: dict[str, str] = {
     "--get-mismatch-metrics": "slick logs the engine/trainer logprob gap as train/rollout_logprob_gap* "
                               "(and --mismatch-probe-interval)",
     "--no-save-optim": "slick always saves the optimizer state, so a resumed run continues exactly",
-    "--moe-aux-loss-coeff": "slick trains MoE models without an auxiliary load-balancing loss",
     "--moe-router-load-balancing-type": "slick trains MoE models without an auxiliary load-balancing loss",
     "--moe-router-enable-expert-bias": "slick does not update router expert biases",
     "--moe-router-bias-update-rate": "slick does not update router expert biases",
-    "--moe-token-drop-policy": "slick's MoE layers drop no tokens",
     "--fp8-format": "slick trains in bf16/fp32 (--train-precision)",
     "--fp8-recipe": "slick trains in bf16/fp32 (--train-precision)",
     "--deterministic-mode": "slick seeds every sample (--rollout-seed, --seed); Megatron's deterministic kernels "
@@ -190,23 +193,91 @@ REFUSED: dict[str, str] = {
     "--update-weight-local-checkpoint-dir": "slick's engines read synced weights from the run directory",
     # Megatron model-shape flags slick does not check against config.json
     **{f: _SHAPE for f in (
-        "--rotary-percent", "--rotary-scaling-factor", "--rotary-interleaved", "--use-rope-scaling",
-        "--no-position-embedding", "--num-experts", "--moe-router-topk", "--moe-router-score-function",
-        "--moe-router-dtype", "--moe-layer-freq", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-        "--moe-shared-expert-gate", "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor",
-        "--moe-router-num-groups", "--moe-router-group-topk", "--multi-latent-attention", "--q-lora-rank",
-        "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--mscale", "--mscale-all-dim",
+        "--rotary-scaling-factor", "--rotary-interleaved", "--use-rope-scaling",
+        "--no-position-embedding",
+        "--moe-router-dtype", "--moe-layer-freq",
+        "--moe-shared-expert-gate", "--moe-router-pre-softmax",
+        "--moe-router-num-groups", "--moe-router-group-topk", "--multi-latent-attention",
+        "--mscale", "--mscale-all-dim",
         "--use-gated-attention", "--attention-output-gate", "--apply-layernorm-1p", "--post-self-attn-layernorm",
         "--post-mlp-layernorm")},
 }
+
+
+# Megatron model-shape flags checked against --hf-checkpoint's config.json: flag -> (its keys there, in order of
+# preference, and the value when the file has none of them (None: the flag must then not be given))
+CHECKED: dict[str, tuple[tuple[str, ...], object]] = {
+    "--num-experts": (("num_experts", "num_local_experts", "n_routed_experts"), None),
+    "--moe-router-topk": (("num_experts_per_tok",), None),
+    "--moe-ffn-hidden-size": (("moe_intermediate_size",), None),
+    "--moe-shared-expert-intermediate-size": (("shared_expert_intermediate_size",), None),
+    "--rotary-percent": (("partial_rotary_factor",), 1.0),
+    "--moe-router-score-function": (("scoring_func",), "softmax"),
+    "--moe-router-topk-scaling-factor": (("routed_scaling_factor",), None),
+    "--q-lora-rank": (("q_lora_rank",), None),
+    "--kv-lora-rank": (("kv_lora_rank",), None),
+    "--qk-head-dim": (("qk_nope_head_dim",), None),
+    "--qk-pos-emb-head-dim": (("qk_rope_head_dim",), None),
+    "--v-head-dim": (("v_head_dim",), None),
+}
+# flags whose one value is what slick does: flag -> (that value, why)
+ACCEPTED_VALUES: dict[str, tuple[float, str]] = {
+    "--moe-aux-loss-coeff": (0.0, "slick trains MoE models without an auxiliary load-balancing loss"),
+}
+
+
+def _config_json(ns: dict) -> Optional[dict]:
+    path = Path(str(ns.get("hf_checkpoint") or "")) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if ns.get("hf_checkpoint") else None
+    except (OSError, ValueError):
+        return None
+
+
+def _same(given: str, want) -> bool:
+    try:
+        return float(given) == float(want)
+    except (TypeError, ValueError):
+        return str(given) == str(want)
+
+
+def check_shape(ns: dict, problems: list[str]) -> None:
+    """The CHECKED flags given in ``ns`` against config.json (logged when they match). Without --hf-checkpoint
+    there is nothing to check against (refused); with an unreadable one the run's own checks refuse it."""
+    given = {flag: ns.pop(dest(flag)) for flag in CHECKED if dest(flag) in ns}
+    if not given:
+        return
+    cfg = _config_json(ns)
+    for flag, values in given.items():
+        keys, default = CHECKED[flag]
+        if not ns.get("hf_checkpoint"):
+            problems.append(f"{flag}: a Megatron model-shape flag, checked against --hf-checkpoint's config.json: "
+                            f"give --hf-checkpoint or drop it")
+            continue
+        if cfg is None:
+            continue
+        want = next((cfg[k] for k in keys if k in cfg), default)
+        if len(values) != 1 or want is None or not _same(values[0], want):
+            problems.append(f"{flag} {' '.join(values)} does not match the checkpoint's config.json "
+                            f"({' / '.join(keys)}: {want}); slick builds the model from config.json: drop it")
+        else:
+            log.info("%s %s: matches config.json", flag, values[0])
 
 
 def dest(flag: str) -> str:
     return PREFIX + flag[2:].replace("-", "_")
 
 
-def row(flag: str):
-    """(kind, reason) of ``flag`` in the table: kind "accepted", "no-op" or "refused"; None when not in it."""
+def row(flag: str, values: Optional[list] = None):
+    """(kind, reason) of ``flag`` in the table: kind "accepted", "checked", "no-op" or "refused"; None when not
+    in it. ``values``: the flag's values where they decide (ACCEPTED_VALUES)."""
+    if flag in CHECKED:
+        return "checked", f"must match --hf-checkpoint's config.json ({' / '.join(CHECKED[flag][0])})"
+    if flag in ACCEPTED_VALUES:
+        value, why = ACCEPTED_VALUES[flag]
+        ok = values is not None and len(values) == 1 and _same(values[0], value)
+        return ("accepted", f"{value:g} is what slick does: {why}") if ok else \
+            ("refused", f"{why}; only {value:g} is accepted")
     for kind, table in (("accepted", ALWAYS), ("no-op", NO_OP), ("refused", REFUSED)):
         if flag in table:
             return kind, table[flag]
@@ -215,6 +286,12 @@ def row(flag: str):
 
 def add_table_arguments(grp) -> None:
     """One argument per row, taking any values, with a SUPPRESSed default (``grp``: an argparse group)."""
+    for flag, (keys, _) in CHECKED.items():
+        grp.add_argument(flag, dest=dest(flag), nargs="*", default=argparse.SUPPRESS,
+                         help=f"Checked: must match --hf-checkpoint's config.json ({' / '.join(keys)}).")
+    for flag, (value, why) in ACCEPTED_VALUES.items():
+        grp.add_argument(flag, dest=dest(flag), nargs="*", default=argparse.SUPPRESS,
+                         help=f"Accepted as {value:g} ({why}); other values are refused.")
     for kind, table in (("Accepted", ALWAYS), ("No effect (a warning)", NO_OP), ("Refused", REFUSED)):
         for flag, why in table.items():
             grp.add_argument(flag, dest=dest(flag), nargs="*", default=argparse.SUPPRESS,
@@ -223,7 +300,16 @@ def add_table_arguments(grp) -> None:
 
 def resolve_table(ns: dict, problems: list[str]) -> None:
     """Take the table's flags out of ``ns``: log the accepted ones, warn about the no-ops, add one problem line
-    per refused flag."""
+    per refused flag (and per CHECKED flag that does not match config.json)."""
+    check_shape(ns, problems)
+    for flag, (value, why) in ACCEPTED_VALUES.items():
+        if dest(flag) in ns:
+            values = ns.pop(dest(flag))
+            if len(values) == 1 and _same(values[0], value):
+                log.info("%s %s: accepted (%s)", flag, values[0], why)
+            else:
+                problems.append(f"{flag} {' '.join(values)}: not supported by slick ({why}; only {value:g} is "
+                                f"accepted)")
     for flag, why in ALWAYS.items():
         if ns.pop(dest(flag), None) is not None:
             log.info("%s: accepted (%s)", flag, why)
@@ -237,6 +323,9 @@ def resolve_table(ns: dict, problems: list[str]) -> None:
 
 def table_rows() -> list[tuple[str, str]]:
     """(flag, what slick does) for the docs."""
-    return [(f, f"Accepted: {w}.") for f, w in ALWAYS.items()] + \
+    return [(f, f"Checked: must match --hf-checkpoint's config.json ({' / '.join(k)}).") for f, (k, _) in
+            CHECKED.items()] + \
+        [(f, f"Accepted as {v:g} ({w}); other values are refused.") for f, (v, w) in ACCEPTED_VALUES.items()] + \
+        [(f, f"Accepted: {w}.") for f, w in ALWAYS.items()] + \
         [(f, f"No effect (a warning): {w}.") for f, w in NO_OP.items()] + \
         [(f, f"Refused: {w}.") for f, w in REFUSED.items()]

@@ -8,7 +8,8 @@ with ``${NAME[@]}`` spliced and ``$NAME`` / ``${NAME}`` substituted. Each flag i
 * ``same``: slick's flag of that name;
 * ``mapped``: slime's spelling of a slick flag (what it becomes);
 * ``engine``: an ``--sglang-*`` / ``--vllm-*`` option for the engines slick launches;
-* ``accepted``: what slick always does; ``no-op``: no effect on results in slick, and why;
+* ``accepted``: what slick always does; ``checked``: a model-shape flag checked against config.json;
+  ``no-op``: no effect on results in slick, and why;
 * ``refused``: slick stops with this reason (``unknown`` when slick has no such flag).
 
 Then slick's own parser reads the whole list (no files are opened) and any problem it finds is printed. Exit 0
@@ -57,10 +58,19 @@ def _split(text: str) -> list[str]:
         return text.split()
 
 
-def read_script(text: str) -> tuple[str, list[str]]:
-    """(``train.py`` or ``train_async.py``, its argument list expanded) of a slime launch script."""
+def read_script(text: str, base: Optional[Path] = None) -> tuple[str, list[str]]:
+    """(``train.py`` or ``train_async.py``, its argument list expanded) of a slime launch script. ``base``: the
+    script's directory: ``${SCRIPT_DIR}`` there, and ``source FILE`` (slime's ``scripts/models/*.sh``) read when
+    the file exists."""
     arrays: dict[str, list[str]] = {}
-    scalars: dict[str, str] = {}
+    scalars: dict[str, str] = {"SCRIPT_DIR": str(base)} if base is not None else {}
+    found = _read(text, base, arrays, scalars)
+    if found is None:
+        raise ScriptError("no `python3 train.py ...` or `train_async.py` command in the script")
+    return found
+
+
+def _read(text: str, base: Optional[Path], arrays: dict, scalars: dict, depth: int = 0):
     lines = logical_lines(text)
     i = 0
     while i < len(lines):
@@ -74,22 +84,30 @@ def read_script(text: str) -> tuple[str, list[str]]:
             body = body[:max(_close_paren(body), 0)]
             arrays[m.group(1)] = [x for t in _split(body) for x in _expand(t, arrays, scalars)]
             continue
+        i += 1
+        if line.lstrip().startswith("#"):
+            continue
         m = SCALAR.match(line)
-        if m and not line.lstrip().startswith("#"):
+        if m:
             value = _split(m.group(2))
             if len(value) == 1 and "$(" not in _subst(value[0], scalars):   # $((...)), $(cmd): not known
                 scalars[m.group(1)] = _subst(value[0], scalars)
         tokens = _split(line)
+        if len(tokens) >= 2 and tokens[0] in ("source", ".") and depth < 4:
+            path = Path(_subst(tokens[1], scalars))
+            path = path if path.is_absolute() or base is None else base / path
+            if path.is_file():
+                _read(path.read_text(encoding="utf-8"), path.parent, arrays, scalars, depth + 1)
+            continue
         at = next((k for k, t in enumerate(tokens) if ENTRY.search(t)), None)
-        if at is not None and not line.lstrip().startswith("#"):
+        if at is not None:
             args: list[str] = []
             for t in tokens[at + 1:]:
                 if t in STOP_TOKENS:
                     break
                 args += _expand(t, arrays, scalars)
             return Path(tokens[at]).name, args
-        i += 1
-    raise ScriptError("no `python3 train.py ...` or `train_async.py` command in the script")
+    return None
 
 
 def _close_paren(s: str) -> int:
@@ -142,7 +160,7 @@ def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def verdict(flag: str, known: set) -> tuple[str, str]:
+def verdict(flag: str, known: set, values: Optional[list] = None) -> tuple[str, str]:
     """(kind, what slick does) for one slime flag (module doc)."""
     if flag.startswith(("--sglang-", "--vllm-")):
         return "engine", ("an option of the SGLang/vLLM servers slick launches (slick's own engine honours "
@@ -157,7 +175,7 @@ def verdict(flag: str, known: set) -> tuple[str, str]:
                        ("refused", spellings.REFUSED)):
         if flag in rows:
             return kind, rows[flag]
-    row = table.row(flag)
+    row = table.row(flag, values)
     if row is not None:
         return row
     if flag in known:
@@ -172,15 +190,15 @@ def _command(entry: str, flags: list) -> str:
     return "slick train-async" if entry == "train_async.py" and not sft else "slick train"
 
 
-def to_slick(text: str) -> tuple[str, list[str]]:
+def to_slick(text: str, base: Optional[Path] = None) -> tuple[str, list[str]]:
     """(the slick command, its argument list) that runs the script ``text``: its arguments as they are."""
-    entry, argv = read_script(text)
+    entry, argv = read_script(text, base)
     return _command(entry, split_flags(argv)), argv
 
 
-def check(text: str) -> tuple[list[str], int]:
-    """The report's lines and the exit code for the script ``text``."""
-    entry, argv = read_script(text)
+def check(text: str, base: Optional[Path] = None) -> tuple[list[str], int]:
+    """The report's lines and the exit code for the script ``text`` (``base``: its directory, ``read_script``)."""
+    entry, argv = read_script(text, base)
     known = set(build_parser()._option_string_actions)
     flags = split_flags(argv)
     sft = any(f == "--loss-type" and v == ["sft_loss"] for f, v in flags)
@@ -191,7 +209,7 @@ def check(text: str) -> tuple[list[str], int]:
         if flag == "--rollout-function-path" and values and values[0] in ROLLOUT_FUNCTIONS:
             kind, why = "mapped", ROLLOUT_FUNCTIONS[values[0]]
         else:
-            kind, why = verdict(flag, known)
+            kind, why = verdict(flag, known, values)
         if any("$" in v for v in values):     # set outside the script (or computed): not checked
             why += "; its value is set outside the script, so slick's parser does not check it"
         else:
@@ -242,7 +260,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.getLogger("slick.config").propagate = False     # its warnings are part of the report
     try:
-        lines, code = check(Path(args.script).read_text(encoding="utf-8"))
+        path = Path(args.script)
+        lines, code = check(path.read_text(encoding="utf-8"), path.resolve().parent)
     except (OSError, ScriptError) as e:
         print(f"slick slime-check: {args.script}: {e}", file=sys.stderr)
         return 2
