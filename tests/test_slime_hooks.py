@@ -53,7 +53,8 @@ def test_reward_post_process_gives_the_advantages(tiny_model_dir, prompts, tmp_p
     from slick.loop.sync import train
     from tests.test_loop import make_cfg as loop_cfg
 
-    cfg = loop_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=1, disable_rewards_normalization=True,
+    cfg = loop_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=1, rollout_max_response_len=4,
+                   disable_rewards_normalization=True,
                    custom_reward_post_process_path="tests.slime_hook_plugins.rank_rewards",
                    save_debug_train_data=str(tmp_path / "dbg"))
     asyncio.run(train(cfg))
@@ -79,3 +80,4 @@ def test_reward_post_process_needs_grpo(argv, problem):
     assert parse_config(base, validate=False).disable_rewards_normalization is True
     with pytest.raises(ConfigError, match=problem):
         parse_config(base + argv, validate=False)
+

@@ -3,7 +3,9 @@
 model with only paths, sizes and the hardware (one CPU, no GPUs) changed."""
 import json
 import math
+import threading
 
+import psutil
 import pytest
 
 from slick import cli
@@ -29,8 +31,19 @@ def resized(name, argv):
     return out
 
 
+def listeners():
+    return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def threads():
+    return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
+
+
 @pytest.mark.slow
 def test_slime_scripts_run_two_steps(tiny_model_dir, tmp_path):
+    """... and leave no listening socket or thread behind (the multi-turn script's slime generate function is
+    served a /generate front, which its run closes)."""
+    before_listeners, before_threads = listeners(), threads()
     data, chats = tmp_path / "train.jsonl", tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {i} + 2?", "label": str(i + 2)}) + "\n" for i in range(4)))
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}."},
@@ -58,5 +71,6 @@ def test_slime_scripts_run_two_steps(tiny_model_dir, tmp_path):
         assert all(math.isfinite(m["train/grad_norm"]) for m in trained), name
         if name == "sft":     # a random tiny model earns no reward, but the chats' NLL always has a gradient
             assert all(m["train/grad_norm"] > 0 for m in trained)
+    assert listeners() - before_listeners == set() and threads() - before_threads == set()
     assert commands == {"grpo": "slick train", "sft": "slick train", "multi-turn": "slick train",
                         "async": "slick train-async"}
