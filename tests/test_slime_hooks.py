@@ -81,3 +81,16 @@ def test_reward_post_process_needs_grpo(argv, problem):
     with pytest.raises(ConfigError, match=problem):
         parse_config(base + argv, validate=False)
 
+
+
+@pytest.mark.parametrize("flag", ["--rollout-sample-filter-path", "--rollout-all-samples-process-path"])
+def test_end_of_rollout_hooks_are_refused_by_train_async(tiny_model_dir, tmp_path, flag):
+    """slick train-async has no end of a rollout (groups stream to the trainer one by one): refused, not ignored."""
+    from slick.config import ConfigError
+    from slick.configure import parse_config
+
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "hi", "label": "x"}\n')
+    argv = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data), flag, "tests.slime_hook_plugins.x"]
+    with pytest.raises(ConfigError, match=f"{flag} is not supported by slick train-async"):
+        parse_config(argv, driver="async")

@@ -66,7 +66,7 @@ NO_OP: dict[str, str] = {
     "--moe-token-dispatcher-type": "a Megatron MoE communication choice",
     "--moe-permute-fusion": "a Megatron MoE kernel fusion",
     "--moe-grouped-gemm": "a Megatron MoE kernel choice",
-    "--moe-token-drop-policy": "Megatron drops tokens only with --moe-expert-capacity-factor, which slick does not "
+    "--moe-token-drop-policy": "Megatron drops tokens only with an expert capacity factor, which slick does not "
                                "take; slick's MoE layers drop none",
     "--moe-enable-deepep": "a Megatron MoE communication library",
     "--no-rope-fusion": "a Megatron kernel fusion",

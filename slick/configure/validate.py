@@ -203,7 +203,7 @@ def retention_problems(cfg: Config, p: list[str]) -> None:
 
 ASYNC_ONLY = {"async_buffer_size": None, "async_weight_update": "wait", "async_timeout": 600.0}
 NOT_ASYNC = ("partial_rollout", "over_sampling_batch_size", "rollout_function_path", "debug_rollout_only",
-             "load_debug_rollout_data")
+             "load_debug_rollout_data", "rollout_sample_filter_path", "rollout_all_samples_process_path")
 
 
 def async_lead(cfg: Config) -> int:
