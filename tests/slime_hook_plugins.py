@@ -42,3 +42,20 @@ def rank_rewards(args, samples):
     raw = [s.get_reward_value(args) for s in samples]
     mean = (len(samples) - 1) / 2
     return raw, [s.index - mean for s in samples]
+
+
+async def tag_sample(args, sample, *, rollout_id=None, evaluation=False):
+    """A slime sample hook (async, with slime's keywords): tags the sample, removes sample 0 from the loss."""
+    sample.metadata["hooked"] = [rollout_id, evaluation, args.rollout_batch_size]
+    if sample.index == 0:
+        sample.remove_sample = True
+
+
+def label_is_response(args, sample):
+    """A second, synchronous hook: returns the sample with its label set to its own response."""
+    sample.label = sample.response
+    return sample
+
+
+def change_tokens(args, sample):
+    sample.tokens = sample.tokens[:-1]

@@ -94,3 +94,20 @@ def test_end_of_rollout_hooks_are_refused_by_train_async(tiny_model_dir, tmp_pat
     argv = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data), flag, "tests.slime_hook_plugins.x"]
     with pytest.raises(ConfigError, match=f"{flag} is not supported by slick train-async"):
         parse_config(argv, driver="async")
+
+
+def test_sample_hooks_run_before_the_reward_with_slimes_arguments(tiny_model_dir, engine):  # noqa: F811
+    cfg = make_cfg(tiny_model_dir, rollout_max_response_len=3, rollout_sample_hook_path=[
+        "tests.slime_hook_plugins.tag_sample", "tests.slime_hook_plugins.label_is_response"])
+    samples, _, _, _ = rollout(cfg, engine)
+    assert [s.metadata["hooked"] for s in samples] == [[0, False, 2]] * 4
+    assert [s.label == s.response for s in samples] == [True] * 4
+    assert [s.reward for s in samples] == [1.0] * 4          # rm_type exact: scored after the hooks
+    assert [set(s.loss_mask) for s in samples] == [{0}, {1}, {1}, {1}]
+
+
+def test_a_sample_hook_that_changes_tokens_is_refused(tiny_model_dir, engine):  # noqa: F811
+    cfg = make_cfg(tiny_model_dir, rollout_max_response_len=3,
+                   rollout_sample_hook_path=["tests.slime_hook_plugins.change_tokens"])
+    with pytest.raises(ValueError, match="--rollout-sample-hook-path: a hook changed the sample's tokens"):
+        rollout(cfg, engine)

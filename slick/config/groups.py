@@ -87,6 +87,7 @@ class RolloutConfig:
     buffer_filter_path: Optional[str] = F(None, "Dotted path to slime's `filter(args, rollout_id, buffer, num_samples) -> groups`, applied when taking from the buffer (docs/data.md).")
     rollout_sample_filter_path: Optional[str] = F(None, "Dotted path to slime's `filter(args, groups) -> None`, called on each step's kept groups (slime Samples); a sample it marks `remove_sample = True` trains with loss mask 0 (docs/slime.md).")
     rollout_all_samples_process_path: Optional[str] = F(None, "Dotted path to slime's `process(args, all_groups, data_source) -> None`, called after each rollout with every group generated, the ones the dynamic filter dropped too (docs/slime.md).")
+    rollout_sample_hook_path: list = F([], "Dotted paths to slime's `hook(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None`, each called on every generated sample before its reward (the flag may be repeated; docs/slime.md).", repeat=True)
     custom_reward_post_process_path: Optional[str] = F(None, "Dotted path to slime's `fn(args, samples) -> (raw_rewards, rewards)`: its rewards replace GRPO's group normalisation and are the advantages (--advantage-estimator grpo or gspo; implies --disable-rewards-normalization; docs/slime.md).")
     sglang: dict = F({}, "Engine options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE} and goes to the "
                          "engines slick launches (see `--sglang-*` above); servers you start yourself take their own flags.",

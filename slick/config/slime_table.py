@@ -96,8 +96,6 @@ REFUSED: dict[str, str] = {
     "--custom-tis-function-path": "works on Megatron's packed per-micro-batch tensors; slick's --use-tis and "
                                   "--use-mis (--tis-level/--mis-level) cover token, sequence and geometric "
                                   "weights, or use --custom-loss-function-path",
-    "--rollout-sample-hook-path": "a slime Sample rewritten before its reward is not carried back into slick's "
-                                  "sample; rewrite samples in --custom-generate-function-path",
     "--custom-rollout-log-function-path": "slick logs rollout metrics itself; a plug-in's own metrics come back "
                                           "from a custom rollout function's RolloutFnTrainOutput.metrics",
     "--custom-eval-rollout-log-function-path": "slick logs eval metrics itself (eval/*)",

@@ -45,6 +45,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             if tp is list or meta.get("nargs"):
                 kw["nargs"] = meta.get("nargs", "+")
                 kw["type"] = meta.get("type", str)
+                if meta.get("repeat"):       # the flag may be given again: its values add up (slime's append)
+                    kw["action"] = "extend"
             else:
                 kw["type"] = tp
             choices = field_choices(f)

@@ -20,7 +20,7 @@ from slick.rollout.agent import AgentRollout
 from slick.rollout.env import ERROR_KEY as ENV_ERROR
 from slick.rollout.filters import verdict
 from slick.rollout.slime_generate import SlimeGenerate, is_slime_plugin, takes_engine, to_slime
-from slick.rollout.slime_hooks import RewardPostProcess, SlimeRolloutHooks
+from slick.rollout.slime_hooks import RewardPostProcess, SampleHooks, SlimeRolloutHooks
 from slick.rollout.multiturn import MultiTurnRollout, multiturn_metrics, register_tokenizer
 from slick.rollout.timeline import Timeline, TimedEngine
 from slick.rollout.turn_samples import split_group
@@ -91,6 +91,8 @@ class RolloutManager:
         self.filter_slime = self.filter_fn is not None and is_slime_plugin(self.filter_fn)
         self.slime_hooks = SlimeRolloutHooks.from_config(cfg, tokenizer)   # slime's end-of-rollout hooks
         self.reward_post = RewardPostProcess.from_config(cfg, tokenizer)    # slime's reward post-process (training)
+        self.sample_hooks = SampleHooks.from_config(cfg, tokenizer)        # slime's per-sample hooks, before rewards
+        self.step: Optional[int] = None                                    # the training step being rolled out
         reward_hub.use_tokenizer(tokenizer, bool(cfg.apply_chat_template))   # a slime reward plug-in's sample.prompt is slime's (templated text)
         self.drop_reasons: dict[str, int] = {}
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -175,6 +177,8 @@ class RolloutManager:
             return
         if self.cfg.mask_offpolicy_in_partial_rollout:
             mask_offpolicy(sample)
+        if self.sample_hooks is not None:
+            await self.sample_hooks(sample, None if evaluation else self.step, evaluation)
         if sample.metadata.get(ENV_ERROR):   # bad environment output: a failed sample, not scored (rollout/env.py)
             sample.reward = float(self.cfg.rm_failure_reward)
             return
@@ -209,6 +213,7 @@ class RolloutManager:
     async def generate_rollout(self, step: int) -> tuple[list[list[Sample]], dict]:
         """Return ``rollout_batch_size`` finished, scored (and filtered) groups plus rollout metrics."""
         cfg, t0 = self.cfg, time.perf_counter()
+        self.step = step
         want = cfg.rollout_batch_size
         per_round = (cfg.over_sampling_batch_size or want) if self.filter_fn else want
         max_rounds = 1 if self.filter_fn is None else 4 * -(-want // per_round) + 4

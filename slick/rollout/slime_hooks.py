@@ -3,6 +3,11 @@
 - ``--rollout-sample-filter-path``: ``filter(args, groups) -> None`` on the step's kept groups, in slime's Sample
   shape; a sample it marks ``remove_sample = True`` stays in the batch (its reward still counts in its group)
   and trains with loss mask 0, as in slime.
+- ``--rollout-sample-hook-path`` (repeatable): ``hook(args, sample, *, rollout_id=None, evaluation=False)``, sync
+  or async, on every generated sample before its reward, in order; it returns the (changed) slime Sample or None
+  (then its changes to the one it got count). Carried back: ``loss_mask`` (same length), ``remove_sample``
+  (loss mask 0), ``status``, ``label`` and ``metadata``; a hook that changes the tokens or the response is
+  refused with a ValueError naming the flag (slick trains the engine's tokens). ``rollout_id`` is the step.
 - ``--custom-reward-post-process-path``: ``fn(args, samples) -> (raw_rewards, rewards)`` on the step's samples
   (flat, in batch order, each with its reward) replaces GRPO's group normalisation, as in slime: ``rewards``
   are the samples' advantages (``--advantage-estimator grpo`` or ``gspo``; the config implies
@@ -17,13 +22,14 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 from typing import Any, Callable, Optional
 
 from slick.compat.view import to_slime
 from slick.config import Config
 from slick.plugins import load_function
-from slick.types import Sample
+from slick.types import Sample, Status
 
 
 class SlimeRolloutHooks:
@@ -84,3 +90,49 @@ class RewardPostProcess:
         if not all(math.isfinite(x) for x in processed):
             raise ValueError(f"{flag}: returned a non-finite reward")
         return processed, {"train/slime_raw_reward": sum(float(x) for x in raw) / max(len(raw), 1)}
+
+
+class SampleHooks:
+    """``--rollout-sample-hook-path`` (module doc)."""
+
+    FLAG = "--rollout-sample-hook-path"
+
+    def __init__(self, cfg: Config, tokenizer, hooks: list[Callable]):
+        self.cfg, self.tok, self.hooks = cfg, tokenizer, hooks
+
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer) -> Optional["SampleHooks"]:
+        hooks = [load_function(p, cls.FLAG) for p in cfg.rollout_sample_hook_path]
+        return cls(cfg, tokenizer, hooks) if hooks else None
+
+    @staticmethod
+    def _kwargs(hook: Callable, kwargs: dict) -> dict:
+        params = inspect.signature(hook).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return kwargs
+        names = {p.name for p in params}
+        return {k: v for k, v in kwargs.items() if k in names}
+
+    async def __call__(self, sample: Sample, rollout_id: Optional[int], evaluation: bool) -> None:
+        view = to_slime(sample, self.tok.decode(sample.prompt_ids, skip_special_tokens=False))
+        tokens, response = list(view.tokens), view.response
+        args = argparse.Namespace(**self.cfg.flat())
+        for hook in self.hooks:
+            out = hook(args, view, **self._kwargs(hook, dict(rollout_id=rollout_id, evaluation=evaluation)))
+            if inspect.isawaitable(out):
+                out = await out
+            if out is not None:
+                if type(out) is not type(view):
+                    raise TypeError(f"{self.FLAG}: a hook returned {type(out).__name__}, expected Sample or None")
+                view = out
+        if list(view.tokens) != tokens or view.response != response:
+            raise ValueError(f"{self.FLAG}: a hook changed the sample's tokens or response; slick trains the tokens "
+                             f"the engine sampled (change them in --custom-generate-function-path)")
+        n = len(sample.response_ids)
+        mask = list(view.loss_mask) if view.loss_mask is not None else list(sample.loss_mask)
+        if len(mask) != n:
+            raise ValueError(f"{self.FLAG}: loss_mask has {len(mask)} entries for a {n}-token response")
+        sample.loss_mask = [0] * n if view.remove_sample else [int(m) for m in mask]
+        sample.status, sample.label = Status(view.status.value), view.label
+        if isinstance(view.metadata, dict):
+            sample.metadata = view.metadata
