@@ -13,7 +13,8 @@ only parameters the optimizer sees. What this module gives the trainer:
   (``adapter_config.json`` + ``adapter_model.safetensors``), what a checkpoint holds.
 
 Target names follow PEFT: a name matches a linear layer whose full name is it or ends with ``.<name>``;
-``all-linear`` is every linear layer but the output layer. :func:`target_problems` checks names and rank against a
+``all-linear`` is every linear layer but the output layer (on a mixture-of-experts model: not the routers or the
+experts, which are not linear layers). :func:`target_problems` checks names and rank against a
 model (:func:`meta_model` builds one without weights, so validation loads nothing).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn
 from slick.config import Config, ConfigView
 from slick.models.adapter_check import ADAPTER, ADAPTER_WEIGHTS, weights_problems
 from slick.train.lora_spec import ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
+from slick.train.moe import MOE_BLOCKS
 from slick.weights.lora_sync import AdapterPayload, peft_config_dict
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -51,6 +53,19 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
+def _has_experts(model: nn.Module) -> bool:
+    return any(type(m).__name__ in MOE_BLOCKS for m in model.modules())
+
+
+def peft_targets(model: nn.Module, spec: LoraSpec):
+    """What PEFT is given: ``spec``'s names, except that ``all-linear`` on a mixture-of-experts model names its linear
+    layers (attention, dense MLPs) one by one: PEFT's own ``all-linear`` also wraps the routers and the fused experts,
+    whose forward slick runs itself (``slick.train.moe``), so adapters there would train and change nothing."""
+    if spec.targets == (ALL_LINEAR,) and _has_experts(model):
+        return sorted({n.rsplit(".", 1)[-1] for n in linear_layers(model)})
+    return spec.peft_targets()
+
+
 def target_problems(model: nn.Module, spec: LoraSpec, where: str = "the model") -> list[str]:
     """Target names that match no linear layer (listing the layers by name) and layers narrower than the rank."""
     layers = linear_layers(model)
@@ -60,9 +75,11 @@ def target_problems(model: nn.Module, spec: LoraSpec, where: str = "the model") 
         chosen = list(layers)
     else:
         chosen = [n for n in layers if any(_matches(n, t) for t in spec.targets)]
+        moe = (" (a mixture-of-experts model: slick's LoRA adapts linear layers only; the routers and the experts "
+               "stay frozen, docs/moe.md)") if _has_experts(model) else ""
         for t in spec.targets:
             if not any(_matches(n, t) for n in layers):
-                problems.append(f"--lora-target-modules: {t!r} matches no linear layer of {where}; its linear "
+                problems.append(f"--lora-target-modules: {t!r} matches no linear layer of {where}{moe}; its linear "
                                 f"layers are {', '.join(short)} (or use all-linear)")
     if not chosen and not problems:
         problems.append(f"--lora-target-modules: {where} has no linear layer to adapt")
@@ -146,7 +163,7 @@ class PolicyLora:
                 self.peft = PeftModel.from_pretrained(model, spec.load, adapter_name=ADAPTER, is_trainable=True)
             else:
                 conf = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                                  target_modules=spec.peft_targets(), bias="none", task_type="CAUSAL_LM")
+                                  target_modules=peft_targets(model, spec), bias="none", task_type="CAUSAL_LM")
                 self.peft = get_peft_model(model, conf, adapter_name=ADAPTER)
         if spec.load:   # dropout is this run's choice (--lora-dropout), not the adapter file's
             for m in self._lora_layers().values():
