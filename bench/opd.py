@@ -12,6 +12,7 @@ Reports ``opd/kl`` (the mean of student - teacher logprob over the student's sam
 first 3 steps' mean against its last 3's. ``--no-baseline`` runs the term as it was before the fix (no mean
 subtracted: ``add_opd_terms(..., centre=False)``), for the comparison.
 
+    .venv/bin/python bench/opd.py --tiny             # slick's tiny random model, both taught by slick sft: minutes
     .venv/bin/python bench/opd.py                    # the fixed run
     .venv/bin/python bench/opd.py --no-baseline      # the term without its baseline (the reported behaviour)
 
@@ -51,6 +52,31 @@ def make_teacher(model: Path, out: Path) -> Path:
     return teacher
 
 
+def tiny_pair(out: Path) -> tuple[Path, Path]:
+    """``--tiny``: (student, teacher) from slick's 2-layer random Llama (SmolLM2's tokenizer), both taught the
+    ``<answer>`` chats of ``slick/demo/sft.py`` by `slick sft`: the teacher 30 steps, the student 8 (it already gives
+    the format some probability, as a base model gives its own answers), lr 6e-3, fp32. Minutes, not an hour."""
+    from slick.demo.sft import write_data
+    from slick.loop import sft
+    from slick.models.tiny import make_tiny_model
+
+    base = out / "tiny"
+    if not (base / "config.json").is_file():
+        make_tiny_model(base)
+    data = write_data(out / "data")
+    dirs = []
+    for steps, name in ((8, "tiny_student"), (30, "tiny_teacher")):
+        if not (out / name / "config.json").is_file():
+            rc = sft.main(["--hf-checkpoint", str(base), "--prompt-data", str(data["sft_train"]),
+                           "--rollout-batch-size", "8", "--num-rollout", str(steps), "--lr", "6e-3", "--dtype", "fp32",
+                           "--run-dir", str(out / f"sft-{name}"), "--save-hf", str(out / name), "--no-progress",
+                           "--no-rollout-store"])
+            if rc:
+                raise SystemExit(f"slick sft failed ({rc})")
+        dirs.append(out / name)
+    return dirs[0], dirs[1]
+
+
 def student(model: Path, teacher: Path, out: Path, args) -> list[dict]:
     import slick.algo.assemble as assemble
     from slick.demo.sft import write_data
@@ -58,7 +84,7 @@ def student(model: Path, teacher: Path, out: Path, args) -> list[dict]:
     from slick.observe.metrics import read_metrics
 
     data = write_data(out / "data")
-    run = out / ("student-nobaseline" if args.no_baseline else "student")
+    run = out / (("tiny-" if args.tiny else "") + ("student-nobaseline" if args.no_baseline else "student"))
     if args.no_baseline:   # the term as it was before the fix: no baseline
         assemble.add_opd_terms = _raw(assemble.add_opd_terms)
     sys.path.insert(0, str(Path(__file__).parent))
@@ -68,7 +94,7 @@ def student(model: Path, teacher: Path, out: Path, args) -> list[dict]:
                     "--advantage-estimator", "grpo", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
                     "--rollout-max-response-len", "16", "--lr", "5e-5", "--num-rollout", str(args.steps),
                     "--rollout-shuffle", "--seed", str(args.seed), "--run-dir", str(run), "--no-progress",
-                    "--no-rollout-store"])
+                    "--no-rollout-store"] + (["--dtype", "fp32", "--lr", "3e-3"] if args.tiny else []))
     if rc:
         raise SystemExit(f"the student's run failed ({rc})")
     return [r for r in read_metrics(run) if "opd/kl" in r]
@@ -88,15 +114,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--coef", type=float, default=1.0)
     ap.add_argument("--no-baseline", action="store_true", help="the OPD term without its baseline (before the fix)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny random model, both taught by slick sft (minutes)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "opd.json"))
     args = ap.parse_args()
     from slick.models.smollm2 import prepare_smollm2
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = prepare_smollm2()
     t0 = time.perf_counter()
-    teacher = make_teacher(model, out)
+    if args.tiny:
+        model, teacher = tiny_pair(out)
+    else:
+        model = prepare_smollm2()
+        teacher = make_teacher(model, out)
     teacher_s = time.perf_counter() - t0
     load0 = os.getloadavg()
     t0 = time.perf_counter()
@@ -105,7 +135,7 @@ def main() -> None:
     kl = [r["opd/kl"] for r in rows]
     first, last = sum(kl[:3]) / 3, sum(kl[-3:]) / 3
     mode = "no baseline (before)" if args.no_baseline else "centred term (fixed)"
-    row = {"mode": mode, "seed": args.seed, "coef": args.coef, "steps": len(kl), "opd_kl": kl,
+    row = {"model": "tiny" if args.tiny else "SmolLM2-135M", "mode": mode, "seed": args.seed, "coef": args.coef, "steps": len(kl), "opd_kl": kl,
            "student_logprob": [r["opd/student_logprob"] for r in rows],
            "teacher_logprob": [r["opd/teacher_logprob"] for r in rows],
            "first3": first, "last3": last, "cut": 1 - last / first, "student_s": student_s,
@@ -114,15 +144,16 @@ def main() -> None:
           f"per step {[round(x, 2) for x in kl]}")
     path = Path(args.out)
     prev = json.loads(path.read_text()) if path.is_file() else {}
-    runs = [r for r in prev.get("runs", []) if (r["mode"], r["seed"], r["coef"]) != (mode, args.seed, args.coef)]
+    key = ("model", "mode", "seed", "coef")
+    runs = [r for r in prev.get("runs", []) if [r.get(k) for k in key] != [row[k] for k in key]]
     runs.append(row)
     result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "runs": runs}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
-    lines = ["| mode | seed | opd/kl first 3 steps | last 3 steps | cut | student logprob first -> last | "
-             "teacher logprob first -> last | run s | load avg (1 min) start/end |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | mode | seed | opd/kl first 3 steps | last 3 steps | cut | student logprob first -> last | "
+             "teacher logprob first -> last | run s | load avg (1 min) start/end |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| {r['mode']} | {r['seed']} | {r['first3']:.3f} | {r['last3']:.3f} | {r['cut']:.1%} | "
+        lines.append(f"| {r['model']} | {r['mode']} | {r['seed']} | {r['first3']:.3f} | {r['last3']:.3f} | {r['cut']:.1%} | "
                      f"{r['student_logprob'][0]:.2f} -> {r['student_logprob'][-1]:.2f} | "
                      f"{r['teacher_logprob'][0]:.2f} -> {r['teacher_logprob'][-1]:.2f} | {r['student_s']:.0f} | "
                      f"{r['load_start'][0]:.2f}/{r['load_end'][0]:.2f} |")
