@@ -188,7 +188,7 @@ def test_routing_survives_buffer_state_and_staleness(tmp_path):
         assert torch.equal(decode_routing(a.routed_experts), decode_routing(b.routed_experts))
 
 
-@pytest.mark.parametrize("engine", ["http", "vllm", "sglang"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_replay_refused_with_engines_that_return_no_routing(tmp_path, engine):
     from slick.config import Config, ConfigError
     from slick.configure.validate import validate_config
@@ -199,7 +199,7 @@ def test_replay_refused_with_engines_that_return_no_routing(tmp_path, engine):
                             "rollout_urls": ["http://127.0.0.1:1"], "use_routing_replay": True})
     with pytest.raises(ConfigError) as e:
         validate_config(cfg, check_files=False)
-    assert any("--use-routing-replay" in p and f"--rollout-engine {engine} does not return routing" in p
+    assert any("--use-routing-replay" in p and f"--rollout-engine {engine} does not return them" in p
                for p in e.value.problems), e.value.problems
 
 
@@ -218,3 +218,15 @@ def test_interrupted_generation_keeps_the_routing_of_its_last_request():
     out = acc.result(last, prompt_len=2)
     assert out.token_ids == [5, 6, 7]
     assert torch.equal(decode_routing(out.routed_experts), torch.ones(4, 1, 2, dtype=torch.uint8))
+
+
+def test_replay_accepted_with_slick_serve_over_http(tmp_path):
+    """slick serve returns routed experts (tests/test_moe_http.py): --rollout-engine http passes the check."""
+    from slick.config import Config
+    from slick.configure.validate import validate_config
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "x"}\n')
+    cfg = Config.from_flat({"prompt_data": str(data), "hf_checkpoint": str(tmp_path), "rollout_engine": "http",
+                            "rollout_urls": ["http://127.0.0.1:1"], "use_routing_replay": True})
+    assert validate_config(cfg, check_files=False).use_routing_replay

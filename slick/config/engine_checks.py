@@ -10,10 +10,13 @@ def server_engine_problems(cfg, p: list[str]) -> None:
     """--rollout-engine vllm|sglang, --vllm-*, --engine-max-running, --use-routing-replay and the flags they cannot
     combine with."""
     engine = cfg.rollout_engine
-    if cfg.use_routing_replay and engine != "local":
-        p.append(f"--use-routing-replay needs the experts each token was routed to, which only slick's in-process "
-                 f"engine returns (--rollout-engine local); --rollout-engine {engine} does not return routing "
-                 "(docs/moe.md): drop --use-routing-replay or use --rollout-engine local")
+    if cfg.use_routing_replay and engine in SERVER_ENGINES:
+        why = ("vLLM's API returns no routing" if engine == "vllm" else
+               "SGLang's CPU build (the one slick launches) cannot run a mixture-of-experts model (its MoE layers "
+               "need a GPU kernel), so its return_routed_experts was never seen to work here")
+        p.append(f"--use-routing-replay needs the experts each token was routed to: --rollout-engine {engine} does "
+                 f"not return them ({why}; docs/moe.md). Use --rollout-engine local or http (slick serve returns "
+                 "them), or drop --use-routing-replay")
     if cfg.engine_max_running is not None and cfg.engine_max_running < 1:
         p.append(f"--engine-max-running must be >= 1 (got {cfg.engine_max_running})")
     if cfg.engine_max_running is not None and (engine in SERVER_ENGINES or cfg.rollout_urls):

@@ -30,6 +30,7 @@ from slick.engines.flight import Failed, Flight, Retryable, error_message, norm_
 from slick.engines.launch_ready import log_tail
 from slick.engines.weight_calls import WeightGroupCalls
 from slick.serve.http_protocol import generation_from_json, parse_weight_version, prompt_logprobs_from_json
+from slick.serve.routing_wire import record_from_wire
 from slick.types import Generation, SamplingParams
 
 log = logging.getLogger("slick.engine")
@@ -48,7 +49,7 @@ class HttpEngine(WeightGroupCalls):
 
     def __init__(self, urls: list[str], *, api_key: Optional[str] = None, concurrency: int = 256,
                  timeout: float = 600.0, max_retries: int = 3, control_urls: Optional[list[str]] = None,
-                 server_logs: Optional[dict[str, list[str]]] = None):
+                 server_logs: Optional[dict[str, list[str]]] = None, routing: Optional[tuple[int, int]] = None):
         if isinstance(urls, str):
             urls = [urls]
         if not urls:
@@ -75,6 +76,10 @@ class HttpEngine(WeightGroupCalls):
         self._flights: dict[str, Flight] = {}
         self._current: dict[str, str] = {}              # rid asked for -> rid of its attempt now in flight
         self._lost: dict[str, asyncio.Event] = {}       # worker url -> set when it was declared failed
+        # routing replay on a mixture-of-experts model: (MoE layers, experts per token) of its config.json; every
+        # generation asks for its routed experts (SGLang's return_routed_experts) and carries them as slick's
+        # record (Generation.routed_experts; slick/serve/routing_wire.py)
+        self.routing = None if routing is None else (int(routing[0]), int(routing[1]))
 
     @property
     def weight_urls(self) -> list[str]:
@@ -208,7 +213,19 @@ class HttpEngine(WeightGroupCalls):
                "stream": stream, "rid": rid}
         if sampling.top_logprobs_num:     # SGLang's field: meta_info.output_top_logprobs per token
             out["top_logprobs_num"] = sampling.top_logprobs_num
+        if self.routing is not None:      # every position from 0: a resubmitted prompt holds the earlier tokens
+            out["return_routed_experts"] = True
         return out
+
+    def _with_routing(self, out: Any, gen: Generation) -> Generation:
+        """``gen`` with the routed experts of answer ``out`` as slick's record (when this engine asks for them;
+        an answer without them leaves ``routed_experts`` None, which the trainer counts as a missing record)."""
+        if self.routing is None:
+            return gen
+        meta = (out[0] if isinstance(out, list) else out).get("meta_info") or {}
+        if meta.get("routed_experts") is not None:
+            gen.routed_experts = record_from_wire(meta["routed_experts"], *self.routing)
+        return gen
 
     def _parse(self, out: Any) -> Generation:
         """A non-streamed generate answer as a Generation."""
@@ -246,7 +263,7 @@ class HttpEngine(WeightGroupCalls):
 
     def _checked(self, out: Any) -> Generation:
         """:meth:`_parse`, then the checks of ``slick.engines.answer_check`` (one finite logprob <= 0 per token)."""
-        gen = self._parse(out)
+        gen = self._with_routing(out, self._parse(out))
         check_generation(gen)
         return gen
 
@@ -328,9 +345,10 @@ class HttpEngine(WeightGroupCalls):
                         data = data[5:].strip()
                         if data == "[DONE]":
                             break
-                        gen = self._chunk(json.loads(data), flight)
+                        out = json.loads(data)
+                        gen = self._chunk(out, flight)
                         if gen is not None:
-                            return gen
+                            return self._with_routing(out, gen)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as e:
             raise Retryable(f"{url}{self.generate_path}: {type(e).__name__}: {e}") from e
         except asyncio.TimeoutError:

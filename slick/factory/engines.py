@@ -15,6 +15,7 @@ from slick.engines.client import HttpEngine
 from slick.engines.detect import server_kind
 from slick.engines.fault import EngineDied, Recovery
 from slick.engines.health import HealthMonitor
+from slick.engine.arch import ArchConfig
 from slick.engine.local import LocalEngine
 from slick.engines.launch_ready import log_tail
 from slick.engines.router import RouterProcess, WorkerProcess, launch_router, launch_workers
@@ -209,8 +210,18 @@ def _http_engines(cfg: ConfigView, urls: list, procs: list, sync_mode: str) -> E
         log.info("sglang-router at %s in front of %s", router.url, worker_urls)
     # generation goes through the router; weight updates and aborts go to every worker directly
     eng = HttpEngine(urls, concurrency=cfg.rollout_concurrency, timeout=cfg.rollout_timeout,
-                     control_urls=worker_urls, server_logs=server_logs(procs))
+                     control_urls=worker_urls, server_logs=server_logs(procs), routing=routing_shape(cfg))
     return EngineSet(eng, sync_mode, procs, worker_urls)
+
+
+def routing_shape(cfg: ConfigView):
+    """``(MoE layers, experts per token)`` of the run's model when it replays routing (``--use-routing-replay`` on a
+    mixture-of-experts model, from its config.json): the HTTP client asks the servers for every generation's routed
+    experts and needs these to read them. None otherwise (a dense model has nothing to replay)."""
+    if not cfg.use_routing_replay or not cfg.hf_checkpoint:
+        return None
+    moe = ArchConfig.from_dir(cfg.hf_checkpoint).moe
+    return None if moe is None else (len(moe.layers), moe.top_k)
 
 
 def server_logs(procs: list) -> dict:

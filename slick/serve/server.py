@@ -29,6 +29,7 @@ from slick.engine.weight_group import PATHS as WEIGHT_GROUP_PATHS
 from slick.serve.fanout import run_together     # one prompt fails: the others are aborted too
 from slick.serve.http_body import THREAD_BYTES, BodyError, dumps, json_response, read_json
 from slick.serve.http_guard import HostPolicy, guard_middleware
+from slick.serve.routing_wire import routed_fields, wire_meta
 from slick.serve.http_protocol import (GenerateItem, RequestError, generation_json, input_logprobs_json,
                                         parse_generate, parse_weight_version, text_char_limit, text_prompts)
 from slick.serve.openai_api import OpenAIEndpoint   # OpenAI's /v1/chat/completions, /v1/completions, /v1/models
@@ -175,6 +176,7 @@ class SlickServer:
         limits = limits_of(self.engine)     # stop strings, grammar size and depth: 400 naming the flag
         for i, it in enumerate(req.items):
             limits.check_sampling(it.sampling, f"sampling_params[{i}]" if req.batched else "sampling_params")
+        routed, routed_start = self._routed_fields(body, req)
         rids = [it.rid for it in req.items]
         dup = sorted({r for r in rids if rids.count(r) > 1 or r in self._tasks})
         if dup:
@@ -183,7 +185,8 @@ class SlickServer:
         t0 = time.perf_counter()
         inputs = await self._input_logprobs(req)   # logprob_start_len >= 0: the prompts' logprobs
         if req.stream and not req.batched and hasattr(self.engine, "partial"):
-            return await self._stream_one(request, req.items[0], req.return_logprob, t0)
+            return await self._stream_one(request, req.items[0], req.return_logprob, t0,
+                                          routed_start if routed else None)
         gens = await run_together([self._run_one(it) for it in req.items],
                                   stop=lambda i: self.engine.abort(req.items[i].rid))
         dt = time.perf_counter() - t0
@@ -192,6 +195,8 @@ class SlickServer:
             text = self._text(gen, it.sampling)
             out.append(generation_json(gen, it, text=text, return_logprob=req.return_logprob, e2e_latency=dt))
             out[-1]["meta_info"].update(inputs.pop(0) if inputs else {})
+            if routed:
+                out[-1]["meta_info"].update(wire_meta(gen.routed_experts, routed_start))
             self.counters["prompt_tokens_total"] += len(it.prompt_ids)
             self.counters["http_generation_tokens_total"] += len(gen.token_ids)
         result = out if req.batched else out[0]
@@ -205,6 +210,15 @@ class SlickServer:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    def _routed_fields(self, body: dict, req) -> tuple[bool, int]:
+        """``return_routed_experts`` and ``routed_experts_start_len`` (slick/serve/routing_wire.py), checked; a
+        dense model has no experts to return (400 naming the field)."""
+        routed, start = routed_fields(body, [len(it.prompt_ids) for it in req.items])
+        if routed and getattr(getattr(getattr(self.engine, "model", None), "cfg", None), "moe", None) is None:
+            raise RequestError(f"return_routed_experts: {self.model_path} has no experts (a dense model routes "
+                               "nothing); only mixture-of-experts models return routed experts")
+        return routed, start
 
     async def _input_logprobs(self, req) -> list[dict]:
         """SGLang's ``input_token_logprobs`` (and ``input_top_logprobs``) of every prompt of ``req`` from
@@ -223,11 +237,12 @@ class SlickServer:
         return out
 
     async def _stream_one(self, request: web.Request, item: GenerateItem, return_logprob: bool,
-                          t0: float) -> web.StreamResponse:
+                          t0: float, routed_start: Optional[int] = None) -> web.StreamResponse:
         """A streamed /generate of one prompt: every ``STREAM_EVERY_S`` seconds a chunk with the tokens generated
         since the previous one (``finish_reason`` null, ``meta_info.output_offset`` = tokens sent before, ``text``
         empty), then the final chunk (the whole generation, as without streaming) and ``[DONE]``. A client that
-        keeps the chunks knows every token it was sent if the server dies (slick's fault tolerance)."""
+        keeps the chunks knows every token it was sent if the server dies (slick's fault tolerance). With
+        ``routed_start`` (``return_routed_experts``) the final chunk carries the routed experts from there on."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         task = asyncio.ensure_future(self._run_one(item))
@@ -250,6 +265,8 @@ class SlickServer:
         gen = task.result()
         out = generation_json(gen, item, text=self._text(gen, item.sampling), return_logprob=return_logprob,
                               e2e_latency=time.perf_counter() - t0)
+        if routed_start is not None:
+            out["meta_info"].update(wire_meta(gen.routed_experts, routed_start))
         self.counters["prompt_tokens_total"] += len(item.prompt_ids)
         self.counters["http_generation_tokens_total"] += len(gen.token_ids)
         await resp.write(f"data: {dumps(out)}\n\ndata: [DONE]\n\n".encode())
