@@ -34,7 +34,8 @@ def moe(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker(moe):
-    (w,) = launch_workers(moe, 1, dtype="fp32", startup_timeout=240)
+    # one OpenMP thread: the experts' index_add slows down ~50x when two threads share a loaded 2-core machine
+    (w,) = launch_workers(moe, 1, dtype="fp32", startup_timeout=240, threads=1)
     yield w
     w.stop()
 
@@ -53,8 +54,8 @@ def test_routed_experts_over_http_equal_the_in_process_engines(moe, worker):
     spec = ArchConfig.from_dir(moe).moe
     shape = (len(spec.layers), spec.top_k)
     assert shape == (2, 2)
-    sps = [SamplingParams(max_new_tokens=10, temperature=0.0),
-           SamplingParams(max_new_tokens=10, temperature=1.0, seed=11)]
+    sps = [SamplingParams(max_new_tokens=6, temperature=0.0),
+           SamplingParams(max_new_tokens=6, temperature=1.0, seed=11)]
 
     async def run(engine):
         return [await engine.generate(p, sp) for p in PROMPTS for sp in sps]
@@ -128,8 +129,10 @@ def test_a_dense_model_has_no_routed_experts_to_return(server):    # conftest: s
         asyncio.run(ask())
 
 
-def test_train_with_routing_replay_through_slick_serve_workers(tmp_path, prompts):  # noqa: F811
+def test_train_with_routing_replay_through_slick_serve_workers(tmp_path, prompts, monkeypatch):  # noqa: F811
     from slick.loop.sync import train
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")    # the worker's (see the worker fixture)
     from slick.models.tiny import make_tiny_model
 
     model = make_tiny_model(tmp_path / "moe", arch="mixtral", seed=4, initializer_range=0.2)

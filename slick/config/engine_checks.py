@@ -12,8 +12,9 @@ def server_engine_problems(cfg, p: list[str]) -> None:
     engine = cfg.rollout_engine
     if cfg.use_routing_replay and engine in SERVER_ENGINES:
         why = ("vLLM's API returns no routing" if engine == "vllm" else
-               "SGLang's CPU build (the one slick launches) cannot run a mixture-of-experts model (its MoE layers "
-               "need a GPU kernel), so its return_routed_experts was never seen to work here")
+               "SGLang's return_routed_experts needs its server started with --enable-return-routed-experts, whose "
+               "capturer pins host memory through CUDA: the CPU build here fails at start-up with it, so slick has "
+               "never seen an SGLang server return routing")
         p.append(f"--use-routing-replay needs the experts each token was routed to: --rollout-engine {engine} does "
                  f"not return them ({why}; docs/moe.md). Use --rollout-engine local or http (slick serve returns "
                  "them), or drop --use-routing-replay")
