@@ -21,8 +21,8 @@ ROOMS = {
                "sampling", "lora_merge", "scoring", "weight_check", "weight_group", "weight_staging",
                "grammar_check", "limits", "moe", "routing_record"},
     "serve": {"fanout", "http_body", "http_guard", "http_protocol", "messages_api", "openai_api", "openai_constraints",
-              "openai_protocol", "openai_stream", "responses_api", "serve_cli", "server", "sglang_args", "sse",
-              "weight_dirs", "weight_group_routes"},
+              "openai_protocol", "openai_stream", "responses_api", "routing_wire", "serve_cli", "server", "sglang_args",
+              "sse", "weight_dirs", "weight_group_routes"},
     "engines": {"client", "detect", "fault", "flight", "health", "router", "vllm_client", "vllm_launch", "vllm_plugin",
                 "weight_calls", "sglang_client", "sglang_launch", "answer_check", "launch_ready"},
 }
