@@ -263,9 +263,9 @@ class TrainConfig:
     disable_fused_layers: bool = F(False, "Run the HF decoder layers' own forward in training instead of slick's fused "
                                    "attention and MLP nodes (~3x the activation memory; docs/training.md).")
     use_routing_replay: bool = F(False, "Mixture-of-experts models: the trainer's forward routes every token through "
-                                 "the experts the rollout engine chose for it (recorded by the in-process engine, "
-                                 "carried on the sample), with the router's own gate weights (R3; docs/moe.md). "
-                                 "slime's --use-rollout-routing-replay is the same flag.")
+                                 "the experts the rollout engine chose for it (recorded by the in-process engine or "
+                                 "returned by slick serve over HTTP, carried on the sample), with the router's own gate "
+                                 "weights (R3; docs/moe.md). slime's --use-rollout-routing-replay is the same flag.")
     logprob_chunk_size: int = F(128, "Tokens per chunk when computing logprobs/entropy from logits "
                                 "(the lm head's logits exist one chunk at a time).")
     device: str = F("auto", "Torch device for trainer and local engine (auto: cuda when present).")
