@@ -26,9 +26,11 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from slick.config import Config, ConfigView
 from slick.models.adapter_check import ADAPTER, ADAPTER_WEIGHTS, weights_problems
+from slick.train.fsdp import decoder_layers
 from slick.train.lora_spec import ALL_LINEAR, LoraSpec, read_adapter_config, spec_from_config
 from slick.train.moe import MOE_BLOCKS
 from slick.weights.lora_sync import AdapterPayload, peft_config_dict
@@ -118,10 +120,6 @@ def recompute_mlps(model: nn.Module) -> int:
     same matmuls on the same inputs give the same numbers (dropout's RNG state is replayed). Forwards without
     gradients (logprobs, the reference) run as before. Returns how many MLPs were wrapped (the module names, and
     so the state dict, are unchanged)."""
-    from torch.utils.checkpoint import checkpoint
-
-    from slick.train.fsdp import decoder_layers
-
     try:
         layers = decoder_layers(model)
     except ValueError:
