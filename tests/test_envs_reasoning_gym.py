@@ -129,10 +129,11 @@ def test_start_up_checks(kw, msg):
         validate_config(Config.from_flat(dict(rm_type="reasoning_gym", hf_checkpoint=None, **kw)), check_files=True)
 
 
-def test_start_up_accepts_generated_data_without_a_file():
-    cfg = Config.from_flat(dict(rm_type="reasoning_gym", prompt_data="reasoning-gym:basic_arithmetic?seed=1",
-                                apply_chat_template=True, eval_prompt_data=["heldout",
-                                                                            "reasoning-gym:basic_arithmetic?seed=2"]))
+@pytest.mark.parametrize("extra", ["", '&operators=["%2B"]&min_terms=2&max_terms=2'])   # list-valued options too
+def test_start_up_accepts_generated_data_without_a_file(extra):
+    cfg = Config.from_flat(dict(rm_type="reasoning_gym", prompt_data=f"reasoning-gym:basic_arithmetic?seed=1{extra}",
+                                apply_chat_template=True, eval_prompt_data=[
+                                    "heldout", f"reasoning-gym:basic_arithmetic?seed=2&size=8{extra}"]))
     from slick.configure.validate import validate
     problems = []
     try:

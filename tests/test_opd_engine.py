@@ -171,8 +171,13 @@ def test_opd_advantages_are_teacher_minus_student_by_hand(tiny_model_dir, teache
 
     teacher = asyncio.run(score())
     batch = TrainBatch.from_samples(samples, rewards).with_columns(teacher_logprobs=teacher)
-    by_hand = [[0.5 * (float(t) - s) if m else 0.0 for t, s, m in zip(tl, x.rollout_logprobs, x.loss_mask)]
-               for tl, x in zip(teacher, samples)]
+    raw = [[0.5 * (float(t) - s) if m else 0.0 for t, s, m in zip(tl, x.rollout_logprobs, x.loss_mask)]
+           for tl, x in zip(teacher, samples)]
+    # centred: the mean term over the batch's trained tokens is subtracted (slick.algo.distill, docs/distillation.md)
+    trained = [v for r, x in zip(raw, samples) for v, m in zip(r, x.loss_mask) if m]
+    mean = sum(trained) / len(trained)
+    by_hand = [[v - mean if m else 0.0 for v, m in zip(r, x.loss_mask)] for r, x in zip(raw, samples)]
+    assert abs(mean) > 0.1    # the centring changes these numbers
     opd = dict(use_opd=True, opd_type="engine", opd_teacher_load=str(teacher_dir), opd_kl_coef=0.5)
     only = Advantages.from_config(_cfg(tiny_model_dir, tmp_path, opd_only=True, **opd))(batch).advantages
     assert [x for a in only for x in a.tolist()] == pytest.approx([x for h in by_hand for x in h], abs=1e-6)

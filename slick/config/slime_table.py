@@ -266,14 +266,14 @@ def dest(flag: str) -> str:
     return PREFIX + flag[2:].replace("-", "_")
 
 
-def row(flag: str, values: Optional[list] = None):
+def row(flag: str, flag_values: Optional[list] = None):
     """(kind, reason) of ``flag`` in the table: kind "accepted", "checked", "no-op" or "refused"; None when not
-    in it. ``values``: the flag's values where they decide (ACCEPTED_VALUES)."""
+    in it. ``flag_values``: the flag's values where they decide (ACCEPTED_VALUES)."""
     if flag in CHECKED:
         return "checked", f"must match --hf-checkpoint's config.json ({' / '.join(CHECKED[flag][0])})"
     if flag in ACCEPTED_VALUES:
         value, why = ACCEPTED_VALUES[flag]
-        ok = values is not None and len(values) == 1 and _same(values[0], value)
+        ok = flag_values is not None and len(flag_values) == 1 and _same(flag_values[0], value)
         return ("accepted", f"{value:g} is what slick does: {why}") if ok else \
             ("refused", f"{why}; only {value:g} is accepted")
     for kind, table in (("accepted", ALWAYS), ("no-op", NO_OP), ("refused", REFUSED)):

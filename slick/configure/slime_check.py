@@ -160,7 +160,7 @@ def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def verdict(flag: str, known: set, values: Optional[list] = None) -> tuple[str, str]:
+def verdict(flag: str, known: set, flag_values: Optional[list] = None) -> tuple[str, str]:
     """(kind, what slick does) for one slime flag (module doc)."""
     if flag.startswith(("--sglang-", "--vllm-")):
         return "engine", ("an option of the SGLang/vLLM servers slick launches (slick's own engine honours "
@@ -175,7 +175,7 @@ def verdict(flag: str, known: set, values: Optional[list] = None) -> tuple[str, 
                        ("refused", spellings.REFUSED)):
         if flag in rows:
             return kind, rows[flag]
-    row = table.row(flag, values)
+    row = table.row(flag, flag_values)
     if row is not None:
         return row
     if flag in known:

@@ -34,11 +34,11 @@ async def remote_rm(args, sample):
 
 
 async def async_rm(args, sample, **kwargs):
-    path = getattr(sample, "custom_rm_path", None) or getattr(args, "custom_rm_path", None)
+    path = getattr(sample, "custom_rm_path", None) or args.custom_rm_path
     if path:
         return await _load(path)(args, sample, **kwargs)
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
-    rm_type = (metadata.get("rm_type") or getattr(args, "rm_type", None) or "").strip()
+    rm_type = (metadata.get("rm_type") or args.rm_type or "").strip()
     response, label = sample.response, sample.label
     if rm_type.startswith("boxed_"):
         response, rm_type = extract_boxed_answer(response) or "", rm_type[len("boxed_"):]
@@ -60,7 +60,7 @@ async def async_rm(args, sample, **kwargs):
 
 
 async def batched_async_rm(args, samples, **kwargs):
-    path = getattr(args, "custom_rm_path", None)
+    path = args.custom_rm_path
     if path:
         return await _load(path)(args, samples, **kwargs)
     return list(await asyncio.gather(*(async_rm(args, s, **kwargs) for s in samples)))
