@@ -264,18 +264,20 @@ def test_regex_ebnf_and_json_schema_reach_sglangs_constrained_decoding(server, s
 
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(str(sglang_model_dir))
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"type": "string", "maxLength": 5}},
+    # n bounded: a random model may write an unbounded integer past max_new_tokens
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                               "tag": {"type": "string", "maxLength": 5}},
               "required": ["n", "tag"], "additionalProperties": False}
     cases = {"regex": ("[0-9]{3}-[a-c]{2}", lambda t: re.fullmatch("[0-9]{3}-[a-c]{2}", t)),
              "ebnf": ('start: ("yes" | "no") %json {"type": "boolean"}', lambda t: t in ("yestrue", "yesfalse",
                                                                                           "notrue", "nofalse")),
              "json_schema": (json.dumps(schema), lambda t: set(json.loads(t)) == {"n", "tag"}
-                             and isinstance(json.loads(t)["n"], int) and len(json.loads(t)["tag"]) <= 5)}
+                             and json.loads(t)["n"] in range(1000) and len(json.loads(t)["tag"]) <= 5)}
 
     async def go(eng):
         out = {}
         for name, (grammar, _) in cases.items():
-            sp = SamplingParams(max_new_tokens=40, temperature=1.0, **{name: grammar})
+            sp = SamplingParams(max_new_tokens=64, temperature=1.0, **{name: grammar})
             gens = await asyncio.gather(*(eng.generate(PROMPT, sp) for _ in range(4)))
             out[name] = [(g.finish_reason, tok.decode(g.token_ids, skip_special_tokens=True)) for g in gens]
         return out

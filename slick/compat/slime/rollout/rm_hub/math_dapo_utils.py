@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from slick.compat.slime.rollout.rm_hub.math_utils import through_closing_brace
+
 _REPLACE = [("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
             (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")]
 _DROP = ["square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
@@ -29,17 +31,7 @@ ANSWER = r"(?i)Answer\s*:\s*([^\n]+)"
 
 def last_boxed_only_string(string: str) -> Optional[str]:
     start = string.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for k in range(start, len(string)):
-        if string[k] == "{":
-            depth += 1
-        elif string[k] == "}":
-            depth -= 1
-            if depth == 0:
-                return string[start:k + 1]
-    return None
+    return None if start < 0 else through_closing_brace(string, start)
 
 
 def remove_boxed(s: str) -> str:

@@ -18,14 +18,8 @@ from typing import Optional
 # ----------------------------------------------------------------------------------------------- boxed answers
 
 
-def last_boxed_only_string(string: Optional[str]) -> Optional[str]:
-    if not string:
-        return None
-    start = string.rfind("\\boxed")
-    if start < 0:
-        start = string.rfind("\\fbox")
-        if start < 0:
-            return None
+def through_closing_brace(string: str, start: int) -> Optional[str]:
+    """``string[start:]`` up to the brace that closes the first ``{`` after ``start`` (None when none closes)."""
     depth = 0
     for k in range(start, len(string)):
         if string[k] == "{":
@@ -35,6 +29,17 @@ def last_boxed_only_string(string: Optional[str]) -> Optional[str]:
             if depth == 0:
                 return string[start:k + 1]
     return None
+
+
+def last_boxed_only_string(string: Optional[str]) -> Optional[str]:
+    if not string:
+        return None
+    start = string.rfind("\\boxed")
+    if start < 0:
+        start = string.rfind("\\fbox")
+        if start < 0:
+            return None
+    return through_closing_brace(string, start)
 
 
 def remove_boxed(s: Optional[str]) -> Optional[str]:
