@@ -5,7 +5,8 @@ plug-in, its signature checked once, ``AlgoParams``, normalisation, on-policy di
 batch into the same batch with its ``advantages`` (and, with critic values, ``returns``) columns. Agent sessions
 split into several samples get their episode's advantage on every sample (``slick.algo.sessions``).
 :func:`objective_from_config` is the ``objective(LossInputs)`` the trainer calls: the policy objective, the SFT
-loss or the ``--custom-loss-function-path`` plug-in, bound to ``AlgoParams``.
+loss or the ``--custom-loss-function-path`` plug-in, bound to ``AlgoParams`` (and the policy objective to slime's
+TIS function and pg-loss reducer, when set: ``slick.algo.slime_loss``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from slick.algo.objective import compute_policy_objective
 from slick.algo.params import AlgoParams
 from slick.algo.sessions import check_session_estimator, session_heads, split_sessions, spread_session_advantages
 from slick.algo.sft import sft_objective
+from slick.algo.slime_loss import SlimeLossHooks
 from slick.algo.turns import TURN_ESTIMATORS, has_turn_rewards, turn_advantages
 from slick.config import Config
 from slick.config.sft_distill import is_sft
@@ -42,7 +44,11 @@ def objective_from_config(cfg: Config) -> Callable:
     """``objective(inputs: LossInputs) -> (loss, metrics)`` for the trainer: the policy objective, the SFT loss
     (--loss-type sft_loss) or the custom loss, bound to the typed algorithm settings (``AlgoParams``)."""
     base = sft_objective if is_sft(cfg) else compute_policy_objective
-    return functools.partial(load_custom(cfg, "loss") or base, AlgoParams.from_config(cfg))
+    fn = load_custom(cfg, "loss") or base
+    slime = SlimeLossHooks.from_config(cfg) if fn is compute_policy_objective else None   # slick/algo/slime_loss.py
+    if slime is not None:
+        return functools.partial(fn, AlgoParams.from_config(cfg), slime=slime)
+    return functools.partial(fn, AlgoParams.from_config(cfg))
 
 
 def student_logprobs(batch: TrainBatch) -> list:

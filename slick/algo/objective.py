@@ -27,7 +27,7 @@ and returns ``(loss scalar Tensor, metrics dict[str, float])``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -38,12 +38,15 @@ from .params import AlgoParams
 from .correction import log_ratios, masked_weights, truncated_weights
 from .objectives import BATCH_COUPLED, loss_name, policy_objective_terms
 from .reduce import reduce
+from .slime_loss import SlimeLossHooks
 from .token_filters import high_entropy_keep, opsm_drop
 
 
-def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tensor, dict[str, float]]:
+def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs,
+                             slime: Optional[SlimeLossHooks] = None) -> tuple[Tensor, dict[str, float]]:
     """Scalar training loss and metrics ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl_loss",
     "entropy_loss", "tis_mean"/"tis_clipfrac" when ``cfg.use_tis``, "mis_mean"/"mis_maskfrac" when ``cfg.use_mis``).
+    ``slime``: slime's TIS function and pg-loss reducer (slick/algo/slime_loss.py), when the run sets them.
 
     ``old_logprobs=None`` means on-policy: ``logprobs.detach()`` is used (ratio 1,
     gradient ``-A``). ``entropy`` may be None when ``cfg.entropy_coef`` is 0
@@ -69,11 +72,18 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs) -> tuple[Tenso
     terms = policy_objective_terms(cfg, logprobs, old, advantages, mask)   # --policy-loss (slick/algo/objectives.py)
     pg, clipped, neg_log_ratio = terms.loss, terms.clipped, terms.neg_log_ratio
     metrics: dict[str, float] = {k: float(red_metric(v)) for k, v in terms.extra.items()}
+    pg_mask = None   # slime's TIS function's loss masks (numerators only), when it ran
+    if cfg.use_tis and slime is not None and slime.tis is not None:
+        pg, pg_mask = slime.correct(pg, old, rollout_logprobs, mask, red_metric, metrics)
+        cfg = replace(cfg, use_tis=False)   # the function took --use-tis's place; --use-mis still applies
     if cfg.use_tis or cfg.use_mis:   # rollout correction (slick/algo/correction.py)
         pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red_metric, metrics, terms.per_sequence)
     pg = _token_filters(cfg, pg, logprobs, old, advantages, entropy, mask, red_metric, metrics)
 
-    pg_loss = red(pg)
+    if slime is not None and slime.reducer is not None:
+        pg_loss = slime.reduce_pg(pg, mask if pg_mask is None else pg_mask, mask, per_token, num_samples, num_tokens)
+    else:
+        pg_loss = red(pg if pg_mask is None else pg * pg_mask)
     loss = pg_loss
 
     entropy_coef = float(cfg.entropy_coef)

@@ -89,6 +89,8 @@ class RolloutConfig:
     rollout_all_samples_process_path: Optional[str] = F(None, "Dotted path to slime's `process(args, all_groups, data_source) -> None`, called after each rollout with every group generated, the ones the dynamic filter dropped too (docs/slime.md).")
     rollout_sample_hook_path: list = F([], "Dotted paths to slime's `hook(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None`, each called on every generated sample before its reward (the flag may be repeated; docs/slime.md).", repeat=True)
     custom_reward_post_process_path: Optional[str] = F(None, "Dotted path to slime's `fn(args, samples) -> (raw_rewards, rewards)`: its rewards replace GRPO's group normalisation and are the advantages (--advantage-estimator grpo or gspo; implies --disable-rewards-normalization; docs/slime.md).")
+    custom_convert_samples_to_train_data_path: Optional[str] = F(None, "Dotted path to slime's `fn(args, samples) -> dict` (slime's train-data dict): its `rewards` and `loss_masks` are what the step trains on (implies --disable-rewards-normalization; docs/slime.md).")
+    rollout_data_postprocess_path: Optional[str] = F(None, "Dotted path to slime's `fn(args, rollout_id, rollout_data) -> None`, called after the logprobs and advantages with slime's dict of per-sample tensors; its changes to `loss_masks`, `advantages` and `returns` are trained on (docs/slime.md).")
     sglang: dict = F({}, "Engine options: every `--sglang-KEY VALUE` flag lands here as {KEY: VALUE} and goes to the "
                          "engines slick launches (see `--sglang-*` above); servers you start yourself take their own flags.",
                      flag=None)
@@ -120,6 +122,8 @@ class AlgorithmConfig:
                                             "the group's episode returns (episode) or against the group's returns "
                                             "at the same turn position (turn).", choices=["episode", "turn"])
     calculate_per_token_loss: bool = F(False, "Mean over all tokens instead of mean of per-sample token means.")
+    custom_pg_loss_reducer_function_path: Optional[str] = F(None, "Dotted path to slime's `fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) -> reducer`; `reducer(pg_loss)` reduces the policy loss of each micro-batch (docs/slime.md).")
+    custom_tis_function_path: Optional[str] = F(None, "Dotted path to slime's `fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs) -> (pg_loss, loss_masks, metrics)`, replacing --use-tis's weights (with --use-tis; docs/slime.md).")
     use_tis: bool = F(False, "Truncated importance sampling against rollout logprobs.")
     tis_clip: float = F(2.0, "Upper clamp of TIS weights.")
     tis_clip_low: float = F(0.0, "Lower clamp of TIS weights.")
@@ -287,6 +291,7 @@ class CheckpointConfig:
 class EvalConfig:
     eval_interval: Optional[int] = F(None, "Evaluate every N steps (and before the first and after the last).")
     eval_prompt_data: list = F([], "Eval datasets as NAME PATH pairs.", nargs="+")
+    eval_function_path: Optional[str] = F(None, "Dotted path to slime's `fn(args, rollout_id, data_source, evaluation=True) -> RolloutFnEvalOutput | dict`, run instead of slick's evaluation (docs/slime.md).")
     n_samples_per_eval_prompt: int = F(1, "Samples per eval prompt (pass@k uses k = this).")
     eval_temperature: Optional[float] = F(None, "Eval sampling temperature (default: --rollout-temperature).")
     eval_max_response_len: Optional[int] = F(None, "Eval max new tokens (default: --rollout-max-response-len).")

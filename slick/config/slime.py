@@ -279,6 +279,27 @@ def _reward_post_process(ns: dict, problems: list[str]) -> None:
         ns["disable_rewards_normalization"] = True
 
 
+def _slime_hooks(ns: dict, problems: list[str]) -> None:
+    """slime's train-data and loss hooks: where slime calls them, and what their place in slick rules out."""
+    if ns.get("custom_convert_samples_to_train_data_path"):
+        if ns.get("custom_reward_post_process_path"):
+            problems.append("--custom-convert-samples-to-train-data-path replaces slime's reward post-process (its "
+                            "rewards are the ones trained on): give it or --custom-reward-post-process-path")
+        else:
+            ns["disable_rewards_normalization"] = True   # slime normalises rewards in the conversion it replaces
+    loss_hooks = [f for f in ("custom_tis_function_path", "custom_pg_loss_reducer_function_path") if ns.get(f)]
+    other = "--custom-loss-function-path" if ns.get("custom_loss_function_path") else \
+        "--loss-type sft_loss" if ns.get("loss_type") == "sft_loss" else None
+    for field in loss_hooks if other else ():
+        problems.append(f"{_flag(field)} is called inside the policy loss, which {other} replaces: give one of them")
+    if ns.get("custom_tis_function_path") and not other:
+        if not ns.get("use_tis"):
+            problems.append("--custom-tis-function-path is called only with --use-tis (as in slime): add --use-tis")
+        elif ns.get("tis_level", "token") != "token":
+            problems.append(f"--custom-tis-function-path computes the TIS weights itself: drop --tis-level "
+                            f"{ns['tis_level']}")
+
+
 def _warmup_fraction(ns: dict, problems: list[str]) -> None:
     if _dest(WARMUP_FRACTION) not in ns:
         return
@@ -354,6 +375,7 @@ def resolve_slime_flags(ns: dict, driver: str = "sync") -> list[str]:
                 ns[name] = want
     _warmup_fraction(ns, problems)      # after --lr-warmup-iters landed on lr_warmup_steps
     _reward_post_process(ns, problems)
+    _slime_hooks(ns, problems)
     if script:
         _decay_iters(ns)
     return problems

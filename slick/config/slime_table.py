@@ -84,18 +84,6 @@ NO_OP: dict[str, str] = {
 
 REFUSED: dict[str, str] = {
     # slime's rollout and data hooks slick has no place for
-    "--rollout-data-postprocess-path": "called on Megatron actors with their tensor dict after logprobs; in slick "
-                                       "change masks or advantages with --custom-advantage-function-path or "
-                                       "--custom-loss-function-path",
-    "--eval-function-path": "slick's evaluation runs the training rollout's generate and reward on "
-                            "--eval-prompt-data; a whole eval rollout function is not called",
-    "--custom-convert-samples-to-train-data-path": "returns slime's Megatron train-data dict; slick builds a "
-                                                   "TrainBatch (use --custom-advantage-function-path)",
-    "--custom-pg-loss-reducer-function-path": "works on Megatron's packed per-micro-batch tensors; use "
-                                              "--custom-loss-function-path (it reduces its own loss)",
-    "--custom-tis-function-path": "works on Megatron's packed per-micro-batch tensors; slick's --use-tis and "
-                                  "--use-mis (--tis-level/--mis-level) cover token, sequence and geometric "
-                                  "weights, or use --custom-loss-function-path",
     "--custom-rollout-log-function-path": "slick logs rollout metrics itself; a plug-in's own metrics come back "
                                           "from a custom rollout function's RolloutFnTrainOutput.metrics",
     "--custom-eval-rollout-log-function-path": "slick logs eval metrics itself (eval/*)",

@@ -140,10 +140,12 @@ def without_zero_gradients(cfg: Config, loss_fn, part: TrainBatch) -> tuple[Trai
     GRPO group whose samples all got the same reward), and the loss over the rest with the whole part's
     normalisers (:class:`WholeBatchLoss`): the same gradient without their forward and backward. ``part`` and
     ``loss_fn`` unchanged with --train-zero-advantage-samples, with a loss other than the built-in policy
-    objective (a custom or SFT loss may read more than the advantages), or when nothing can be left out. When
+    objective (a custom or SFT loss, or slime's loss hooks, may read more than the advantages), or when nothing
+    can be left out. When
     every sample's gradient is zero, none is left: the trainer steps on an exact zero gradient (weight decay,
     the moments' decay) as it would over the whole part."""
-    builtin = isinstance(loss_fn, functools.partial) and loss_fn.func is compute_policy_objective
+    builtin = isinstance(loss_fn, functools.partial) and loss_fn.func is compute_policy_objective \
+        and not loss_fn.keywords   # slime's loss hooks (slick/algo/slime_loss.py) may read the whole micro-batch
     if cfg.train_zero_advantage_samples or not builtin or part.advantages is None:
         return part, loss_fn
     params = loss_fn.args[0]

@@ -1,0 +1,149 @@
+"""slime's loss-side hooks, called with slime's arguments inside the policy objective (slick/algo/objective.py).
+
+slime hands these hooks one micro-batch as *packed* tensors: every sample's response tokens one after the other
+(a 1-D tensor of ``sum(response_lengths)`` values) and per-sample lists. slick's micro-batch is ``[B, T]``, right-
+padded; :class:`SlimeLossHooks` builds slime's layout for the call and turns the result back into ``[B, T]``.
+
+- ``--custom-tis-function-path`` (with ``--use-tis``, as in slime): ``fn(args, *, pg_loss, train_log_probs,
+  rollout_log_probs, loss_masks, total_lengths, response_lengths) -> (pg_loss, loss_masks, metrics)``, in place
+  of ``--use-tis``'s clamped weights. ``pg_loss`` is the per-token policy loss (packed, with its gradient);
+  ``train_log_probs`` the trainer's old logprobs (the training forward's own, detached, when the step is
+  on-policy), ``rollout_log_probs`` the engine's, ``loss_masks`` the loss masks, each a list of per-sample 1-D
+  tensors. The returned ``pg_loss`` (packed) is what is reduced, the returned ``loss_masks`` zero tokens out of
+  its numerator (the denominators stay the original masks', as in slime), and every ``metrics`` value (a packed
+  per-token tensor) is reduced like the loss over the original masks and logged under its own key
+  (``train/<key>``). ``--use-mis`` still applies after it.
+- ``--custom-pg-loss-reducer-function-path``: ``fn(total_lengths, response_lengths, loss_masks,
+  calculate_per_token_loss) -> reducer``; ``reducer(pg_loss)`` (packed) gives the micro-batch's policy-loss
+  *sum*, as slime's ``sum_of_sample_mean`` does: slick divides it by the step's samples (or, with
+  ``--calculate-per-token-loss``, its loss tokens), as slime's loss scaling does. The masks are the TIS
+  function's when one ran, as in slime. Other terms and metrics keep slick's reduction.
+
+What slick gives that differs from slime's batch: ``response_lengths`` count each sample's tokens up to its last
+loss-masked one (slick's loss inputs are padded, and trailing tokens outside the loss mask contribute nothing
+to a masked reduction); ``total_lengths`` is not given (slime reads it only for context parallelism, which
+slick does not have): a hook that reads it gets a ValueError naming its flag. ``args`` is the run's flags as a
+namespace.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from slick.plugins import load_function
+
+TIS_FLAG = "--custom-tis-function-path"
+REDUCER_FLAG = "--custom-pg-loss-reducer-function-path"
+
+
+class NotGiven(list):
+    """slime's ``total_lengths``, which slick does not have: reading it raises a ValueError naming the flag."""
+
+    def __init__(self, flag: str):
+        super().__init__()
+        self.flag = flag
+
+    def _refuse(self, *_a, **_k):
+        raise ValueError(f"{self.flag}: slick gives no total_lengths (prompt + response lengths; slime reads them "
+                         f"only for context parallelism); use response_lengths and loss_masks")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = __reversed__ = _refuse
+
+
+def response_lengths(mask: Tensor) -> list[int]:
+    """Each row's length up to its last nonzero mask entry (0 for a row with none)."""
+    m = mask.detach() != 0
+    idx = torch.arange(1, m.shape[-1] + 1, device=m.device).expand_as(m)
+    return [int(x) for x in (idx * m).amax(dim=-1).tolist()] if m.numel() else [0] * m.shape[0]
+
+
+def pack(x: Tensor, lengths: list[int]) -> Tensor:
+    """``[B, T]`` -> slime's packed 1-D tensor of each row's first ``lengths[i]`` values (keeps the gradient)."""
+    return torch.cat([x[i, :n] for i, n in enumerate(lengths)]) if lengths else x.new_zeros(0)
+
+
+def rows(x: Tensor, lengths: list[int]) -> list[Tensor]:
+    """``[B, T]`` -> slime's list of per-sample 1-D tensors."""
+    return [x[i, :n] for i, n in enumerate(lengths)]
+
+
+def unpack(flat: Tensor, lengths: list[int], width: int) -> Tensor:
+    """slime's packed 1-D tensor -> ``[B, width]``, zero-padded (keeps the gradient)."""
+    return torch.stack([F.pad(p, (0, width - p.shape[0])) for p in flat.split(lengths)]) if lengths else \
+        flat.new_zeros(0, width)
+
+
+@dataclass(frozen=True)
+class SlimeLossHooks:
+    """The run's slime loss hooks (build with :meth:`from_config`; None when neither flag is set). Picklable:
+    the functions are module-level and travel by reference to trainer ranks."""
+
+    args: argparse.Namespace
+    tis: Optional[Callable] = None
+    reducer: Optional[Callable] = None
+
+    @classmethod
+    def from_config(cls, cfg) -> Optional["SlimeLossHooks"]:
+        tis = load_function(cfg.custom_tis_function_path, TIS_FLAG) if cfg.use_tis else None
+        reducer = load_function(cfg.custom_pg_loss_reducer_function_path, REDUCER_FLAG)
+        if tis is None and reducer is None:
+            return None
+        return cls(args=argparse.Namespace(**cfg.flat()), tis=tis, reducer=reducer)
+
+    def correct(self, pg: Tensor, old: Tensor, rollout_logprobs: Optional[Tensor], mask: Tensor, red,
+                metrics: dict) -> tuple[Tensor, Tensor]:
+        """slime's TIS function on ``pg`` ``[B, T]``: ``(pg_loss [B, T], its loss mask [B, T])``; the function's
+        metrics, reduced by ``red`` (the original masks), go into ``metrics``."""
+        if rollout_logprobs is None:
+            raise ValueError(f"{TIS_FLAG}: needs the engine's logprobs of every response token (rollout_logprobs); "
+                             f"the micro-batch has none")
+        lengths, width = response_lengths(mask), mask.shape[-1]
+        out = self.tis(args=self.args, pg_loss=pack(pg, lengths),
+                       train_log_probs=rows(old.detach().float(), lengths),
+                       rollout_log_probs=rows(rollout_logprobs.detach().float(), lengths),
+                       loss_masks=rows(mask, lengths), total_lengths=NotGiven(TIS_FLAG),
+                       response_lengths=list(lengths))
+        if not (isinstance(out, (tuple, list)) and len(out) == 3):
+            raise ValueError(f"{TIS_FLAG}: must return (pg_loss, loss_masks, metrics), got {type(out).__name__}")
+        new_pg, new_masks, tis_metrics = out
+        total = sum(lengths)
+        if not isinstance(new_pg, Tensor) or tuple(new_pg.shape) != (total,):
+            raise ValueError(f"{TIS_FLAG}: returned pg_loss of shape {tuple(getattr(new_pg, 'shape', ()))}; it "
+                             f"must be the packed ({total},) tensor it was given")
+        new_masks = list(new_masks)
+        if len(new_masks) != len(lengths) or any(len(m) != n for m, n in zip(new_masks, lengths)):
+            raise ValueError(f"{TIS_FLAG}: returned loss_masks of lengths {[len(m) for m in new_masks]}; they must "
+                             f"match response_lengths {lengths}")
+        mod = unpack(torch.cat([torch.as_tensor(m, dtype=pg.dtype, device=pg.device).reshape(-1)
+                                for m in new_masks]) if new_masks else pg.new_zeros(0), lengths, width)
+        for key, value in (tis_metrics or {}).items():
+            value = torch.as_tensor(value, device=pg.device)
+            if tuple(value.shape) != (total,):
+                raise ValueError(f"{TIS_FLAG}: metric {key!r} has shape {tuple(value.shape)}; metrics are packed "
+                                 f"per-token ({total},) tensors, reduced like the loss")
+            metrics[key] = float(red(unpack(value.detach().to(pg.dtype), lengths, width)))
+        return unpack(new_pg.to(pg.dtype), lengths, width), mod
+
+    def reduce_pg(self, pg: Tensor, loss_mask: Tensor, mask: Tensor, per_token: bool,
+                  num_samples: Optional[float], num_tokens: Optional[float]) -> Tensor:
+        """The policy loss of ``pg`` ``[B, T]`` by slime's reducer over ``loss_mask`` (the TIS function's, else the
+        loss mask), divided as slime's loss scaling divides it: by ``num_samples`` (the step's samples), or with
+        ``per_token`` by ``num_tokens``; unset, this micro-batch's."""
+        lengths = response_lengths(mask)
+        reducer = self.reducer(NotGiven(REDUCER_FLAG), list(lengths), rows(loss_mask, lengths), per_token)
+        if not callable(reducer):
+            raise ValueError(f"{REDUCER_FLAG}: must return the reducer function, got {type(reducer).__name__}")
+        total = reducer(pack(pg, lengths))
+        if not isinstance(total, Tensor) or total.numel() != 1:
+            raise ValueError(f"{REDUCER_FLAG}: the reducer must return a scalar tensor, got "
+                             f"{type(total).__name__} {tuple(getattr(total, 'shape', ()))}")
+        if per_token:
+            denom = float(mask.sum().clamp(min=1.0)) if num_tokens is None else float(num_tokens)
+        else:
+            denom = float(mask.shape[0]) if num_samples is None else float(num_samples)
+        return total.reshape(()) / denom

@@ -1,0 +1,155 @@
+"""slime's train-side hooks, run with slime's arguments and shapes: the TIS function and the pg-loss reducer inside
+the policy objective (slick/algo/slime_loss.py, checked against hand-computed losses), the samples-to-train-data
+conversion and the rollout-data post-process in a real training step on the tiny model, and the eval function."""
+import functools
+import math
+
+import pytest
+import torch
+
+from slick.algo.inputs import LossInputs
+from slick.algo.objective import compute_policy_objective
+from slick.algo.slime_loss import SlimeLossHooks
+from slick.compat.finder import install
+from slick.config import Config
+
+install()   # `import slime` in the plug-ins resolves to slick's stand-in, as when slick loads them
+from tests import slime_train_hook_plugins as plug  # noqa: E402
+from tests.algo_params import params  # noqa: E402
+
+ADV = torch.tensor([[1.0, 2.0, 9.0], [-1.0, 0.5, 3.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+LN2, LN4, LN12 = math.log(2.0), math.log(4.0), math.log(1.2)
+ROLLOUT = torch.tensor([[-LN2, 0.0, 0.0], [LN4, 0.0, -LN12]])   # ratios exp(0 - r): [[2, 1, 1], [0.25, 1, 1.2]]
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    plug.CALLS.clear()
+
+
+def objective(**flags):
+    """The run's objective (slick.algo.assemble.objective_from_config) for a default Config with ``flags``."""
+    from slick.algo.assemble import objective_from_config
+
+    return objective_from_config(Config.from_flat(flags))
+
+
+def run(loss_fn, **kw):
+    """On-policy (old = the logprobs, zeros): the policy loss per token is -A times the TIS weight."""
+    logprobs = torch.zeros(2, 3, requires_grad=True)
+    loss, metrics = loss_fn(LossInputs(logprobs, None, MASK, ADV, rollout_logprobs=ROLLOUT, **kw))
+    loss.backward()
+    return loss, metrics, logprobs.grad
+
+
+def test_sum_reducer_gives_the_masked_sum_over_the_steps_samples():
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer")
+    assert isinstance(fn.keywords["slime"], SlimeLossHooks)
+    loss, metrics, grad = run(fn, num_samples=4.0, num_tokens=10.0)
+    # masked -A: (-1 - 2) + (1 - 0.5 - 3) = -5.5, over the step's 4 samples
+    assert loss.item() == pytest.approx(-5.5 / 4) and metrics["pg_loss"] == pytest.approx(-1.375)
+    assert torch.allclose(grad, -ADV * MASK / 4)
+    ((kind, lengths, masks, per_token),) = plug.CALLS
+    assert (kind, lengths, masks, per_token) == ("reducer", [2, 3], [[1.0, 1.0], [1.0, 1.0, 1.0]], False)
+    # the default reduction of the same inputs: mean of per-sample means, (-1.5 - 2.5 / 3) / 4
+    default, _, _ = run(objective(), num_samples=4.0, num_tokens=10.0)
+    assert default.item() == pytest.approx((-1.5 - 2.5 / 3) / 4)
+
+
+def test_reducer_in_token_mode_divides_by_the_steps_tokens():
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.constant_reducer",
+                   calculate_per_token_loss=True)
+    loss, _, _ = run(fn, num_samples=2.0, num_tokens=5.0)
+    assert loss.item() == pytest.approx((-3.0 / 4 - 2.5 / 4) / 5)
+    assert plug.CALLS == []
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer",
+                   calculate_per_token_loss=True)
+    loss, _, _ = run(fn)                                 # no global normaliser: this micro-batch's 5 tokens
+    assert loss.item() == pytest.approx(-5.5 / 5) and plug.CALLS[0][3] is True
+
+
+def test_clipping_tis_function_gives_the_predicted_loss_and_metrics():
+    fn = objective(use_tis=True, tis_clip=1.5, tis_clip_low=0.5,
+                   custom_tis_function_path="tests.slime_train_hook_plugins.clip_tis")
+    loss, metrics, grad = run(fn, num_samples=2.0)
+    # weights clamp([[2, 1, 1], [0.25, 1, 1.2]], 0.5, 1.5) = [[1.5, 1, -], [0.5, 1, 1.2]]
+    s0, s1 = (-1 * 1.5 - 2 * 1) / 2, (1 * 0.5 - 0.5 * 1 - 3 * 1.2) / 3
+    assert loss.item() == pytest.approx((s0 + s1) / 2)
+    assert metrics["tis"] == pytest.approx(((2 + 1) / 2 + (0.25 + 1 + 1.2) / 3) / 2)
+    assert metrics["tis_clipfrac"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert "tis_mean" not in metrics                  # slick's own TIS did not run as well
+    w = torch.tensor([[1.5, 1.0, 0.0], [0.5, 1.0, 1.2]])
+    assert torch.allclose(grad, -ADV * w / torch.tensor([[2.0], [3.0]]) / 2)
+    ((kind, shape, old, roll, masks, kwargs, grad_flows),) = plug.CALLS
+    assert (kind, tuple(shape), old, masks) == ("tis", (5,), [[0.0, 0.0], [0.0, 0.0, 0.0]],
+                                                [[1.0, 1.0], [1.0, 1.0, 1.0]])
+    assert [r for row in roll for r in row] == pytest.approx([-LN2, 0.0, LN4, 0.0, -LN12])
+    assert [len(row) for row in roll] == [2, 3]
+    assert kwargs == ["response_lengths", "total_lengths"] and grad_flows is True
+    # slime's vanilla TIS is slick's --use-tis at token level: the same loss
+    builtin, _, _ = run(objective(use_tis=True, tis_clip=1.5, tis_clip_low=0.5), num_samples=2.0)
+    assert builtin.item() == pytest.approx(loss.item())
+
+
+def test_tis_function_masks_take_tokens_out_of_the_numerator_and_the_reducer():
+    flags = dict(use_tis=True, tis_clip=1.5, custom_tis_function_path="tests.slime_train_hook_plugins.reject_above")
+    loss, metrics, _ = run(objective(**flags), num_samples=2.0)
+    # token (0, 0) (ratio 2) rejected; the denominators stay the original masks' (2 and 3 tokens)
+    assert loss.item() == pytest.approx((-2 / 2 + (1 - 0.5 - 3) / 3) / 2)
+    assert metrics["rejected"] == pytest.approx((1 / 2 + 0) / 2)
+    loss, _, _ = run(objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer",
+                               **flags), num_samples=2.0)
+    assert loss.item() == pytest.approx((-2 + 1 - 0.5 - 3) / 2)
+    assert plug.CALLS[-1][2] == [[0.0, 1.0], [1.0, 1.0, 1.0]]       # the reducer got the function's masks
+
+
+def test_a_hook_reading_total_lengths_is_told_slick_has_none():
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.reads_total_lengths")
+    with pytest.raises(ValueError, match="--custom-pg-loss-reducer-function-path: slick gives no total_lengths"):
+        run(fn)
+
+
+def test_loss_hooks_keep_zero_advantage_samples_in_the_batch():
+    from slick.algo.batch import TrainBatch
+    from slick.loop.step import without_zero_gradients
+    from slick.types import Sample
+
+    samples = [Sample(index=i, group_index=0, prompt="p", prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1])
+               for i in range(2)]
+    part = TrainBatch.from_samples(samples, [0.0, 1.0]).with_columns(
+        advantages=[torch.zeros(2), torch.ones(2)])
+    cfg = Config.from_flat(dict(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer"))
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer")
+    assert without_zero_gradients(cfg, fn, part) == (part, fn)
+    plain = functools.partial(compute_policy_objective, params())
+    kept, _ = without_zero_gradients(Config.from_flat({}), plain, part)
+    assert len(kept) == 1
+
+
+@pytest.mark.parametrize("argv,problem", [
+    (["--custom-tis-function-path", "a.b"], "is called only with --use-tis"),
+    (["--custom-tis-function-path", "a.b", "--use-tis", "--tis-level", "sequence"], "drop --tis-level sequence"),
+    (["--custom-pg-loss-reducer-function-path", "a.b", "--custom-loss-function-path", "c.d"],
+     "which --custom-loss-function-path replaces"),
+    (["--custom-convert-samples-to-train-data-path", "a.b", "--custom-reward-post-process-path", "c.d"],
+     "replaces slime's reward post-process"),
+])
+def test_hook_flags_refused_where_slime_would_not_call_them(argv, problem):
+    from slick.config import ConfigError
+    from slick.configure import parse_config
+
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(argv, validate=False)
+
+
+def test_hook_flags_parse_by_slimes_names():
+    from slick.configure import parse_config
+
+    cfg = parse_config(["--custom-convert-samples-to-train-data-path", "a.b", "--rollout-data-postprocess-path",
+                        "c.d", "--eval-function-path", "e.f", "--use-tis", "--custom-tis-function-path", "g.h",
+                        "--custom-pg-loss-reducer-function-path", "i.j"], validate=False)
+    assert (cfg.custom_convert_samples_to_train_data_path, cfg.rollout_data_postprocess_path,
+            cfg.eval_function_path, cfg.custom_tis_function_path, cfg.custom_pg_loss_reducer_function_path) == \
+        ("a.b", "c.d", "e.f", "g.h", "i.j")
+    assert cfg.disable_rewards_normalization is True     # slime normalises in the conversion the function replaces
