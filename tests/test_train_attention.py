@@ -164,3 +164,56 @@ def test_cast_once_per_step_gives_the_per_micro_batch_gradients_bit_for_bit(tiny
     assert a.keys() == b.keys()
     for n in a:
         assert torch.equal(a[n], b[n]), (n, (a[n] - b[n]).abs().max())
+
+
+def test_a_long_segment_is_cut_into_exact_causal_blocks():
+    """Rows 0-3: a prompt; rows 4-23: a 20-row response that sees it (long at 16 rows, blocks of 8); rows 24-27:
+    a short sample. The long one goes in blocks of 8, 8 and 4 rows, each with exactly its keys."""
+    seg = Segments.build([(0, 0, 0, 4), (0, 4, 4, 24), (24, 0, 24, 28)], 28, long_rows=16, block_rows=8)
+    assert seg.long == ((0, 4, 4, 0, 8), (0, 4, 4, 8, 16), (0, 4, 4, 16, 20))
+    assert seg.q_index.shape == (2, 4) and seg.slots == 8 + 20
+    assert seg.out_index[4:24].tolist() == list(range(8, 28))
+    groups = list(seg.groups())
+    assert len(groups) == 4
+    q, k, m = groups[2]                                   # rows 12-19: prompt 0-3, then rows 4-19
+    assert q.tolist() == [list(range(12, 20))] and k.tolist() == [list(range(4)) + list(range(4, 20))]
+    assert m.shape == (1, 1, 8, 20) and m[0, 0, 0].int().tolist() == [1] * 13 + [0] * 7
+    assert m[0, 0, 7].all()
+    assert seg.cost == 2 * 4 * 4 + 8 * 12 + 8 * 20 + 4 * 24 and seg.worth_it()
+    pattern = torch.zeros(28, 28, dtype=torch.bool)
+    at = 0
+    for q, k, m in groups:
+        S, Lq = q.shape
+        for slot in range(S * Lq):
+            rows = (seg.out_index == at + slot).nonzero().flatten().tolist()
+            if rows:
+                pattern[rows[0], k[slot // Lq][m[slot // Lq, 0, slot % Lq]]] = True
+        at += S * Lq
+    assert torch.equal(pattern, seg.dense_mask()[0, 0])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_long_segment_blocks_equal_the_dense_mask(tiny_model_dir, fused):
+    """The exact blocks of long segments give the dense mask's logprobs and gradients, through slick's fused
+    layers and through the HF layers (torch's SDPA per block)."""
+    tr = Trainer(make_cfg(tiny_model_dir, disable_fused_layers=not fused))
+    assert bool(tr.fused_layers) is fused
+    samples = long_prompt_samples()
+    mb = pack_shared_prompts(samples, list(range(len(samples))))
+    seg = Segments.build(mb.segments.spans, mb.segments.n, long_rows=16, block_rows=8)
+    assert len(seg.long) == 3 + 3 + 4       # two 20-row prompts in 3 blocks each; the 25-row response in 4
+    lp_b, ent_b, g_b = _run(tr, mb, (seg.mask, seg))
+    lp_d, ent_d, g_d = _run(tr, mb, (seg.dense_mask(), None))
+    assert torch.allclose(lp_b, lp_d, atol=1e-5, rtol=0), (lp_b - lp_d).abs().max()
+    assert torch.allclose(ent_b, ent_d, atol=0, rtol=1e-5)
+    assert g_b.keys() == g_d.keys() and len(g_b) > 10
+    for n in g_b:
+        assert torch.allclose(g_b[n], g_d[n], atol=1e-5, rtol=1e-4), (n, (g_b[n] - g_d[n]).abs().max())
+
+
+def _run(trainer, mb, attention):
+    trainer.model.zero_grad(set_to_none=True)
+    lp, ent = trainer._fwd(mb.input_ids, mb.position_ids, attention, mb.gather_index, mb.targets, 1.0, 64, True, True)
+    (lp.sum() + 0.1 * ent.sum()).backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()
+                                       if p.grad is not None}

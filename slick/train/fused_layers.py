@@ -105,63 +105,80 @@ def rope_backward(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return g * cos + torch.cat((gs[..., h:], -gs[..., :h]), -1)
 
 
-def _gather_qkv(seg: Segments, q, k, v, kvh: int):
-    """Per segment: queries ``[S, KVH, r*Lq, D]`` (the r query heads of a kv head stacked), keys and values
+def _gather_qkv(q_index, k_index, q, k, v, kvh: int):
+    """Per block: queries ``[S, KVH, r*Lq, D]`` (the r query heads of a kv head stacked), keys and values
     ``[S, KVH, Lk, D]``, from ``[N, heads, D]`` rows."""
-    S, Lq = seg.q_index.shape
-    Lk = seg.k_index.shape[1]
+    S, Lq = q_index.shape
+    Lk = k_index.shape[1]
     H, D = q.shape[1], q.shape[2]
     r = H // kvh
-    Q = q.index_select(0, seg.q_index.reshape(-1)).view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4)
-    K = k.index_select(0, seg.k_index.reshape(-1)).view(S, Lk, kvh, D).transpose(1, 2)
-    V = v.index_select(0, seg.k_index.reshape(-1)).view(S, Lk, kvh, D).transpose(1, 2)
+    Q = q.index_select(0, q_index.reshape(-1)).view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4)
+    K = k.index_select(0, k_index.reshape(-1)).view(S, Lk, kvh, D).transpose(1, 2)
+    V = v.index_select(0, k_index.reshape(-1)).view(S, Lk, kvh, D).transpose(1, 2)
     return Q.reshape(S, kvh, r * Lq, D), K, V
 
 
-def _probs_scores(seg: Segments, Q, K, scale: float, acc: torch.dtype):
+def _probs_scores(mask, Q, K, scale: float, acc: torch.dtype):
     """fp32 masked scores ``[S, KVH, r, Lq, Lk]`` of gathered ``Q``, ``K``."""
     S, kvh, rLq, _ = Q.shape
-    Lq, Lk = seg.q_index.shape[1], K.shape[2]
+    Lq, Lk = mask.shape[2], K.shape[2]
     s = torch.matmul(Q, K.transpose(-1, -2)).to(acc).mul_(scale).view(S, kvh, rLq // Lq, Lq, Lk)
-    return s.masked_fill_(~seg.mask.view(S, 1, 1, Lq, Lk), float("-inf"))
+    return s.masked_fill_(~mask.view(S, 1, 1, Lq, Lk), float("-inf"))
 
 
 def segment_attention(seg: Segments, q, k, v, scale: float):
     """Attention over packed segments (``slick.train.attention``): ``q [N, H, D]``, ``k``/``v [N, KVH, D]`` in
-    the matmul dtype -> ``(out [N, H*D], lse [S, KVH, r, Lq, 1])``; scores and softmax in fp32."""
+    the matmul dtype -> ``(out [N, H*D], lse)``, one group of blocks at a time (``Segments.groups``); ``lse``: the
+    groups' log-sum-exps ``[S, KVH, r, Lq, 1]`` flattened and concatenated. Scores and softmax in fp32."""
     N, H, D = q.shape
     kvh = k.shape[1]
-    S, Lq = seg.q_index.shape
-    Q, K, V = _gather_qkv(seg, q, k, v, kvh)
-    s = _probs_scores(seg, Q, K, scale, _acc(q.dtype))
-    lse = logsumexp(s, -1, keepdim=True)
-    p = exp_(s.sub_(lse)).to(v.dtype).view(S, kvh, -1, K.shape[2])
-    o = torch.matmul(p, V).view(S, kvh, H // kvh, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H * D)
-    return o.index_select(0, seg.out_index), lse
+    outs, lses = [], []
+    for q_index, k_index, mask in seg.groups():
+        S, Lq = q_index.shape
+        Q, K, V = _gather_qkv(q_index, k_index, q, k, v, kvh)
+        s = _probs_scores(mask, Q, K, scale, _acc(q.dtype))
+        lse = logsumexp(s, -1, keepdim=True)
+        p = exp_(s.sub_(lse)).to(v.dtype).view(S, kvh, -1, K.shape[2])
+        del s
+        outs.append(torch.matmul(p, V).view(S, kvh, H // kvh, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H * D))
+        lses.append(lse.reshape(-1))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out.index_select(0, seg.out_index), (lses[0] if len(lses) == 1 else torch.cat(lses))
 
 
 def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, dout):
-    """``(dq, dk, dv)`` (fp32, shapes of ``q``, ``k``, ``v``) of :func:`segment_attention` given ``dout [N, H*D]``."""
+    """``(dq, dk, dv)`` (fp32, shapes of ``q``, ``k``, ``v``) of :func:`segment_attention` given ``dout [N, H*D]``,
+    one group of blocks at a time, recomputing each group's probabilities from its log-sum-exp."""
     N, H, D = q.shape
     kvh = k.shape[1]
     r = H // kvh
-    S, Lq = seg.q_index.shape
-    Lk = seg.k_index.shape[1]
     acc = _acc(q.dtype)
-    Q, K, V = _gather_qkv(seg, q, k, v, kvh)
-    p = exp_(_probs_scores(seg, Q, K, scale, acc).sub_(lse))                  # [S, KVH, r, Lq, Lk]
-    do = q.new_zeros(S * Lq, H * D).index_copy_(0, seg.out_index, dout.to(q.dtype))
-    do = do.view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, r * Lq, D)
-    pv = p.to(v.dtype).view(S, kvh, r * Lq, Lk)
-    dV = torch.matmul(pv.transpose(-1, -2), do)                                  # [S, KVH, Lk, D]
-    dp = torch.matmul(do, V.transpose(-1, -2)).to(acc).view_as(p)
-    ds = dp.sub_((p * dp).sum(-1, keepdim=True)).mul_(p).mul_(scale).to(q.dtype).view(S, kvh, r * Lq, Lk)
-    dQ = torch.matmul(ds, K).view(S, kvh, r, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H, D)
-    dK = torch.matmul(ds.transpose(-1, -2), Q)                                   # [S, KVH, Lk, D]
-    k_rows = seg.k_index.reshape(-1)
-    dq = dQ.index_select(0, seg.out_index).to(acc)
-    dk = q.new_zeros(N, kvh, D, dtype=acc).index_add_(0, k_rows, dK.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
-    dv = q.new_zeros(N, kvh, D, dtype=acc).index_add_(0, k_rows, dV.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
+    do_all = q.new_zeros(seg.slots, H * D).index_copy_(0, seg.out_index, dout.to(q.dtype))
+    dqs = []
+    dk = q.new_zeros(N, kvh, D, dtype=acc)
+    dv = q.new_zeros(N, kvh, D, dtype=acc)
+    row = at = 0
+    for q_index, k_index, mask in seg.groups():
+        S, Lq = q_index.shape
+        Lk = k_index.shape[1]
+        Q, K, V = _gather_qkv(q_index, k_index, q, k, v, kvh)
+        n_lse = S * kvh * r * Lq
+        p = exp_(_probs_scores(mask, Q, K, scale, acc).sub_(lse[at:at + n_lse].view(S, kvh, r, Lq, 1)))
+        at += n_lse
+        do = do_all[row:row + S * Lq]
+        row += S * Lq
+        do = do.view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, r * Lq, D)
+        pv = p.to(v.dtype).view(S, kvh, r * Lq, Lk)
+        dV = torch.matmul(pv.transpose(-1, -2), do)                                  # [S, KVH, Lk, D]
+        dp = torch.matmul(do, V.transpose(-1, -2)).to(acc).view_as(p)
+        ds = dp.sub_((p * dp).sum(-1, keepdim=True)).mul_(p).mul_(scale).to(q.dtype).view(S, kvh, r * Lq, Lk)
+        del p, pv, dp
+        dqs.append(torch.matmul(ds, K).view(S, kvh, r, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H, D))
+        dK = torch.matmul(ds.transpose(-1, -2), Q)                                   # [S, KVH, Lk, D]
+        k_rows = k_index.reshape(-1)
+        dk.index_add_(0, k_rows, dK.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
+        dv.index_add_(0, k_rows, dV.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
+    dq = (dqs[0] if len(dqs) == 1 else torch.cat(dqs)).index_select(0, seg.out_index).to(acc)
     return dq, dk, dv
 
 
