@@ -16,6 +16,7 @@ from slick.config import Config
 install()   # `import slime` in the plug-ins resolves to slick's stand-in, as when slick loads them
 from tests import slime_train_hook_plugins as plug  # noqa: E402
 from tests.algo_params import params  # noqa: E402
+from tests.test_loop import prompts  # noqa: E402,F401  (a fixture: prompts and the even_rm reward)
 
 ADV = torch.tensor([[1.0, 2.0, 9.0], [-1.0, 0.5, 3.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -153,3 +154,91 @@ def test_hook_flags_parse_by_slimes_names():
             cfg.eval_function_path, cfg.custom_tis_function_path, cfg.custom_pg_loss_reducer_function_path) == \
         ("a.b", "c.d", "e.f", "g.h", "i.j")
     assert cfg.disable_rewards_normalization is True     # slime normalises in the conversion the function replaces
+
+
+def loop_run(tiny_model_dir, prompts, tmp_path, **flags):
+    """One training step of slick train on the tiny model with ``flags``; (debug train rows, metrics rows)."""
+    import asyncio
+    import json
+
+    from slick.loop.sync import train
+    from tests.test_loop import make_cfg as loop_cfg
+
+    cfg = loop_cfg(tiny_model_dir, prompts, tmp_path / "run", num_rollout=1, rollout_max_response_len=4,
+                   save_debug_train_data=str(tmp_path / "dbg"), **flags)
+    asyncio.run(train(cfg))
+    rows = [json.loads(x) for x in (tmp_path / "dbg" / "train_0.jsonl").read_text().splitlines()]
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return rows, metrics
+
+
+def test_convert_and_postprocess_set_what_the_step_trains_on(tiny_model_dir, prompts, tmp_path):  # noqa: F811
+    """--custom-convert-samples-to-train-data-path: called with the step's slime Samples; its rewards (the sample
+    index) are GRPO's advantages and its loss masks are trained with. --rollout-data-postprocess-path: called after
+    the advantages with slime's dict; the doubled advantages and the masks it cut are trained on."""
+    rows, metrics = loop_run(tiny_model_dir, prompts, tmp_path, disable_rewards_normalization=True,
+                             custom_convert_samples_to_train_data_path="tests.slime_train_hook_plugins.convert_rank",
+                             rollout_data_postprocess_path="tests.slime_train_hook_plugins.double_advantages")
+    (convert,) = [c for c in plug.CALLS if c[0] == "convert"]
+    assert [(is_slime, i) for is_slime, i, _ in convert[1]] == [(True, i) for i in range(8)]
+    (post,) = [c for c in plug.CALLS if c[0] == "postprocess"]
+    _, rollout_id, keys, tokens, lengths, totals, seen_adv = post
+    assert rollout_id == 0
+    assert {"tokens", "response_lengths", "total_lengths", "loss_masks", "rewards", "advantages", "returns",
+            "sample_indices", "truncated", "rollout_log_probs"} <= set(keys)
+    assert "log_probs" not in keys                   # one on-policy optimizer step: no old logprobs, as in slime
+    assert [dt for dt, _ in tokens] == [torch.long] * 8
+    assert lengths == [len(r["response_ids"]) for r in rows]
+    assert [n for _, n in tokens] == totals and all(t > n for t, n in zip(totals, lengths))
+    for r, adv in zip(rows, seen_adv):
+        assert r["reward"] == r["index"]                               # the function's rewards
+        assert adv == [0.0] + [float(r["index"])] * (len(adv) - 1)   # GRPO: the reward, on the loss tokens
+        assert r["advantages"] == pytest.approx([2.0 * a for a in adv])  # the post-process doubled them
+        n = len(r["response_ids"])
+        assert r["loss_mask"] == ([0] + [1] * (n - 1))[:n - 1] + [0]    # convert cut the first, post the last
+    assert metrics[0]["train/slime_raw_reward"] == 10.0
+    # the trained loss tokens (sample 0, all advantages 0, is left out of the forward: slick/loop/step.py)
+    assert metrics[0]["train/response_tokens"] == sum(max(len(r["response_ids"]) - 2, 0) for r in rows[1:])
+
+
+class _Tok:
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+def _samples():
+    from slick.types import Sample
+
+    return [Sample(index=i, group_index=0, prompt="p", prompt_ids=[1, 2], response_ids=[3, 4, 5], loss_mask=[1, 1, 1],
+                   reward=float(i)) for i in range(2)]
+
+
+def test_convert_must_keep_every_sample_and_postprocess_every_token():
+    from slick.algo.batch import TrainBatch
+    from slick.loop.slime_data import SlimeTrainData
+
+    cfg = Config.from_flat({})
+    drops = SlimeTrainData(cfg, _Tok(), plug.convert_drops_one, None)
+    with pytest.raises(ValueError, match="'tokens' has 1 entries for 2 samples"):
+        drops.convert_samples(_samples(), [0.0, 1.0])
+    ok = SlimeTrainData(cfg, _Tok(), plug.convert_rank, None)
+    samples = _samples()
+    assert ok.convert_samples(samples, [5.0, 5.0]) == ([0.0, 1.0], {"train/slime_raw_reward": 10.0})
+    assert [s.loss_mask for s in samples] == [[0, 1, 1], [0, 1, 1]]
+    cut = SlimeTrainData(cfg, _Tok(), None, plug.cut_a_token)
+    batch = TrainBatch.from_samples(_samples(), [0.0, 1.0]).with_columns(advantages=[torch.ones(3), torch.ones(3)])
+    with pytest.raises(ValueError, match=r"rollout_data\['loss_masks'\] has an entry of 2 values for a 3-token"):
+        cut.postprocess_batch(batch, 0)
+
+
+def test_eval_function_runs_in_place_of_slicks_evaluation(tiny_model_dir, prompts, tmp_path):  # noqa: F811
+    rows, metrics = loop_run(tiny_model_dir, prompts, tmp_path, eval_interval=1,
+                             eval_prompt_data=["held", str(prompts)],
+                             eval_function_path="tests.slime_train_hook_plugins.eval_fixed")
+    evals = [c for c in plug.CALLS if c[0] == "eval"]
+    assert evals == [("eval", 0, True, "DataSource", ["held", str(prompts)])] * 2   # before step 1 and after it
+    for m in metrics:
+        assert (m["eval/mine"], m["eval/mine-truncated_ratio"], m["eval/extra"]) == (0.5, 0.25, 7.0)
+        assert not any(k.startswith("eval/held") for k in m)
+    from slick.loop.slime_eval import eval_metrics
+    assert eval_metrics(plug.eval_legacy(None, 0, None)) == {"eval/plain": 3.0}

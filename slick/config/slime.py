@@ -287,6 +287,8 @@ def _slime_hooks(ns: dict, problems: list[str]) -> None:
                             "rewards are the ones trained on): give it or --custom-reward-post-process-path")
         else:
             ns["disable_rewards_normalization"] = True   # slime normalises rewards in the conversion it replaces
+    if ns.get("eval_function_path") and ns.get("loss_type") == "sft_loss":
+        problems.append("--eval-function-path: slick evaluates an SFT run on its held-out chats (--eval-prompt-data)")
     loss_hooks = [f for f in ("custom_tis_function_path", "custom_pg_loss_reducer_function_path") if ns.get(f)]
     other = "--custom-loss-function-path" if ns.get("custom_loss_function_path") else \
         "--loss-type sft_loss" if ns.get("loss_type") == "sft_loss" else None

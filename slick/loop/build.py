@@ -37,6 +37,8 @@ from slick.config.sft_distill import is_sft
 from slick.config.slime import has_checkpoint   # --load of a directory with no checkpoint yet: a fresh start
 from slick.loop.parts import Parts, Processes, RolloutParts, RunOutputs, StepRange, TrainParts
 from slick.loop.sft_inputs import check_teacher, sft_inputs
+from slick.loop.slime_data import SlimeTrainData
+from slick.loop.slime_eval import SlimeEval
 from slick.algo.assemble import Advantages, objective_from_config
 from slick.loop.threads import ThreadPolicy
 from slick.loop.weights import EngineWeights
@@ -136,9 +138,11 @@ def _build(cfg: Config, mode: str, processes: Processes) -> Parts:
     return Parts(
         mode=mode,
         rollout_parts=RolloutParts(data=data, eval_sets=eval_sets, buffer=buffer, rewards=rewards,
-                                   rollout_fn=rollout_fn, engines=engines, engine=engine, manager=manager),
+                                   rollout_fn=rollout_fn, engines=engines, engine=engine, manager=manager,
+                                   slime_eval=SlimeEval.from_config(cfg, tok)),
         train_parts=TrainParts(trainer=trainer, critic=critic, objective=objective, advantages=advantages,
-                               threads=threads, pool=pool, weights=weights, teacher=teacher),
+                               threads=threads, pool=pool, weights=weights, teacher=teacher,
+                               slime_data=SlimeTrainData.from_config(cfg, tok)),
         outputs=RunOutputs(run_dir=run_dir, logger=logger, progress=progress, store=store, timeline=timeline,
                            events=events, exporter=exporter),
         steps=steps, processes=processes)

@@ -28,6 +28,8 @@ from slick.data.dataset import PromptDataset
 from slick.data.source import DataSource
 from slick.engine.base import Engine
 from slick.factory.engines import EngineSet
+from slick.loop.slime_data import SlimeTrainData
+from slick.loop.slime_eval import SlimeEval
 from slick.loop.threads import ThreadPolicy
 from slick.loop.weights import EngineWeights
 from slick.observe.metrics import MetricsLogger
@@ -57,6 +59,7 @@ class RolloutParts:
     engines: Optional[EngineSet]                # None: --load-debug-rollout-data, SFT
     engine: Optional[Engine]                    # the one the rollout talks to (train-async: InterruptibleEngine)
     manager: Optional[RolloutManager]           # None without engines
+    slime_eval: Optional[SlimeEval] = None      # slime's --eval-function-path (slick/loop/slime_eval.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +74,7 @@ class TrainParts:
     pool: ThreadPoolExecutor                    # the training thread: the event loop never waits for training
     weights: Optional[EngineWeights]            # where trainer.send_weights goes (None without engines)
     teacher: Optional[Teacher]                  # --use-opd: the teacher's scorer (slick/train/opd_teacher.py)
+    slime_data: Optional[SlimeTrainData] = None  # slime's train-data hooks (slick/loop/slime_data.py)
 
 
 @dataclass(frozen=True, eq=False)

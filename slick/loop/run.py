@@ -52,6 +52,7 @@ class Run:
     steps: StepRange
     processes: Processes
     engine_version: int             # the weight version the engines hold (a replacement engine is brought to it)
+    trained_step: int               # the last rollout step trained (0 before any)
     _traced: float                  # when --trace-file was last written (time.monotonic)
 
     def __init__(self, cfg: Config, overlap: bool = False, parts: Optional[Parts] = None):
@@ -64,6 +65,7 @@ class Run:
         self.steps = parts.steps
         self.processes = parts.processes
         self.engine_version = 0
+        self.trained_step = max(self.steps.start - 1, 0)   # the last step trained: slime's eval rollout_id
         self._traced = -1e9
 
     @property
@@ -127,14 +129,18 @@ class Run:
         samples = [s for g in groups for s in g]
         if not samples:
             return {}
+        self.trained_step = step
         if self.outputs.exporter is not None:
             self.outputs.exporter.observe_trained(samples, self.train_parts.trainer.version)
         rewards, bad = self.train_rewards(samples)
         if bad:
             log.warning("step %d: %d non-finite reward(s) (sample indices %s) replaced by --rm-failure-reward %s",
                         step, len(bad), bad[:10], self.cfg.rm_failure_reward)
-        manager = self.rollout_parts.manager
+        manager, slime = self.rollout_parts.manager, self.train_parts.slime_data
+        postprocess = slime.postprocess_batch if slime is not None and slime.postprocess else None
         post = manager.reward_post if manager is not None else None
+        if slime is not None and slime.convert is not None:   # slime's samples-to-train-data (slick/loop/slime_data.py)
+            post = slime.convert_samples
         if post is not None:      # slime's --custom-reward-post-process-path: its rewards are the advantages' input
             rewards, post_metrics = post(samples, rewards)
         samples, rewards, shaped = shape_for_training(self.cfg, samples, rewards)   # DAPO: overlong, truncated
@@ -150,7 +156,8 @@ class Run:
         try:
             metrics, batch = train_on_batch(self.cfg, self.train_parts.trainer, batch, self.train_parts.objective,
                                             step, critic=self.train_parts.critic,
-                                            advantages=self.train_parts.advantages)
+                                            advantages=self.train_parts.advantages,
+                                            postprocess=postprocess)
         except NonFiniteTrainingError as e:
             if dump:
                 debug.save_train_data(dump, step, e.batch, debug_logp)
@@ -248,10 +255,11 @@ class Run:
     def evaluates_beside_rollout(self) -> bool:
         """Whether an evaluation may run while the next rollout generates on the same engine (`slick train`
         overlaps them): the built-in rollout without a dynamic-sampling filter, which never aborts the engine's
-        other requests (over-sampling aborts every request left when the batch is full)."""
+        other requests (over-sampling aborts every request left when the batch is full), and no slime eval function
+        (it is given the data source the rollout draws from)."""
         manager = self.rollout_parts.manager
         return (manager is not None and self.rollout_parts.rollout_fn is None and manager.filter_fn is None
-                and not is_sft(self.cfg))
+                and not is_sft(self.cfg) and self.rollout_parts.slime_eval is None)
 
     async def evaluate(self) -> dict:
         eval_sets, manager = self.rollout_parts.eval_sets, self.rollout_parts.manager
@@ -260,6 +268,8 @@ class Run:
                                                                     self.train_parts.trainer, eval_sets)
         if not eval_sets or not manager:
             return {}
+        if self.rollout_parts.slime_eval is not None:   # slime's --eval-function-path (slick/loop/slime_eval.py)
+            return await self.rollout_parts.slime_eval(manager, self.trained_step)
         return await evaluate(self.cfg, manager, eval_sets)
 
     def save(self, step: int) -> None:

@@ -77,7 +77,7 @@ def train_on_samples(cfg: Config, trainer, samples, rewards: list[float], loss_f
 
 
 def train_on_batch(cfg: Config, trainer, batch: TrainBatch, loss_fn, step: int, critic=None,
-                   advantages: Advantages | None = None) -> tuple[dict, TrainBatch]:
+                   advantages: Advantages | None = None, postprocess=None) -> tuple[dict, TrainBatch]:
     """Compute advantages and run ``num_steps_per_rollout`` optimizer steps for rollout step ``step``.
 
     Returns (metrics, batch) where batch has gained its logprob, value, advantage and return columns.
@@ -86,6 +86,8 @@ def train_on_batch(cfg: Config, trainer, batch: TrainBatch, loss_fn, step: int, 
     gradient norm), raises :class:`NonFiniteTrainingError` naming the step.
 
     ``advantages``: the run's assembly (built once by ``slick.loop.build``; from ``cfg`` when not given).
+    ``postprocess(batch, step) -> batch``: slime's --rollout-data-postprocess-path (slick/loop/slime_data.py), after
+    the advantages and before any optimizer step.
     With a ``critic`` (PPO): its values for these samples (as trained) feed GAE, the critic takes
     --critic-num-steps-per-rollout steps on the returns (``slick.train.critic.train_critic``, ``critic/*``
     metrics), and during the first --num-critic-only-steps rollout steps the actor takes none.
@@ -97,6 +99,8 @@ def train_on_batch(cfg: Config, trainer, batch: TrainBatch, loss_fn, step: int, 
     batch = (advantages or Advantages.from_config(cfg))(batch)
     opd = {} if batch.teacher_logprobs is None else opd_metrics(batch.teacher_logprobs, student_logprobs(batch),
                                                                 batch.loss_mask)   # opd/kl, opd/*_logprob
+    if postprocess is not None:
+        batch = postprocess(batch, step)
     critic_metrics: dict = {}
     if critic is not None:
         critic_metrics = train_critic(cfg, critic, batch)
