@@ -45,6 +45,7 @@ from slick.loop.weights import EngineWeights
 from slick.models.tokenizer import load_tokenizer
 from slick.observe.metrics import MetricsLogger
 from slick.observe.progress import Progress
+from slick.observe.step_progress import StepWatch
 from slick.observe.prometheus import RunEvents, start_exporter
 from slick.observe.store import RolloutStore
 from slick.plugins import load_function
@@ -131,6 +132,8 @@ def _build(cfg: Config, mode: str, processes: Processes) -> Parts:
     teacher = processes.teacher = make_teacher(cfg, trainer, pool)   # --use-opd (slick/factory/teacher.py)
     exporter = processes.exporter = start_exporter(cfg.logging, run_dir, events=events, buffer=buffer,
                                                    trainer=trainer, engines=engines)
+    watch = StepWatch(progress.write, _engine_tokens(engines), lambda: getattr(trainer, "work", None),
+                      cfg.rollout_batch_size * cfg.n_samples_per_prompt, cfg.rollout_max_response_len, steps.stop)
     if trainer is None or trainer.device.type == "cpu":
         release_free_memory()   # what loading the models freed
     if threads.share_cores:
@@ -144,7 +147,7 @@ def _build(cfg: Config, mode: str, processes: Processes) -> Parts:
                                threads=threads, pool=pool, weights=weights, teacher=teacher,
                                slime_data=SlimeTrainData.from_config(cfg, tok)),
         outputs=RunOutputs(run_dir=run_dir, logger=logger, progress=progress, store=store, timeline=timeline,
-                           events=events, exporter=exporter),
+                           events=events, exporter=exporter, step_watch=watch),
         steps=steps, processes=processes)
 
 
@@ -208,3 +211,9 @@ def resume(cfg: Config, trainer, critic, data, buffer) -> int:
         buffer.load_state_dict(state["buffer"])
     log.info("resumed from %s at step %d", cfg.load, step)
     return step
+
+
+def _engine_tokens(engines):
+    """``() -> generated tokens so far`` of the in-process engine (None where the engines are elsewhere)."""
+    stats = getattr(engines.engine, "stats", None) if engines is not None else None
+    return (lambda: stats()["generated_tokens_total"]) if stats is not None else (lambda: None)

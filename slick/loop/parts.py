@@ -34,6 +34,7 @@ from slick.loop.threads import ThreadPolicy
 from slick.loop.weights import EngineWeights
 from slick.observe.metrics import MetricsLogger
 from slick.observe.progress import Progress
+from slick.observe.step_progress import StepWatch
 from slick.observe.prometheus import RunEvents, RunExporter
 from slick.observe.store import RolloutStore
 from slick.reward import RewardHub
@@ -88,6 +89,7 @@ class RunOutputs:
     timeline: Optional[Timeline]                # generation and waits over time; --trace-file's spans
     events: Optional[RunEvents]                 # --prometheus-port: the counters the parts report into
     exporter: Optional[RunExporter]             # --prometheus-port: the run's /metrics
+    step_watch: Optional[StepWatch] = None      # lines inside a long step (tokens generated, micro-batches, ETA)
 
 
 @dataclass(frozen=True)

@@ -284,6 +284,12 @@ class Run:
         if cfg.save_hf:
             self.outputs.progress.write(f"wrote HF model {save_hf(cfg.save_hf, trainer)}")
 
+    def watch_step(self, step: int) -> asyncio.Future:
+        """A task writing lines inside step ``step`` once it runs long (slick/observe/step_progress.py); the
+        driver cancels it when the step is done."""
+        watch = self.outputs.step_watch
+        return asyncio.ensure_future(watch.watch(step) if watch is not None else asyncio.sleep(0))
+
     def log(self, metrics: dict, step: int) -> None:
         out = self.outputs
         out.logger.log(metrics, step)

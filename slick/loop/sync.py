@@ -56,6 +56,7 @@ async def train(cfg: Config) -> Run:
         if steps.start == 0 and rollout_parts.eval_sets:
             held = await evaluate(run, 0, {}, beside=steps.start < steps.stop)
         for step in range(steps.start, steps.stop):
+            watch = run.watch_step(step)           # lines inside a long step, until cancelled
             t0 = time.perf_counter()
             rollout = asyncio.ensure_future(run.rollout(step))
             held = start_held(held)                # after the rollout: the engine's queue serves the rollout first
@@ -85,6 +86,7 @@ async def train(cfg: Config) -> Run:
                 metrics.update(rollout_parts.engines.fault_metrics())   # fault/* with --use-fault-tolerance
             metrics["perf/step_time"] = time.perf_counter() - t0
             metrics["perf/tokens_per_sec"] = tokens_per_sec(metrics, metrics["perf/step_time"])
+            watch.cancel()
             if run.outputs.timeline is not None:
                 metrics.update(run.outputs.timeline.take())   # engine busy fraction, reward waits overlapped/exposed
             done = step + 1

@@ -59,6 +59,7 @@ async def train_async(cfg: Config) -> Run:
             run.log(await run.evaluate(), 0)
         last, filtered = time.perf_counter(), 0
         for step in range(steps.start, steps.stop):
+            watch = run.watch_step(step)           # lines inside a long step, until cancelled
             t0 = time.perf_counter()
             batch = await producer.take(run.version, cfg.async_timeout)
             metrics = {"perf/trainer_idle_time": time.perf_counter() - t0}
@@ -85,6 +86,7 @@ async def train_async(cfg: Config) -> Run:
                 metrics["perf/paused_time"] = engine.paused_time - paused0
             metrics["perf/step_time"] = time.perf_counter() - t0    # as slick train's: evaluation and saving apart
             metrics["perf/tokens_per_sec"] = tokens_per_sec(metrics, metrics["perf/step_time"])
+            watch.cancel()
             if rollout_parts.eval_sets and due(done, cfg.eval_interval, steps.stop):
                 metrics.update(await run.evaluate())
             if (cfg.save or cfg.save_hf) and due(done, cfg.save_interval if cfg.save else None, steps.stop):

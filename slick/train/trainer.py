@@ -107,6 +107,9 @@ class Trainer:
         self.version = 0
         self.skipped_steps = 0      # optimizer steps skipped for a non-finite loss or gradient norm
         self.thread_budget = thread_budget   # () -> CPU threads for the next micro-batch or None (loop/threads.py)
+        #: the pass under way, read by the step's progress lines (slick/observe/step_progress.py):
+        #: (what, micro-batches done, of how many), or None between passes
+        self.work: Optional[tuple[str, int, int]] = None
         self._nonfinite_losses = 0  # micro-batches of the last forward_backward with a non-finite loss
         self.ref_model, self._ref_fwd = None, None   # the KL terms' frozen reference (slick/train/frozen.py)
         if self.has_ref and self.lora is None:   # LoRA's reference: the base, adapters disabled
@@ -172,16 +175,21 @@ class Trainer:
             plans.append([[share[j] for j in mb] for mb in split([samples[i] for i in share])])
         return plans
 
-    def _micro_batches(self, plan: list[list[list[int]]]) -> Iterator[Optional[list[int]]]:
+    def _micro_batches(self, plan: list[list[list[int]]], what: str) -> Iterator[Optional[list[int]]]:
         """This rank's micro-batches in order, then ``None`` for each padding pass; before each, the CPU thread
-        count from ``thread_budget`` when one is set."""
+        count from ``thread_budget`` when one is set. :attr:`work` says how far the pass (``what``) is."""
         mine = plan[self.rank if self.fsdp else 0]
         pads = max(len(p) for p in plan) - len(mine)
-        for idx in list(mine) + [None] * pads:
-            threads = self.thread_budget() if self.thread_budget is not None else None
-            if threads is not None:
-                torch.set_num_threads(threads)
-            yield idx
+        todo = list(mine) + [None] * pads
+        try:
+            for done, idx in enumerate(todo):
+                self.work = (what, done, len(todo))
+                threads = self.thread_budget() if self.thread_budget is not None else None
+                if threads is not None:
+                    torch.set_num_threads(threads)
+                yield idx
+        finally:
+            self.work = None
 
     def _pad_pass(self, fwd, backward: bool) -> None:
         """A one-token forward (and backward of a zero loss) that only runs FSDP's collectives."""
@@ -228,7 +236,7 @@ class Trainer:
         plan = self._plan(samples)
         lora_mode = self.lora.mode(which == "ref") if self.lora is not None else contextlib.nullcontext()
         with self._collective(f"compute_logprobs({which!r})"), self._cast_once(), lora_mode:
-            for idx in self._micro_batches(plan):
+            for idx in self._micro_batches(plan, f"{which} logprobs"):
                 if idx is None:
                     self._pad_pass(fwd, backward=False)
                     continue
@@ -298,7 +306,7 @@ class Trainer:
         self._nonfinite_losses = 0
         plan = self._plan(samples)
         with self._collective("train_step forward/backward"), self._cast_once():
-            for idx in self._micro_batches(plan):
+            for idx in self._micro_batches(plan, "training"):
                 if idx is None:
                     self._pad_pass(self._fwd, backward=True)
                     continue
