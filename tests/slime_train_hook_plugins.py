@@ -11,7 +11,8 @@ CALLS: list = []
 # --custom-pg-loss-reducer-function-path: fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss)
 def sum_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
     """Sums every masked token's loss (no per-sample mean)."""
-    CALLS.append(("reducer", list(response_lengths), [m.tolist() for m in loss_masks], calculate_per_token_loss))
+    CALLS.append(("reducer", list(response_lengths), [m.tolist() for m in loss_masks], calculate_per_token_loss,
+                  {m.dtype for m in loss_masks}))
 
     def reduce(x: torch.Tensor) -> torch.Tensor:
         return sum((x_i * m_i).sum() for x_i, m_i in zip(x.split(response_lengths, dim=0), loss_masks))
@@ -34,7 +35,8 @@ def reads_total_lengths(total_lengths, response_lengths, loss_masks, calculate_p
 def clip_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
     """slime's vanilla TIS, clamped to [args.tis_clip_low, args.tis_clip]."""
     CALLS.append(("tis", pg_loss.shape, [t.tolist() for t in train_log_probs], [t.tolist() for t in rollout_log_probs],
-                  [m.tolist() for m in loss_masks], sorted(kwargs), pg_loss.requires_grad))
+                  [m.tolist() for m in loss_masks], sorted(kwargs), pg_loss.requires_grad,
+                  {m.dtype for m in loss_masks}))
     ratio = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
     weights = ratio.clamp(min=args.tis_clip_low, max=args.tis_clip)
     return pg_loss * weights, loss_masks, {"tis": ratio, "tis_clipfrac": (weights != ratio).float()}

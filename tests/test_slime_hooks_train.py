@@ -3,6 +3,7 @@ the policy objective (slick/algo/slime_loss.py, checked against hand-computed lo
 conversion and the rollout-data post-process in a real training step on the tiny model, and the eval function."""
 import functools
 import math
+import pickle
 
 import pytest
 import torch
@@ -47,12 +48,13 @@ def run(loss_fn, **kw):
 def test_sum_reducer_gives_the_masked_sum_over_the_steps_samples():
     fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer")
     assert isinstance(fn.keywords["slime"], SlimeLossHooks)
+    assert pickle.loads(pickle.dumps(fn)).keywords["slime"].reducer is plug.sum_reducer   # to Ray trainer ranks
     loss, metrics, grad = run(fn, num_samples=4.0, num_tokens=10.0)
     # masked -A: (-1 - 2) + (1 - 0.5 - 3) = -5.5, over the step's 4 samples
     assert loss.item() == pytest.approx(-5.5 / 4) and metrics["pg_loss"] == pytest.approx(-1.375)
     assert torch.allclose(grad, -ADV * MASK / 4)
-    ((kind, lengths, masks, per_token),) = plug.CALLS
-    assert (kind, lengths, masks, per_token) == ("reducer", [2, 3], [[1.0, 1.0], [1.0, 1.0, 1.0]], False)
+    ((kind, lengths, masks, per_token, dtypes),) = plug.CALLS
+    assert (kind, lengths, masks, per_token, dtypes) == ("reducer", [2, 3], [[1, 1], [1, 1, 1]], False, {torch.int})
     # the default reduction of the same inputs: mean of per-sample means, (-1.5 - 2.5 / 3) / 4
     default, _, _ = run(objective(), num_samples=4.0, num_tokens=10.0)
     assert default.item() == pytest.approx((-1.5 - 2.5 / 3) / 4)
@@ -82,7 +84,8 @@ def test_clipping_tis_function_gives_the_predicted_loss_and_metrics():
     assert "tis_mean" not in metrics                  # slick's own TIS did not run as well
     w = torch.tensor([[1.5, 1.0, 0.0], [0.5, 1.0, 1.2]])
     assert torch.allclose(grad, -ADV * w / torch.tensor([[2.0], [3.0]]) / 2)
-    ((kind, shape, old, roll, masks, kwargs, grad_flows),) = plug.CALLS
+    ((kind, shape, old, roll, masks, kwargs, grad_flows, dtypes),) = plug.CALLS
+    assert dtypes == {torch.int}                      # slime's loss masks are int tensors
     assert (kind, tuple(shape), old, masks) == ("tis", (5,), [[0.0, 0.0], [0.0, 0.0, 0.0]],
                                                 [[1.0, 1.0], [1.0, 1.0, 1.0]])
     assert [r for row in roll for r in row] == pytest.approx([-LN2, 0.0, LN4, 0.0, -LN12])

@@ -96,9 +96,10 @@ class SlimeLossHooks:
         return cls(args=argparse.Namespace(**cfg.flat()), tis=tis, reducer=reducer)
 
     def correct(self, pg: Tensor, old: Tensor, rollout_logprobs: Optional[Tensor], mask: Tensor, red,
-                metrics: dict) -> tuple[Tensor, Tensor]:
-        """slime's TIS function on ``pg`` ``[B, T]``: ``(pg_loss [B, T], its loss mask [B, T])``; the function's
-        metrics, reduced by ``red`` (the original masks), go into ``metrics``."""
+                metrics: dict) -> tuple[Tensor, Tensor, list]:
+        """slime's TIS function on ``pg`` ``[B, T]``: ``(pg_loss [B, T], its loss masks [B, T], the loss masks as
+        it returned them)``; the function's metrics, reduced by ``red`` (the original masks), go into
+        ``metrics``."""
         if rollout_logprobs is None:
             raise ValueError(f"{TIS_FLAG}: needs the engine's logprobs of every response token (rollout_logprobs); "
                              f"the micro-batch has none")
@@ -106,7 +107,7 @@ class SlimeLossHooks:
         out = self.tis(args=self.args, pg_loss=pack(pg, lengths),
                        train_log_probs=rows(old.detach().float(), lengths),
                        rollout_log_probs=rows(rollout_logprobs.detach().float(), lengths),
-                       loss_masks=rows(mask, lengths), total_lengths=NotGiven(TIS_FLAG),
+                       loss_masks=rows(mask.int(), lengths), total_lengths=NotGiven(TIS_FLAG),
                        response_lengths=list(lengths))
         if not (isinstance(out, (tuple, list)) and len(out) == 3):
             raise ValueError(f"{TIS_FLAG}: must return (pg_loss, loss_masks, metrics), got {type(out).__name__}")
@@ -127,15 +128,16 @@ class SlimeLossHooks:
                 raise ValueError(f"{TIS_FLAG}: metric {key!r} has shape {tuple(value.shape)}; metrics are packed "
                                  f"per-token ({total},) tensors, reduced like the loss")
             metrics[key] = float(red(unpack(value.detach().to(pg.dtype), lengths, width)))
-        return unpack(new_pg.to(pg.dtype), lengths, width), mod
+        return unpack(new_pg.to(pg.dtype), lengths, width), mod, new_masks
 
-    def reduce_pg(self, pg: Tensor, loss_mask: Tensor, mask: Tensor, per_token: bool,
+    def reduce_pg(self, pg: Tensor, loss_masks: Optional[list], mask: Tensor, per_token: bool,
                   num_samples: Optional[float], num_tokens: Optional[float]) -> Tensor:
-        """The policy loss of ``pg`` ``[B, T]`` by slime's reducer over ``loss_mask`` (the TIS function's, else the
-        loss mask), divided as slime's loss scaling divides it: by ``num_samples`` (the step's samples), or with
-        ``per_token`` by ``num_tokens``; unset, this micro-batch's."""
+        """The policy loss of ``pg`` ``[B, T]`` by slime's reducer over ``loss_masks`` (the TIS function's, as it
+        returned them; None: the loss mask's rows), divided as slime's loss scaling divides it: by
+        ``num_samples`` (the step's samples), or with ``per_token`` by ``num_tokens``; unset, this micro-batch's."""
         lengths = response_lengths(mask)
-        reducer = self.reducer(NotGiven(REDUCER_FLAG), list(lengths), rows(loss_mask, lengths), per_token)
+        masks = rows(mask.int(), lengths) if loss_masks is None else loss_masks
+        reducer = self.reducer(NotGiven(REDUCER_FLAG), list(lengths), masks, per_token)
         if not callable(reducer):
             raise ValueError(f"{REDUCER_FLAG}: must return the reducer function, got {type(reducer).__name__}")
         total = reducer(pack(pg, lengths))
