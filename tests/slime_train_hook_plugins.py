@@ -27,8 +27,27 @@ def constant_reducer(total_lengths, response_lengths, loss_masks, calculate_per_
 
 
 def reads_total_lengths(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
-    list(total_lengths)
-    return lambda x: x.sum()
+    prompt_lengths = [t - r for t, r in zip(total_lengths, response_lengths)]
+    return lambda x: x.sum() / sum(prompt_lengths)
+
+
+def slimes_default_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
+    """What slime reduces with by default: its get_sum_of_sample_mean."""
+    from slime.backends.megatron_utils.cp_utils import get_sum_of_sample_mean
+
+    return get_sum_of_sample_mean(total_lengths, response_lengths, loss_masks, None, calculate_per_token_loss)
+
+
+def tis_with_cp_helpers(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths,
+                        response_lengths, **kwargs):
+    """Written as slime's mis.py example: gathers with the CP helpers first (zipping total_lengths), then TIS."""
+    from slime.backends.megatron_utils.cp_utils import all_gather_with_cp, slice_log_prob_with_cp
+
+    full_old = [all_gather_with_cp(t, n, r) for t, n, r in zip(train_log_probs, total_lengths, response_lengths)]
+    full_roll = [all_gather_with_cp(t, n, r) for t, n, r in zip(rollout_log_probs, total_lengths, response_lengths)]
+    weights = [torch.exp(o - r).clamp(min=args.tis_clip_low, max=args.tis_clip) for o, r in zip(full_old, full_roll)]
+    weights = torch.cat([slice_log_prob_with_cp(w, n, r) for w, n, r in zip(weights, total_lengths, response_lengths)])
+    return pg_loss * weights, loss_masks, {}
 
 
 # --custom-tis-function-path: fn(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs)

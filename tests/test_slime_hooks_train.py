@@ -108,10 +108,32 @@ def test_tis_function_masks_take_tokens_out_of_the_numerator_and_the_reducer():
     assert plug.CALLS[-1][2] == [[0.0, 1.0], [1.0, 1.0, 1.0]]       # the reducer got the function's masks
 
 
-def test_a_hook_reading_total_lengths_is_told_slick_has_none():
+def test_a_hook_using_total_lengths_is_told_slick_has_none():
     fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.reads_total_lengths")
     with pytest.raises(ValueError, match="--custom-pg-loss-reducer-function-path: slick gives no total_lengths"):
         run(fn)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_slimes_own_reducer_gives_slicks_default_loss(per_token):
+    """A reducer returning slime's get_sum_of_sample_mean (from slime's module path) trains on slick's default."""
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.slimes_default_reducer",
+                   calculate_per_token_loss=per_token)
+    loss, _, grad = run(fn, num_samples=3.0, num_tokens=7.0)
+    default, _, default_grad = run(objective(calculate_per_token_loss=per_token), num_samples=3.0, num_tokens=7.0)
+    assert loss.item() == pytest.approx(default.item()) and torch.allclose(grad, default_grad)
+    assert loss.item() == pytest.approx(-5.5 / 7 if per_token else (-1.5 - 2.5 / 3) / 3)
+
+
+def test_tis_written_with_slimes_cp_helpers_runs_as_in_slime():
+    """slime's mis.py pattern: zip total_lengths into the context-parallel helpers, which slick offers for one
+    rank; the loss is the clamped-weight one."""
+    flags = dict(use_tis=True, tis_clip=1.5, tis_clip_low=0.5)
+    loss, _, _ = run(objective(custom_tis_function_path="tests.slime_train_hook_plugins.tis_with_cp_helpers",
+                               **flags), num_samples=2.0)
+    builtin, _, _ = run(objective(**flags), num_samples=2.0)
+    assert loss.item() == pytest.approx(builtin.item())
+    assert loss.item() == pytest.approx(((-1 * 1.5 - 2) / 2 + (0.5 - 0.5 - 3 * 1.2) / 3) / 2)
 
 
 def test_loss_hooks_keep_zero_advantage_samples_in_the_batch():

@@ -21,9 +21,10 @@ padded; :class:`SlimeLossHooks` builds slime's layout for the call and turns the
 
 What slick gives that differs from slime's batch: ``response_lengths`` count each sample's tokens up to its last
 loss-masked one (slick's loss inputs are padded, and trailing tokens outside the loss mask contribute nothing
-to a masked reduction); ``total_lengths`` is not given (slime reads it only for context parallelism, which
-slick does not have): a hook that reads it gets a ValueError naming its flag. ``args`` is the run's flags as a
-namespace.
+to a masked reduction); ``total_lengths`` holds one placeholder per sample (slime reads the values only for
+context parallelism, which slick does not have): a hook may pass them along, as to slime's context-parallel
+helpers (``slime.backends.megatron_utils.cp_utils``, whose single-rank forms slick offers), and one that uses
+a value gets a ValueError naming its flag. ``args`` is the run's flags as a namespace.
 """
 from __future__ import annotations
 
@@ -41,18 +42,29 @@ TIS_FLAG = "--custom-tis-function-path"
 REDUCER_FLAG = "--custom-pg-loss-reducer-function-path"
 
 
-class NotGiven(list):
-    """slime's ``total_lengths``, which slick does not have: reading it raises a ValueError naming the flag."""
+class UnknownLength:
+    """One entry of slime's ``total_lengths``, which slick's loss inputs do not carry: it can be passed along (to
+    slime's context-parallel helpers, which ignore it without context parallelism), and any use of its value
+    raises a ValueError naming the flag."""
+
+    __slots__ = ("flag",)
 
     def __init__(self, flag: str):
-        super().__init__()
         self.flag = flag
 
     def _refuse(self, *_a, **_k):
-        raise ValueError(f"{self.flag}: slick gives no total_lengths (prompt + response lengths; slime reads them "
-                         f"only for context parallelism); use response_lengths and loss_masks")
+        raise ValueError(f"{self.flag}: slick gives no total_lengths values (prompt + response lengths; slime "
+                         f"reads them only for context parallelism); use response_lengths and loss_masks")
 
-    __getitem__ = __iter__ = __len__ = __contains__ = __reversed__ = _refuse
+    __int__ = __index__ = __float__ = __bool__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = \
+        __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+
+    def __repr__(self) -> str:
+        return "<total length not given by slick>"
+
+
+def total_lengths(flag: str, n: int) -> list:
+    return [UnknownLength(flag) for _ in range(n)]
 
 
 def response_lengths(mask: Tensor) -> list[int]:
@@ -107,7 +119,7 @@ class SlimeLossHooks:
         out = self.tis(args=self.args, pg_loss=pack(pg, lengths),
                        train_log_probs=rows(old.detach().float(), lengths),
                        rollout_log_probs=rows(rollout_logprobs.detach().float(), lengths),
-                       loss_masks=rows(mask.int(), lengths), total_lengths=NotGiven(TIS_FLAG),
+                       loss_masks=rows(mask.int(), lengths), total_lengths=total_lengths(TIS_FLAG, len(lengths)),
                        response_lengths=list(lengths))
         if not (isinstance(out, (tuple, list)) and len(out) == 3):
             raise ValueError(f"{TIS_FLAG}: must return (pg_loss, loss_masks, metrics), got {type(out).__name__}")
@@ -137,7 +149,7 @@ class SlimeLossHooks:
         ``num_samples`` (the step's samples), or with ``per_token`` by ``num_tokens``; unset, this micro-batch's."""
         lengths = response_lengths(mask)
         masks = rows(mask.int(), lengths) if loss_masks is None else loss_masks
-        reducer = self.reducer(NotGiven(REDUCER_FLAG), list(lengths), masks, per_token)
+        reducer = self.reducer(total_lengths(REDUCER_FLAG, len(lengths)), list(lengths), masks, per_token)
         if not callable(reducer):
             raise ValueError(f"{REDUCER_FLAG}: must return the reducer function, got {type(reducer).__name__}")
         total = reducer(pack(pg, lengths))
