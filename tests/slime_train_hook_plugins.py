@@ -108,3 +108,16 @@ def eval_fixed(args, rollout_id, data_source, evaluation=False):
 
 def eval_legacy(args, rollout_id, data_source, evaluation=False):
     return {"plain": {"rewards": [2.0, 4.0]}}
+
+
+def eval_generates(args, rollout_id, data_source, evaluation=False):
+    """Synchronous, as slime's: generates through args.sglang_router_* with slime's post, run on slime's loop."""
+    from slime.utils.async_utils import run
+    from slime.utils.http_utils import post
+
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    outs = run(post(url, {"input_ids": [[1, 2, 3], [4, 5]], "return_logprob": True,
+                          "sampling_params": {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True}}))
+    lengths = [len(o["meta_info"]["output_token_logprobs"]) for o in outs]
+    CALLS.append(("eval_generated", lengths))
+    return {"gen": {"rewards": [float(n) for n in lengths], "truncated": [1 for _ in lengths]}}

@@ -18,6 +18,7 @@ install()   # `import slime` in the plug-ins resolves to slick's stand-in, as wh
 from tests import slime_train_hook_plugins as plug  # noqa: E402
 from tests.algo_params import params  # noqa: E402
 from tests.test_loop import prompts  # noqa: E402,F401  (a fixture: prompts and the even_rm reward)
+from tests.test_slime_plugins import engine  # noqa: E402,F401  (the tiny model's LocalEngine)
 
 ADV = torch.tensor([[1.0, 2.0, 9.0], [-1.0, 0.5, 3.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -179,6 +180,8 @@ def test_hook_flags_parse_by_slimes_names():
             cfg.eval_function_path, cfg.custom_tis_function_path, cfg.custom_pg_loss_reducer_function_path) == \
         ("a.b", "c.d", "e.f", "g.h", "i.j")
     assert cfg.disable_rewards_normalization is True     # slime normalises in the conversion the function replaces
+    default = parse_config(["--eval-function-path", "slime.rollout.sglang_rollout.generate_rollout"], validate=False)
+    assert default.eval_function_path is None            # slime's default eval rollout: slick's own evaluation
 
 
 def loop_run(tiny_model_dir, prompts, tmp_path, **flags):
@@ -267,3 +270,20 @@ def test_eval_function_runs_in_place_of_slicks_evaluation(tiny_model_dir, prompt
         assert not any(k.startswith("eval/held") for k in m)
     from slick.loop.slime_eval import eval_metrics
     assert eval_metrics(plug.eval_legacy(None, 0, None)) == {"eval/plain": 3.0}
+
+
+def test_eval_function_generates_through_the_sglang_front(tiny_model_dir, engine):  # noqa: F811
+    """A synchronous slime eval function posts to args.sglang_router_* from its worker thread while the front runs
+    on the event loop: the engine answers."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from slick.loop.slime_eval import SlimeEval
+    from slick.models.tokenizer import load_tokenizer
+
+    cfg = Config.from_flat(dict(hf_checkpoint=str(tiny_model_dir),
+                                eval_function_path="tests.slime_train_hook_plugins.eval_generates"))
+    slime_eval = SlimeEval.from_config(cfg, load_tokenizer(str(tiny_model_dir)))
+    metrics = asyncio.run(slime_eval(SimpleNamespace(engine=engine, data=None), 3))
+    assert plug.CALLS == [("eval_generated", [3, 3])]
+    assert (metrics["eval/gen"], metrics["eval/gen-truncated_ratio"]) == (3.0, 1.0)

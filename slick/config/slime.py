@@ -279,6 +279,9 @@ def _reward_post_process(ns: dict, problems: list[str]) -> None:
         ns["disable_rewards_normalization"] = True
 
 
+SLIME_DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"   # slime's default (eval) rollout function
+
+
 def _slime_hooks(ns: dict, problems: list[str]) -> None:
     """slime's train-data and loss hooks: where slime calls them, and what their place in slick rules out."""
     if ns.get("custom_convert_samples_to_train_data_path"):
@@ -287,6 +290,9 @@ def _slime_hooks(ns: dict, problems: list[str]) -> None:
                             "rewards are the ones trained on): give it or --custom-reward-post-process-path")
         else:
             ns["disable_rewards_normalization"] = True   # slime normalises rewards in the conversion it replaces
+    if ns.get("eval_function_path") == SLIME_DEFAULT_ROLLOUT:
+        ns.pop("eval_function_path")
+        log.info("--eval-function-path %s: slime's default eval rollout is slick's evaluation", SLIME_DEFAULT_ROLLOUT)
     if ns.get("eval_function_path") and ns.get("loss_type") == "sft_loss":
         problems.append("--eval-function-path: slick evaluates an SFT run on its held-out chats (--eval-prompt-data)")
     loss_hooks = [f for f in ("custom_tis_function_path", "custom_pg_loss_reducer_function_path") if ns.get(f)]
