@@ -35,7 +35,7 @@ from slick.factory.teacher import make_teacher
 from slick.factory.trainer import make_critic, make_trainer
 from slick.config.sft_distill import is_sft
 from slick.config.slime import has_checkpoint   # --load of a directory with no checkpoint yet: a fresh start
-from slick.loop.parts import Parts, Processes, RolloutParts, RunOutputs, StepRange, TrainParts
+from slick.loop.parts import Parts, Processes, RolloutParts, RunOutputs, SlimeParts, StepRange, TrainParts
 from slick.loop.sft_inputs import check_teacher, sft_inputs
 from slick.loop.slime_data import SlimeTrainData
 from slick.loop.slime_eval import SlimeEval
@@ -141,14 +141,13 @@ def _build(cfg: Config, mode: str, processes: Processes) -> Parts:
     return Parts(
         mode=mode,
         rollout_parts=RolloutParts(data=data, eval_sets=eval_sets, buffer=buffer, rewards=rewards,
-                                   rollout_fn=rollout_fn, engines=engines, engine=engine, manager=manager,
-                                   slime_eval=SlimeEval.from_config(cfg, tok)),
+                                   rollout_fn=rollout_fn, engines=engines, engine=engine, manager=manager),
         train_parts=TrainParts(trainer=trainer, critic=critic, objective=objective, advantages=advantages,
-                               threads=threads, pool=pool, weights=weights, teacher=teacher,
-                               slime_data=SlimeTrainData.from_config(cfg, tok)),
+                               threads=threads, pool=pool, weights=weights, teacher=teacher),
         outputs=RunOutputs(run_dir=run_dir, logger=logger, progress=progress, store=store, timeline=timeline,
                            events=events, exporter=exporter, step_watch=watch),
-        steps=steps, processes=processes)
+        steps=steps, processes=processes,
+        slime=SlimeParts(train_data=SlimeTrainData.from_config(cfg, tok), eval=SlimeEval.from_config(cfg, tok)))
 
 
 def _start_run_dir(cfg: Config) -> Path:

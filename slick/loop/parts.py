@@ -7,6 +7,8 @@
 * :class:`RunOutputs`: where the run reports: its directory, metrics, progress bar, rollout store, timeline,
   Prometheus events and endpoint.
 * :class:`StepRange`: the steps this process runs.
+* :class:`SlimeParts`: slime's hooks the training and evaluation phases call (train-data conversion and
+  post-process, the eval function), when set.
 * :class:`Processes`: what was started beside this process and must be stopped (engines, trainer ranks, the
   Ray cluster...), filled while the parts are built so that a failed build stops what it started.
 
@@ -60,7 +62,6 @@ class RolloutParts:
     engines: Optional[EngineSet]                # None: --load-debug-rollout-data, SFT
     engine: Optional[Engine]                    # the one the rollout talks to (train-async: InterruptibleEngine)
     manager: Optional[RolloutManager]           # None without engines
-    slime_eval: Optional[SlimeEval] = None      # slime's --eval-function-path (slick/loop/slime_eval.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,7 +76,6 @@ class TrainParts:
     pool: ThreadPoolExecutor                    # the training thread: the event loop never waits for training
     weights: Optional[EngineWeights]            # where trainer.send_weights goes (None without engines)
     teacher: Optional[Teacher]                  # --use-opd: the teacher's scorer (slick/train/opd_teacher.py)
-    slime_data: Optional[SlimeTrainData] = None  # slime's train-data hooks (slick/loop/slime_data.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +90,15 @@ class RunOutputs:
     events: Optional[RunEvents]                 # --prometheus-port: the counters the parts report into
     exporter: Optional[RunExporter]             # --prometheus-port: the run's /metrics
     step_watch: Optional[StepWatch] = None      # lines inside a long step (tokens generated, micro-batches, ETA)
+
+
+@dataclass(frozen=True, eq=False)
+class SlimeParts:
+    """slime's hooks the run's phases call (None: the flag is not set)."""
+
+    train_data: Optional[SlimeTrainData] = None   # --custom-convert-samples-to-train-data-path,
+    #                                               --rollout-data-postprocess-path (slick/loop/slime_data.py)
+    eval: Optional[SlimeEval] = None              # --eval-function-path (slick/loop/slime_eval.py)
 
 
 @dataclass(frozen=True)
@@ -154,3 +163,4 @@ class Parts:
     outputs: RunOutputs
     steps: StepRange
     processes: Processes
+    slime: SlimeParts = SlimeParts()            # slime's train-data and eval hooks

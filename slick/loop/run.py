@@ -3,8 +3,8 @@
 ``Run(cfg)`` builds the parts with :func:`slick.loop.build.build` (or takes them: ``Run(cfg, parts=...)``) and keeps
 their groups (``slick.loop.parts``) as its attributes: ``run.rollout_parts`` (prompts, buffer, rewards, engines,
 rollout manager), ``run.train_parts`` (trainer, critic, objective, advantages, threads, weight sink, teacher),
-``run.outputs`` (run directory, metrics, progress, store, timeline, Prometheus), ``run.steps`` (the steps to run)
-and ``run.processes`` (what ``close`` stops). The phases: start, rollout, train (on the training thread),
+``run.outputs`` (run directory, metrics, progress, store, timeline, Prometheus), ``run.steps`` (the steps to run),
+``run.processes`` (what ``close`` stops) and ``run.slime`` (slime's train-data and eval hooks). The phases: start, rollout, train (on the training thread),
 sync_weights, evaluate, save, log, close. The loop talks to the trainer only through
 ``slick.train.protocol.Trainer``: it never asks which implementation it has.
 """
@@ -21,7 +21,7 @@ from slick.algo.batch import TrainBatch
 from slick.loop import debug
 from slick.config.sft_distill import is_sft
 from slick.loop.build import build
-from slick.loop.parts import Parts, Processes, RolloutParts, RunOutputs, StepRange, TrainParts
+from slick.loop.parts import Parts, Processes, RolloutParts, RunOutputs, SlimeParts, StepRange, TrainParts
 from slick.loop.sft_inputs import evaluate_sft
 from slick.loop.omp import release_openmp_workers
 from slick.loop.shaping import shape_for_training
@@ -51,6 +51,7 @@ class Run:
     outputs: RunOutputs
     steps: StepRange
     processes: Processes
+    slime: SlimeParts               # slime's train-data and eval hooks (slick/loop/slime_data.py, slime_eval.py)
     engine_version: int             # the weight version the engines hold (a replacement engine is brought to it)
     trained_step: int               # the last rollout step trained (0 before any)
     _traced: float                  # when --trace-file was last written (time.monotonic)
@@ -64,6 +65,7 @@ class Run:
         self.outputs = parts.outputs
         self.steps = parts.steps
         self.processes = parts.processes
+        self.slime = parts.slime
         self.engine_version = 0
         self.trained_step = max(self.steps.start - 1, 0)   # the last step trained: slime's eval rollout_id
         self._traced = -1e9
@@ -136,7 +138,7 @@ class Run:
         if bad:
             log.warning("step %d: %d non-finite reward(s) (sample indices %s) replaced by --rm-failure-reward %s",
                         step, len(bad), bad[:10], self.cfg.rm_failure_reward)
-        manager, slime = self.rollout_parts.manager, self.train_parts.slime_data
+        manager, slime = self.rollout_parts.manager, self.slime.train_data
         postprocess = slime.postprocess_batch if slime is not None and slime.postprocess else None
         post = manager.reward_post if manager is not None else None
         if slime is not None and slime.convert is not None:   # slime's samples-to-train-data (slick/loop/slime_data.py)
@@ -259,7 +261,7 @@ class Run:
         (it is given the data source the rollout draws from)."""
         manager = self.rollout_parts.manager
         return (manager is not None and self.rollout_parts.rollout_fn is None and manager.filter_fn is None
-                and not is_sft(self.cfg) and self.rollout_parts.slime_eval is None)
+                and not is_sft(self.cfg) and self.slime.eval is None)
 
     async def evaluate(self) -> dict:
         eval_sets, manager = self.rollout_parts.eval_sets, self.rollout_parts.manager
@@ -268,8 +270,8 @@ class Run:
                                                                     self.train_parts.trainer, eval_sets)
         if not eval_sets or not manager:
             return {}
-        if self.rollout_parts.slime_eval is not None:   # slime's --eval-function-path (slick/loop/slime_eval.py)
-            return await self.rollout_parts.slime_eval(manager, self.trained_step)
+        if self.slime.eval is not None:   # slime's --eval-function-path (slick/loop/slime_eval.py)
+            return await self.slime.eval(manager, self.trained_step)
         return await evaluate(self.cfg, manager, eval_sets)
 
     def save(self, step: int) -> None:
