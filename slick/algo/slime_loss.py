@@ -90,7 +90,7 @@ def unpack(flat: Tensor, lengths: list[int], width: int) -> Tensor:
         flat.new_zeros(0, width)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SlimeLossHooks:
     """The run's slime loss hooks (build with :meth:`from_config`; None when neither flag is set). Picklable:
     the functions are module-level and travel by reference to trainer ranks."""
