@@ -287,3 +287,15 @@ def test_eval_function_generates_through_the_sglang_front(tiny_model_dir, engine
     metrics = asyncio.run(slime_eval(SimpleNamespace(engine=engine, data=None), 3))
     assert plug.CALLS == [("eval_generated", [3, 3])]
     assert (metrics["eval/gen"], metrics["eval/gen-truncated_ratio"]) == (3.0, 1.0)
+
+
+@pytest.mark.parametrize("flag", ["--eval-function-path", "--rollout-data-postprocess-path",
+                                  "--custom-convert-samples-to-train-data-path",
+                                  "--custom-pg-loss-reducer-function-path", "--custom-tis-function-path"])
+def test_slime_check_reports_the_hooks_as_slicks_own_flags(flag):
+    from slick.config import slime_table
+    from slick.configure.parse import build_parser
+    from slick.configure.slime_check import verdict
+
+    assert verdict(flag, set(build_parser()._option_string_actions))[0] == "same"
+    assert flag not in slime_table.REFUSED
