@@ -121,3 +121,9 @@ def eval_generates(args, rollout_id, data_source, evaluation=False):
     lengths = [len(o["meta_info"]["output_token_logprobs"]) for o in outs]
     CALLS.append(("eval_generated", lengths))
     return {"gen": {"rewards": [float(n) for n in lengths], "truncated": [1 for _ in lengths]}}
+
+
+def edit_in_place(args, rollout_id, rollout_data):
+    rollout_data["advantages"][0][0] = 5.0
+    rollout_data["returns"][1] = rollout_data["returns"][1] * 0
+    rollout_data["loss_masks"][1][0] = 0

@@ -299,3 +299,17 @@ def test_slime_check_reports_the_hooks_as_slicks_own_flags(flag):
 
     assert verdict(flag, set(build_parser()._option_string_actions))[0] == "same"
     assert flag not in slime_table.REFUSED
+
+
+def test_postprocess_changes_in_place_and_critic_returns_are_trained_on():
+    from slick.algo.batch import TrainBatch
+    from slick.loop.slime_data import SlimeTrainData
+
+    batch = TrainBatch.from_samples(_samples(), [0.0, 1.0]).with_columns(
+        advantages=[torch.ones(3), torch.full((3,), 2.0)], returns=[torch.ones(3), torch.full((3,), 3.0)],
+        values=[torch.zeros(3), torch.zeros(3)])
+    out = SlimeTrainData(Config.from_flat({}), _Tok(), None, plug.edit_in_place).postprocess_batch(batch, 4)
+    assert [a.tolist() for a in out.advantages] == [[5.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    assert [r.tolist() for r in out.returns] == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    assert out.loss_mask == [[1, 1, 1], [0, 1, 1]]
+    assert [a.tolist() for a in batch.advantages] == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]   # the input batch as it was
