@@ -75,7 +75,7 @@ def test_budget_follows_the_lean_flags_and_the_device():
     assert micro_batch_tokens(SHAPE, Machine(80 * GiB, 16, "cuda"), RELEASED, None, 48).value == 16384
 
 
-FP32 = {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "recompute_mlp": False}
+FP32 = {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "recompute_mlp": False, "gradient_checkpointing": False}
 BF16_MOMENTS = {**FP32, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
 
 
@@ -87,9 +87,11 @@ BF16_MOMENTS = {**FP32, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
     (4.4, BF16_MOMENTS, "auto: bf16 AdamW moments, since memory is short: 868 tokens of activations fit beside the "
                         "state, 1977 with them (bf16 AdamW moments: 4 bytes less per parameter, stochastic rounding); "
                         "--exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 to override"),
-    (3.5, {**BF16_MOMENTS, "recompute_mlp": True},
-     "auto: bf16 AdamW moments and MLP recomputation, since memory is short: 0 tokens of activations fit beside the "
-     "state, 731 with them"),
+    # with both, 731 tokens are still short: whole layers are recomputed, keeping 30 x 4 x 576 bytes of layer
+    # inputs, one layer's 6,564 and 6,912 outside per token (82,596 x 1.25): 1805 tokens
+    (3.5, {**BF16_MOMENTS, "recompute_mlp": True, "gradient_checkpointing": True},
+     "auto: bf16 AdamW moments, MLP recomputation and whole-layer recomputation, since memory is short: 0 tokens of "
+     "activations fit beside the state, 1805 with them"),
 ])
 def test_lean_settings_on_a_gpu_only_when_memory_is_short(memory_gib, value, words):
     c = lean_choice(SHAPE, Machine(int(memory_gib * GiB), 2, "cuda"), RELEASED, None, frozenset(LEAN_DEFAULTS))
@@ -111,8 +113,14 @@ CPU_WORDS = ("MLP recomputation, the CPU default (the same numbers, ~45% less ac
      f"auto: memory suffices: 5788 tokens of activations fit beside the state; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
     (4.4, LEAN_DEFAULTS, CPU_LEAN,
      f"auto: memory suffices: 3765 tokens of activations fit beside the state; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
-    # 731 tokens even with both: short, and nothing is left to take
-    (3.5, LEAN_DEFAULTS, CPU_LEAN,
+    # 731 tokens even with both: short, so whole layers are recomputed (1805 tokens, as on the GPU above)
+    (3.5, LEAN_DEFAULTS, {**CPU_LEAN, "gradient_checkpointing": True},
+     f"auto: whole-layer recomputation, since memory is short: 731 tokens of activations fit beside the state, 1805 "
+     f"with them (whole-layer recomputation: only the layer inputs kept, one more forward (~1/3 more trainer FLOPs)); "
+     f"--no-gradient-checkpointing to override; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
+    # the same with --gradient-checkpointing given (off): nothing is left to take
+    (3.5, set(LEAN_DEFAULTS) - {"gradient_checkpointing"}, {k: v for k, v in CPU_LEAN.items()
+                                                             if k != "gradient_checkpointing"},
      f"auto: memory is short, and no lean setting left unset applies: 731 tokens of activations fit beside the "
      f"state; {CPU_MOMENT_WORDS}; {CPU_WORDS}"),
     # the moments given: the line says only what it chose
@@ -171,9 +179,10 @@ def test_lean_choice_leaves_given_flags_and_what_cannot_apply():
     c = lean_choice(SHAPE, Machine(4 * GiB, 2, "cuda"), RELEASED, None, frozenset({"recompute_mlp"}))
     assert c.value == {"recompute_mlp": True} and "160 tokens of activations fit beside the state, 305 with them" \
         in c.reason and c.reason.endswith("; --no-recompute-mlp to override")
-    # without slick's fused layers (--disable-fused-layers, LoRA) there is no MLP to recompute
+    # without slick's fused layers (--disable-fused-layers, LoRA) there is no MLP to recompute: whole layers are
     unfused = Training(engine_released=True, fused_layers=False)
-    assert lean_choice(SHAPE, Machine(3 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
+    assert lean_choice(SHAPE, Machine(3 * GiB, 2), unfused, None, frozenset(LEAN_DEFAULTS)).value == {
+        **BF16_MOMENTS, "gradient_checkpointing": True}
     # a longer sample than fits is short too
     assert lean_choice(SHAPE, Machine(5 * GiB, 2, "cuda"), RELEASED, 2048, frozenset(LEAN_DEFAULTS)).value == BF16_MOMENTS
 
@@ -336,7 +345,7 @@ def test_no_model_shape_falls_back_to_a_sample_count():
     plan = _plan({"hf_checkpoint": "/nonexistent", "recompute_mlp": True})
     lean = [c for c in plan.auto if "AdamW" in c.reason or "MLP" in c.reason]
     assert [c.reason.split(" (")[0] for c in lean] == ["auto: fp32 AdamW moments"]
-    assert lean[0].value == {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"}
+    assert lean[0].value == {"exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32", "gradient_checkpointing": False}
 
 
 def test_choices_are_logged_once_when_the_config_is_valid(tiny_model_dir, caplog):

@@ -72,7 +72,7 @@ def test_a_refused_config_is_left_as_given_too():
     assert any(p.startswith("--tensor-model-parallel-size 2: not supported") for p in e.value.problems)
     assert cfg.to_dict() == before.to_dict()
     assert (cfg.global_batch_size, cfg.num_steps_per_rollout, cfg.gradient_checkpointing, cfg.weight_transport,
-            cfg.max_staleness) == (3, None, False, "auto", 0)
+            cfg.max_staleness) == (3, None, None, "auto", 0)
 
 
 def test_plan_is_frozen_and_apply_copies():
@@ -83,7 +83,8 @@ def test_plan_is_frozen_and_apply_copies():
     out = plan.apply(cfg)
     out.rollout_stop.append("x")                       # a deep copy: the user's lists are not shared
     assert cfg.rollout_stop == ["</s>"] and cfg.weight_transport == "auto" and out.weight_transport == "disk"
-    assert plan.changes(cfg) == {"global_batch_size": 64, "num_steps_per_rollout": 1, "weight_transport": "disk"}
+    assert plan.changes(cfg) == {"global_batch_size": 64, "num_steps_per_rollout": 1, "weight_transport": "disk",
+                                 "gradient_checkpointing": False}   # unset (None): the plan says off
 
 
 # --- slick.algo reads typed AlgoParams -------------------------------------------------------------------------

@@ -249,7 +249,7 @@ def test_the_checkers_can_fail(tmp_path):
     assert load_figures("alone (load 0.97)") and load_figures("ran 2026-11-23 08:01") and not load_figures("loads")
     assert missing_results("see `bench/results/no_such_file.md` and bench/results/vs_trl.md") == \
         ["no_such_file.md"]
-    assert missing_results("bench/results/scale.{json,nope}") == ["scale.nope"]
+    assert missing_results("bench/results/scaleout.{json,nope}") == ["scaleout.nope"]
     assert missing_table_results("| a | b | c | d | `vs_trl.md`, `gone.json` |") == ["gone.json"]
     assert missing_paths("`slick/train/checkpoint.py` is `slick/ckpt/checkpoint.py`; `slick/train/transport`, "
                          "`train/transport.py`, `weights/transport/disk.py`, `rollout/raw_reward`") == \

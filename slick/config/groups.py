@@ -251,7 +251,10 @@ class TrainConfig:
                              "grads (autocast; learns faster per step here), or bf16 weights and grads with "
                              "fp32 master copies in AdamW (bf16; less memory). Ignored with --dtype fp32.",
                              choices=["autocast", "bf16"])
-    gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
+    gradient_checkpointing: Optional[bool] = F(None, "Recompute each decoder layer's forward in backward, keeping only "
+                                               "the layer inputs (the largest saving, at one more forward). Unset: off, "
+                                               "unless memory is short even with bf16 AdamW moments and MLP "
+                                               "recomputation (chosen and logged at start-up).")
     disable_prompt_sharing: bool = F(False, "Give every sample its own copy of the prompt in packed micro-batches "
                                      "(default: the n samples of a prompt share one copy via a tree attention mask).")
     train_zero_advantage_samples: bool = F(False, "Run the forward and backward of samples whose advantages are "

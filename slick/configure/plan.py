@@ -126,7 +126,7 @@ def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional
     if driver == "sync" and steps and interval > 1:
         # engines lag the trainer by up to (interval - 1) rollouts of optimizer steps: allow that staleness
         staleness = max(staleness, (interval - 1) * steps)
-    checkpointing = True if recompute_requested(cfg) else cfg.gradient_checkpointing
+    checkpointing = True if recompute_requested(cfg) else bool(cfg.gradient_checkpointing)
     auto: list[Choice] = []
     offload = cfg.offload_rollout
     if offload is None:
@@ -144,6 +144,8 @@ def derive_plan(cfg: Config, driver: str, problems: list[str], machine: Optional
         lean.update(auto[-1].value)
         for name, value in lean.items():
             setattr(cfg, name, value)
+    whole_layers = bool(lean.pop("gradient_checkpointing"))
+    checkpointing = checkpointing or whole_layers        # the flag, Megatron's recompute flags, or short memory
     tokens = cfg.max_tokens_per_micro_batch
     if tokens is None and cfg.micro_batch_size is None:
         auto.append(micro_batch_choice(cfg, offload, checkpointing, in_process, machine))
