@@ -166,42 +166,29 @@ def test_cast_once_per_step_gives_the_per_micro_batch_gradients_bit_for_bit(tiny
         assert torch.equal(a[n], b[n]), (n, (a[n] - b[n]).abs().max())
 
 
-def test_a_long_segment_is_cut_into_exact_causal_blocks():
-    """Rows 0-3: a prompt; rows 4-23: a 20-row response that sees it (long at 16 rows, blocks of 8); rows 24-27:
-    a short sample. The long one goes in blocks of 8, 8 and 4 rows, each with exactly its keys."""
-    seg = Segments.build([(0, 0, 0, 4), (0, 4, 4, 24), (24, 0, 24, 28)], 28, long_rows=16, block_rows=8)
-    assert seg.long == ((0, 4, 4, 0, 8), (0, 4, 4, 8, 16), (0, 4, 4, 16, 20))
-    assert seg.q_index.shape == (2, 4) and seg.slots == 8 + 20
+def test_a_long_segment_is_attended_alone_over_its_prompt_and_itself():
+    """Rows 0-3: a prompt; rows 4-23: a 20-row response that sees it (long at 16 rows); rows 24-27: a short
+    sample. The short segments are padded blocks; the long one is attended over rows 0-3 and 4-23, causally."""
+    seg = Segments.build([(0, 0, 0, 4), (0, 4, 4, 24), (24, 0, 24, 28)], 28, long_rows=16)
+    assert seg.long == ((0, 4, 4, 24),) and seg.q_index.shape == (2, 4) and seg.slots == 8 + 20
     assert seg.out_index[4:24].tolist() == list(range(8, 28))
-    groups = list(seg.groups())
-    assert len(groups) == 4
-    q, k, m = groups[2]                                   # rows 12-19: prompt 0-3, then rows 4-19
-    assert q.tolist() == [list(range(12, 20))] and k.tolist() == [list(range(4)) + list(range(4, 20))]
-    assert m.shape == (1, 1, 8, 20) and m[0, 0, 0].int().tolist() == [1] * 13 + [0] * 7
-    assert m[0, 0, 7].all()
-    assert seg.cost == 2 * 4 * 4 + 8 * 12 + 8 * 20 + 4 * 24 and seg.worth_it()
-    pattern = torch.zeros(28, 28, dtype=torch.bool)
-    at = 0
-    for q, k, m in groups:
-        S, Lq = q.shape
-        for slot in range(S * Lq):
-            rows = (seg.out_index == at + slot).nonzero().flatten().tolist()
-            if rows:
-                pattern[rows[0], k[slot // Lq][m[slot // Lq, 0, slot % Lq]]] = True
-        at += S * Lq
-    assert torch.equal(pattern, seg.dense_mask()[0, 0])
+    assert seg.long_rows(0).tolist() == list(range(24))
+    assert seg.cost == 2 * 4 * 4 + 24 * 25 // 2 and seg.worth_it()
+    # a long response after a 3-row prompt in the middle of a row: its rows are the prompt's, then its own
+    seg = Segments.build([(0, 0, 0, 2), (2, 0, 2, 5), (2, 3, 5, 25)], 25, long_rows=16)
+    assert seg.long_rows(0).tolist() == [2, 3, 4] + list(range(5, 25))
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_long_segment_blocks_equal_the_dense_mask(tiny_model_dir, fused):
-    """The exact blocks of long segments give the dense mask's logprobs and gradients, through slick's fused
-    layers and through the HF layers (torch's SDPA per block)."""
+def test_long_segments_equal_the_dense_mask(tiny_model_dir, fused):
+    """Long segments, each attended alone by torch's causal kernel, give the dense mask's logprobs and gradients,
+    through slick's fused layers (the flash kernel's forward and backward) and through the HF layers (SDPA)."""
     tr = Trainer(make_cfg(tiny_model_dir, disable_fused_layers=not fused))
     assert bool(tr.fused_layers) is fused
     samples = long_prompt_samples()
     mb = pack_shared_prompts(samples, list(range(len(samples))))
-    seg = Segments.build(mb.segments.spans, mb.segments.n, long_rows=16, block_rows=8)
-    assert len(seg.long) == 3 + 3 + 4       # two 20-row prompts in 3 blocks each; the 25-row response in 4
+    seg = Segments.build(mb.segments.spans, mb.segments.n, long_rows=16)
+    assert [s1 - s0 for _, _, s0, s1 in seg.long] == [20, 20, 25]   # the two prompts, the long response (after one)
     lp_b, ent_b, g_b = _run(tr, mb, (seg.mask, seg))
     lp_d, ent_d, g_d = _run(tr, mb, (seg.dense_mask(), None))
     assert torch.allclose(lp_b, lp_d, atol=1e-5, rtol=0), (lp_b - lp_d).abs().max()

@@ -26,10 +26,9 @@ import torch.nn.functional as F
 
 NAME = "slick_segments"
 MIN_BLOCK = 8      # query rows: smaller blocks make batched matmuls too small to pay
-#: a segment of at least this many rows is attended in exact causal blocks of ``BLOCK_ROWS`` query rows, one block
-#: at a time: memory grows with its length, not its square (an 8k-token response's scores at once: ~2.4 GB a layer)
+#: a segment of at least this many rows is attended alone by torch's causal flash kernel, its prompt rows computed
+#: as queries too: memory grows with its length, not its square (an 8k-token response's scores: ~2.4 GB a layer)
 LONG_ROWS = 1024
-BLOCK_ROWS = 512
 
 
 @dataclass
@@ -39,23 +38,24 @@ class Segments:
     ``spans``: ``(p0, P, s0, s1)`` per segment: query rows ``[s0, s1)`` attend to ``[p0, p0 + P)`` and
     causally to themselves (``P = 0``: no prompt prefix). Every row of ``[0, n)`` is in exactly one segment.
     The index tensors are per query *block* (:func:`_blocks`): a segment may be cut in several. Segments of
-    ``long_rows`` rows or more are not padded into that batch: they are cut into exact blocks of ``block_rows``
-    query rows (``long``), each attended alone (:meth:`groups`), so no tensor grows with a length squared.
+    ``long_rows`` rows or more (``long``) are not padded into that batch: each is attended alone, causally over
+    its prompt's rows and its own (:meth:`long_rows`) by torch's flash kernel, which keeps no scores, so no tensor
+    grows with a length squared; the prompt's rows are computed as queries too and their outputs dropped.
     """
     spans: list[tuple[int, int, int, int]]
     n: int
     q_index: torch.Tensor      # [S, Lq] long (S blocks): row of each query slot (padding slots: row 0)
     k_index: torch.Tensor      # [S, Lk] long: row of each key slot (padding slots: row 0)
     mask: torch.Tensor         # [S, 1, Lq, Lk] bool, True = attend; every query slot attends to >= 1 key
-    out_index: torch.Tensor    # [n] long: each row's slot in the groups' outputs, concatenated (:meth:`groups`)
-    long: tuple = ()           # (p0, P, s0, a, b) per exact block of a long segment: rows [s0 + a, s0 + b)
+    out_index: torch.Tensor    # [n] long: each row's slot in the outputs: the short blocks' S * Lq, then each long
+    #                            segment's rows in order
+    long: tuple = ()           # (p0, P, s0, s1) of each long segment
 
     @classmethod
-    def build(cls, spans: Sequence[tuple[int, int, int, int]], n: int, long_rows: int = LONG_ROWS,
-              block_rows: int = BLOCK_ROWS) -> "Segments":
+    def build(cls, spans: Sequence[tuple[int, int, int, int]], n: int, long_rows: int = LONG_ROWS) -> "Segments":
         spans = [tuple(int(x) for x in sp) for sp in spans if sp[3] > sp[2]]
         short = [sp for sp in spans if sp[3] - sp[2] < long_rows]
-        long = tuple(_split([sp for sp in spans if sp[3] - sp[2] >= long_rows], block_rows))
+        long = tuple(sp for sp in spans if sp[3] - sp[2] >= long_rows)
         blocks = _blocks(short) if short else []
         S = len(blocks)
         Lq = max((b - a for *_, a, b in blocks), default=1)
@@ -74,39 +74,31 @@ class Segments:
             mask[j, 0, L:, 0] = True          # padding queries look at one key; their outputs are dropped
             out_index[s0 + a:s0 + b] = torch.arange(j * Lq, j * Lq + L)
         slot = S * Lq
-        for _, _, s0, a, b in long:
-            out_index[s0 + a:s0 + b] = torch.arange(slot, slot + b - a)
-            slot += b - a
+        for _, _, s0, s1 in long:
+            out_index[s0:s1] = torch.arange(slot, slot + s1 - s0)
+            slot += s1 - s0
         if bool((out_index < 0).any()):
             raise ValueError(f"segments leave rows {torch.nonzero(out_index < 0).flatten()[:5].tolist()} "
                              f"of a {n}-token row uncovered")
         return cls(spans, n, q_index, k_index, mask, out_index, long)
 
-    def groups(self):
-        """``(q_index [S, Lq], k_index [S, Lk], mask [S, 1, Lq, Lk])`` of each group of query blocks attended at
-        once: the padded short blocks together, then each exact block of a long segment alone (its indices and
-        mask made here: all its prompt keys, its segment's rows before it, causal within itself). Their outputs,
-        flattened to ``S * Lq`` slots each and concatenated in this order, are what ``out_index`` points into."""
-        if self.q_index.shape[0]:
-            yield self.q_index, self.k_index, self.mask
+    def long_rows(self, j: int) -> torch.Tensor:
+        """The rows long segment ``j`` is attended over, in order: its prompt's, then its own."""
+        p0, P, s0, s1 = self.long[j]
         dev = self.q_index.device
-        for p0, P, s0, a, b in self.long:
-            c = b - a
-            keys = torch.cat([torch.arange(p0, p0 + P, device=dev), torch.arange(s0, s0 + b, device=dev)])
-            mask = torch.ones(1, 1, c, P + b, dtype=torch.bool, device=dev)
-            mask[0, 0, :, P + a:] = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
-            yield torch.arange(s0 + a, s0 + b, device=dev).view(1, c), keys.view(1, P + b), mask
+        return torch.cat([torch.arange(p0, p0 + P, device=dev), torch.arange(s0, s1, device=dev)])
 
     @property
     def slots(self) -> int:
-        """Query slots of all groups (padding included): the length of their concatenated outputs."""
-        return self.q_index.numel() + sum(b - a for *_, a, b in self.long)
+        """Query slots of the short blocks (padding included) and the long segments: the length of their outputs, concatenated."""
+        return self.q_index.numel() + sum(s1 - s0 for *_, s0, s1 in self.long)
 
     @property
     def cost(self) -> int:
-        """Query x key pairs computed (padding included)."""
+        """Query x key pairs computed (padding included; a long segment's: causal, its prompt's rows included)."""
         S, Lq = self.q_index.shape
-        return S * Lq * self.k_index.shape[1] + sum((b - a) * (P + b) for _, P, _, a, b in self.long)
+        return S * Lq * self.k_index.shape[1] + sum((P + s1 - s0) * (P + s1 - s0 + 1) // 2
+                                                    for _, P, s0, s1 in self.long)
 
     def worth_it(self) -> bool:
         """True when the segments compute fewer query x key pairs than half the dense row does, or hold a long
@@ -168,19 +160,24 @@ def segment_attention(module, query, key, value, attention_mask, dropout: float 
     H, D = query.shape[1], query.shape[3]
     scale = scaling if scaling is not None else D ** -0.5
     outs = []
-    for j, (q_index, k_index, mask) in enumerate(seg.groups()):
-        S, Lq = q_index.shape
-        Lk = k_index.shape[1]
-        q = query[0].index_select(1, q_index.reshape(-1)).view(H, S, Lq, D).transpose(0, 1)
-        k = _heads(key[0].index_select(1, k_index.reshape(-1)), S, Lk, H)
-        v = _heads(value[0].index_select(1, k_index.reshape(-1)), S, Lk, H)
-        exact = j > 0 or seg.q_index.shape[0] == 0      # a long segment's block: torch's kernel keeps no scores
-        if dropout or exact:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
-        else:   # small blocks: two batched matmuls and a softmax beat torch's CPU flash kernel (~2x fwd+bwd here)
-            scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale).masked_fill_(~mask, float("-inf"))
+    if seg.q_index.shape[0]:     # the short blocks: two batched matmuls and a softmax beat torch's CPU flash kernel
+        S, Lq = seg.q_index.shape      # (~2x fwd+bwd at these sizes)
+        Lk = seg.k_index.shape[1]
+        q = query[0].index_select(1, seg.q_index.reshape(-1)).view(H, S, Lq, D).transpose(0, 1)
+        k = _heads(key[0].index_select(1, seg.k_index.reshape(-1)), S, Lk, H)
+        v = _heads(value[0].index_select(1, seg.k_index.reshape(-1)), S, Lk, H)
+        if dropout:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=seg.mask, dropout_p=dropout, scale=scale)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale).masked_fill_(~seg.mask, float("-inf"))
             out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
         outs.append(out.transpose(1, 2).reshape(S * Lq, H, D))
+    for j, (_, P, s0, s1) in enumerate(seg.long):    # each long segment alone: torch's causal kernel keeps no scores
+        rows = seg.long_rows(j)
+        q = query[:, :, rows]
+        k, v = _heads(key[0][:, rows], 1, P + s1 - s0, H), _heads(value[0][:, rows], 1, P + s1 - s0, H)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+        outs.append(out[0, :, P:].transpose(0, 1))
     out = (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, seg.out_index)
     return out.unsqueeze(0), None
 

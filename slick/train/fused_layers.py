@@ -128,27 +128,49 @@ def _probs_scores(mask, Q, K, scale: float, acc: torch.dtype):
 
 def segment_attention(seg: Segments, q, k, v, scale: float):
     """Attention over packed segments (``slick.train.attention``): ``q [N, H, D]``, ``k``/``v [N, KVH, D]`` in
-    the matmul dtype -> ``(out [N, H*D], lse)``, one group of blocks at a time (``Segments.groups``); ``lse``: the
-    groups' log-sum-exps ``[S, KVH, r, Lq, 1]`` flattened and concatenated. Scores and softmax in fp32."""
+    the matmul dtype -> ``(out [N, H*D], lse)``. The short blocks at once (scores and softmax in fp32), then each
+    long segment by torch's causal flash kernel; ``lse``: their log-sum-exps flattened and concatenated."""
     N, H, D = q.shape
     kvh = k.shape[1]
     outs, lses = [], []
-    for q_index, k_index, mask in seg.groups():
-        S, Lq = q_index.shape
-        Q, K, V = _gather_qkv(q_index, k_index, q, k, v, kvh)
-        s = _probs_scores(mask, Q, K, scale, _acc(q.dtype))
+    if seg.q_index.shape[0]:
+        S, Lq = seg.q_index.shape
+        Q, K, V = _gather_qkv(seg.q_index, seg.k_index, q, k, v, kvh)
+        s = _probs_scores(seg.mask, Q, K, scale, _acc(q.dtype))
         lse = logsumexp(s, -1, keepdim=True)
         p = exp_(s.sub_(lse)).to(v.dtype).view(S, kvh, -1, K.shape[2])
         del s
         outs.append(torch.matmul(p, V).view(S, kvh, H // kvh, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H * D))
         lses.append(lse.reshape(-1))
+    for j, (_, P, _, _) in enumerate(seg.long):
+        Q, K, V = _long_qkv(seg.long_rows(j), q, k, v)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(Q, K, V, 0.0, True, scale=scale)
+        outs.append(o[0, :, P:].transpose(0, 1).reshape(-1, H * D))
+        lses.append(lse.reshape(-1))
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out.index_select(0, seg.out_index), (lses[0] if len(lses) == 1 else torch.cat(lses))
 
 
-def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, dout):
-    """``(dq, dk, dv)`` (fp32, shapes of ``q``, ``k``, ``v``) of :func:`segment_attention` given ``dout [N, H*D]``,
-    one group of blocks at a time, recomputing each group's probabilities from its log-sum-exp."""
+def _long_qkv(rows, q, k, v):
+    """A long segment's queries, keys and values ``[1, H, rows, D]`` (kv heads repeated for grouped-query
+    attention), contiguous as torch's flash kernel wants them."""
+    H, kvh = q.shape[1], k.shape[1]
+    Q = q.index_select(0, rows).transpose(0, 1).unsqueeze(0).contiguous()
+    K = k.index_select(0, rows).transpose(0, 1).repeat_interleave(H // kvh, 0).unsqueeze(0).contiguous()
+    V = v.index_select(0, rows).transpose(0, 1).repeat_interleave(H // kvh, 0).unsqueeze(0).contiguous()
+    return Q, K, V
+
+
+def _heads_first(x: torch.Tensor, H: int) -> torch.Tensor:
+    """``[rows, H*D] -> [1, H, rows, D]``, contiguous."""
+    return x.view(x.shape[0], H, -1).transpose(0, 1).unsqueeze(0).contiguous()
+
+
+def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, out, dout):
+    """``(dq, dk, dv)`` (fp32, shapes of ``q``, ``k``, ``v``) of :func:`segment_attention` given its output ``out``
+    and ``dout [N, H*D]``: the short blocks' probabilities recomputed from their log-sum-exp, each long segment by
+    torch's flash kernel's backward (its prompt rows' outputs are dropped: their gradient is zero, and so is what
+    their outputs add)."""
     N, H, D = q.shape
     kvh = k.shape[1]
     r = H // kvh
@@ -158,16 +180,14 @@ def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, dout):
     dk = q.new_zeros(N, kvh, D, dtype=acc)
     dv = q.new_zeros(N, kvh, D, dtype=acc)
     row = at = 0
-    for q_index, k_index, mask in seg.groups():
-        S, Lq = q_index.shape
-        Lk = k_index.shape[1]
-        Q, K, V = _gather_qkv(q_index, k_index, q, k, v, kvh)
-        n_lse = S * kvh * r * Lq
-        p = exp_(_probs_scores(mask, Q, K, scale, acc).sub_(lse[at:at + n_lse].view(S, kvh, r, Lq, 1)))
-        at += n_lse
-        do = do_all[row:row + S * Lq]
-        row += S * Lq
-        do = do.view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, r * Lq, D)
+    if seg.q_index.shape[0]:
+        S, Lq = seg.q_index.shape
+        Lk = seg.k_index.shape[1]
+        Q, K, V = _gather_qkv(seg.q_index, seg.k_index, q, k, v, kvh)
+        at = S * kvh * r * Lq
+        p = exp_(_probs_scores(seg.mask, Q, K, scale, acc).sub_(lse[:at].view(S, kvh, r, Lq, 1)))
+        row = S * Lq
+        do = do_all[:row].view(S, Lq, kvh, r, D).permute(0, 2, 3, 1, 4).reshape(S, kvh, r * Lq, D)
         pv = p.to(v.dtype).view(S, kvh, r * Lq, Lk)
         dV = torch.matmul(pv.transpose(-1, -2), do)                                  # [S, KVH, Lk, D]
         dp = torch.matmul(do, V.transpose(-1, -2)).to(acc).view_as(p)
@@ -175,9 +195,24 @@ def segment_attention_backward(seg: Segments, q, k, v, scale: float, lse, dout):
         del p, pv, dp
         dqs.append(torch.matmul(ds, K).view(S, kvh, r, Lq, D).permute(0, 3, 1, 2, 4).reshape(S * Lq, H, D))
         dK = torch.matmul(ds.transpose(-1, -2), Q)                                   # [S, KVH, Lk, D]
-        k_rows = k_index.reshape(-1)
+        k_rows = seg.k_index.reshape(-1)
         dk.index_add_(0, k_rows, dK.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
         dv.index_add_(0, k_rows, dV.transpose(1, 2).reshape(S * Lk, kvh, D).to(acc))
+    for j, (_, P, s0, s1) in enumerate(seg.long):
+        rows, L = seg.long_rows(j), s1 - s0
+        Q, K, V = _long_qkv(rows, q, k, v)
+        O = out.new_zeros(P + L, H * D)
+        O[P:] = out[s0:s1]
+        dO = q.new_zeros(P + L, H * D)
+        dO[P:] = do_all[row:row + L]
+        row += L
+        lse_j = lse[at:at + H * (P + L)].view(1, H, P + L)
+        at += H * (P + L)
+        dQ, dK, dV = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            _heads_first(dO, H), Q, K, V, _heads_first(O, H), lse_j, 0.0, True, scale=scale)
+        dqs.append(dQ[0, :, P:].transpose(0, 1))
+        dk.index_add_(0, rows, dK[0].view(kvh, r, P + L, D).sum(1).transpose(0, 1).to(acc))
+        dv.index_add_(0, rows, dV[0].view(kvh, r, P + L, D).sum(1).transpose(0, 1).to(acc))
     dq = (dqs[0] if len(dqs) == 1 else torch.cat(dqs)).index_select(0, seg.out_index).to(acc)
     return dq, dk, dv
 
@@ -257,7 +292,7 @@ class AttentionBlock(torch.autograd.Function):
         q, k = (rms_norm(q0, qn_w, spec.eps)[0], rms_norm(k0, kn_w, spec.eps)[0]) if spec.qk_norm else (q0, k0)
         cos, sin = spec.cos, spec.sin
         dq, dk, dv = segment_attention_backward(spec.segments, rope_to(q, cos, sin, dt), rope_to(k, cos, sin, dt),
-                                                v, spec.scale, lse, dout)
+                                                v, spec.scale, lse, out, dout)
         dq, dk = rope_backward(dq, cos, sin), rope_backward(dk, cos, sin)
         g_qn = g_kn = None
         if spec.qk_norm:
