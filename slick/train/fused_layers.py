@@ -24,7 +24,8 @@ are roundings (RoPE is computed in fp32 and rounded once). ``tests/test_train_fu
 node against finite differences in float64 and whole models against the HF forward/backward.
 
 A fused layer runs only where the trainer's packed segments are given (``slick_segments``); any other call
-(a plain ``model(input_ids)``, a KV cache, attention dropout in training) runs the layer's own HF forward.
+(a plain ``model(input_ids)``, a KV cache, attention dropout in training, long segments off the CPU) runs the
+layer's own HF forward.
 """
 from __future__ import annotations
 
@@ -409,8 +410,10 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     # model passed them: naming both makes transformers warn that past_key_values is deprecated
     attn, mlp = self.self_attn, self.mlp
     dropout = attn.attention_dropout if self.training else 0.0
+    # long segments take torch's CPU flash kernel's own ops; elsewhere the HF layer's SDPA attends them
+    elsewhere = bool(slick_segments is not None and slick_segments.long and hidden_states.device.type != "cpu")
     if (slick_segments is None or _kv_cache(kwargs) is not None or dropout or position_embeddings is None
-            or hidden_states.shape[0] != 1):
+            or hidden_states.shape[0] != 1 or elsewhere):
         return self._slick_hf_forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                       position_embeddings=position_embeddings, slick_segments=slick_segments,
                                       **kwargs)
