@@ -127,3 +127,10 @@ def edit_in_place(args, rollout_id, rollout_data):
     rollout_data["advantages"][0][0] = 5.0
     rollout_data["returns"][1] = rollout_data["returns"][1] * 0
     rollout_data["loss_masks"][1][0] = 0
+
+
+def recording_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
+    """slime's default reduction, recording the lengths it was given."""
+    CALLS.append(("lengths", [int(t) for t in total_lengths], list(response_lengths)))
+    return lambda x: sum((x_i * m_i).sum() / m_i.sum().clamp(min=1)
+                         for x_i, m_i in zip(x.split(response_lengths, dim=0), loss_masks))

@@ -109,7 +109,36 @@ def test_tis_function_masks_take_tokens_out_of_the_numerator_and_the_reducer():
     assert plug.CALLS[-1][2] == [[0.0, 1.0], [1.0, 1.0, 1.0]]       # the reducer got the function's masks
 
 
-def test_a_hook_using_total_lengths_is_told_slick_has_none():
+def test_hooks_get_the_samples_lengths_the_trainer_gives():
+    """Sample 0: a 4-token prompt and a 3-token response whose last token is outside the loss mask; sample 1: a
+    2-token prompt and 3 tokens. slime's total_lengths are [7, 5] and response_lengths [3, 3]."""
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.reads_total_lengths")
+    loss, _, _ = run(fn, num_samples=2.0, prompt_lengths=[4, 2], response_lengths=[3, 3])
+    # the reducer sums every packed token unmasked, sample 0's third too (-A: -1 - 2 - 9 + 1 - 0.5 - 3 = -14.5),
+    # over the prompts' 4 + 2 tokens; slick divides by the step's 2 samples
+    assert loss.item() == pytest.approx(-14.5 / 6 / 2)
+    fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.sum_reducer")
+    run(fn, num_samples=2.0, prompt_lengths=[4, 2], response_lengths=[3, 3])
+    assert plug.CALLS[-1][1:3] == ([3, 3], [[1, 1, 0], [1, 1, 1]])
+
+
+def test_the_trainer_gives_the_loss_hooks_each_samples_lengths(tiny_model_dir):
+    from slick.algo.assemble import objective_from_config
+    from slick.algo.batch import TrainBatch
+    from slick.train.trainer import Trainer
+    from tests.test_train import make_cfg, make_samples
+
+    cfg = make_cfg(tiny_model_dir, micro_batch_size=2,
+                   custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.recording_reducer")
+    samples = make_samples(3, seed=2)
+    adv = [torch.ones(len(s.response_ids)) for s in samples]
+    Trainer(cfg).train_step(TrainBatch.from_samples(samples, [0.0] * 3, advantages=adv), objective_from_config(cfg))
+    got = sorted((t, r) for kind, totals, responses in plug.CALLS for t, r in zip(totals, responses))
+    assert len(plug.CALLS) == 2 and got == sorted((len(s.prompt_ids) + len(s.response_ids), len(s.response_ids))
+                                                  for s in samples)
+
+
+def test_a_hook_using_total_lengths_without_them_is_told_slick_has_none():
     fn = objective(custom_pg_loss_reducer_function_path="tests.slime_train_hook_plugins.reads_total_lengths")
     with pytest.raises(ValueError, match="--custom-pg-loss-reducer-function-path: slick gives no total_lengths"):
         run(fn)

@@ -96,7 +96,8 @@ class LossInputs:
     ``num_samples``/``num_tokens`` are the *global* batch normalisers (see ``reduce``);
     ``metric_num_samples``/``metric_num_tokens``, when set, those of the samples the step trains on, for the
     metrics that describe them (samples whose loss gradient is exactly zero were left out:
-    :class:`slick.algo.objective.WholeBatchLoss`).
+    :class:`slick.algo.objective.WholeBatchLoss`). ``prompt_lengths``/``response_lengths``: each sample's
+    token counts (the trainer gives them; slime's loss hooks get them as slime does).
     """
 
     logprobs: Optional[Tensor]
@@ -113,6 +114,8 @@ class LossInputs:
     values: Optional[Tensor] = None
     returns: Optional[Tensor] = None
     old_values: Optional[Tensor] = None
+    prompt_lengths: Optional[list] = None
+    response_lengths: Optional[list] = None
 
     def __post_init__(self) -> None:
         shape = self.mask.shape

@@ -74,14 +74,14 @@ def compute_policy_objective(cfg: AlgoParams, inputs: LossInputs,
     metrics: dict[str, float] = {k: float(red_metric(v)) for k, v in terms.extra.items()}
     pg_mask = pg_masks = None   # slime's TIS function's loss masks (numerators only), when it ran
     if cfg.use_tis and slime is not None and slime.tis is not None:
-        pg, pg_mask, pg_masks = slime.correct(pg, old, rollout_logprobs, mask, red_metric, metrics)
+        pg, pg_mask, pg_masks = slime.correct(pg, old, rollout_logprobs, mask, red_metric, metrics, inputs)
         cfg = replace(cfg, use_tis=False)   # the function took --use-tis's place; --use-mis still applies
     if cfg.use_tis or cfg.use_mis:   # rollout correction (slick/algo/correction.py)
         pg = _rollout_correction(cfg, pg, old, rollout_logprobs, mask, red_metric, metrics, terms.per_sequence)
     pg = _token_filters(cfg, pg, logprobs, old, advantages, entropy, mask, red_metric, metrics)
 
     if slime is not None and slime.reducer is not None:
-        pg_loss = slime.reduce_pg(pg, pg_masks, mask, per_token, num_samples, num_tokens)
+        pg_loss = slime.reduce_pg(pg, pg_masks, mask, per_token, num_samples, num_tokens, inputs)
     else:
         pg_loss = red(pg if pg_mask is None else pg * pg_mask)
     loss = pg_loss

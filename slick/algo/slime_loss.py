@@ -19,12 +19,12 @@ padded; :class:`SlimeLossHooks` builds slime's layout for the call and turns the
   ``--calculate-per-token-loss``, its loss tokens), as slime's loss scaling does. The masks are the TIS
   function's when one ran, as in slime. Other terms and metrics keep slick's reduction.
 
-What slick gives that differs from slime's batch: ``response_lengths`` count each sample's tokens up to its last
-loss-masked one (slick's loss inputs are padded, and trailing tokens outside the loss mask contribute nothing
-to a masked reduction); ``total_lengths`` holds one placeholder per sample (slime reads the values only for
-context parallelism, which slick does not have): a hook may pass them along, as to slime's context-parallel
-helpers (``slime.backends.megatron_utils.cp_utils``, whose single-rank forms slick offers), and one that uses
-a value gets a ValueError naming its flag. ``args`` is the run's flags as a namespace.
+``total_lengths`` (prompt + response tokens) and ``response_lengths`` are each sample's, as slime gives them
+(the trainer puts them in the loss inputs). Loss inputs built without them (a plug-in calling the objective
+itself) give ``response_lengths`` up to each sample's last loss-masked token, and ``total_lengths`` of
+placeholders that may be passed along, as to slime's context-parallel helpers
+(``slime.backends.megatron_utils.cp_utils``, whose single-rank forms slick offers), and raise a ValueError
+naming the flag when a value is used. ``args`` is the run's flags as a namespace.
 """
 from __future__ import annotations
 
@@ -63,8 +63,14 @@ class UnknownLength:
         return "<total length not given by slick>"
 
 
-def total_lengths(flag: str, n: int) -> list:
-    return [UnknownLength(flag) for _ in range(n)]
+def lengths_of(inputs, mask: Tensor, flag: str) -> tuple[list, list[int]]:
+    """slime's ``(total_lengths, response_lengths)`` of the micro-batch: the loss inputs' own, else (see the
+    module's docstring) placeholders and each row's length up to its last loss-masked token."""
+    prompts, responses = getattr(inputs, "prompt_lengths", None), getattr(inputs, "response_lengths", None)
+    if prompts is not None and responses is not None:
+        return [int(p) + int(r) for p, r in zip(prompts, responses)], [int(r) for r in responses]
+    lengths = response_lengths(mask)
+    return [UnknownLength(flag) for _ in lengths], lengths
 
 
 def response_lengths(mask: Tensor) -> list[int]:
@@ -108,19 +114,19 @@ class SlimeLossHooks:
         return cls(args=argparse.Namespace(**cfg.flat()), tis=tis, reducer=reducer)
 
     def correct(self, pg: Tensor, old: Tensor, rollout_logprobs: Optional[Tensor], mask: Tensor, red,
-                metrics: dict) -> tuple[Tensor, Tensor, list]:
+                metrics: dict, inputs=None) -> tuple[Tensor, Tensor, list]:
         """slime's TIS function on ``pg`` ``[B, T]``: ``(pg_loss [B, T], its loss masks [B, T], the loss masks as
         it returned them)``; the function's metrics, reduced by ``red`` (the original masks), go into
-        ``metrics``."""
+        ``metrics``. ``inputs``: the micro-batch's loss inputs (their sample lengths)."""
         if rollout_logprobs is None:
             raise ValueError(f"{TIS_FLAG}: needs the engine's logprobs of every response token (rollout_logprobs); "
                              f"the micro-batch has none")
-        lengths, width = response_lengths(mask), mask.shape[-1]
+        totals, lengths = lengths_of(inputs, mask, TIS_FLAG)
+        width = mask.shape[-1]
         out = self.tis(args=self.args, pg_loss=pack(pg, lengths),
                        train_log_probs=rows(old.detach().float(), lengths),
                        rollout_log_probs=rows(rollout_logprobs.detach().float(), lengths),
-                       loss_masks=rows(mask.int(), lengths), total_lengths=total_lengths(TIS_FLAG, len(lengths)),
-                       response_lengths=list(lengths))
+                       loss_masks=rows(mask.int(), lengths), total_lengths=totals, response_lengths=list(lengths))
         if not (isinstance(out, (tuple, list)) and len(out) == 3):
             raise ValueError(f"{TIS_FLAG}: must return (pg_loss, loss_masks, metrics), got {type(out).__name__}")
         new_pg, new_masks, tis_metrics = out
@@ -143,13 +149,13 @@ class SlimeLossHooks:
         return unpack(new_pg.to(pg.dtype), lengths, width), mod, new_masks
 
     def reduce_pg(self, pg: Tensor, loss_masks: Optional[list], mask: Tensor, per_token: bool,
-                  num_samples: Optional[float], num_tokens: Optional[float]) -> Tensor:
+                  num_samples: Optional[float], num_tokens: Optional[float], inputs=None) -> Tensor:
         """The policy loss of ``pg`` ``[B, T]`` by slime's reducer over ``loss_masks`` (the TIS function's, as it
         returned them; None: the loss mask's rows), divided as slime's loss scaling divides it: by
         ``num_samples`` (the step's samples), or with ``per_token`` by ``num_tokens``; unset, this micro-batch's."""
-        lengths = response_lengths(mask)
+        totals, lengths = lengths_of(inputs, mask, REDUCER_FLAG)
         masks = rows(mask.int(), lengths) if loss_masks is None else loss_masks
-        reducer = self.reducer(total_lengths(REDUCER_FLAG, len(lengths)), list(lengths), masks, per_token)
+        reducer = self.reducer(totals, list(lengths), masks, per_token)
         if not callable(reducer):
             raise ValueError(f"{REDUCER_FLAG}: must return the reducer function, got {type(reducer).__name__}")
         total = reducer(pack(pg, lengths))

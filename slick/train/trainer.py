@@ -375,7 +375,9 @@ class Trainer:
                           old_logprobs=column(batch.old_logprobs), ref_logprobs=column(batch.ref_logprobs),
                           rollout_logprobs=roll, num_samples=num_samples, num_tokens=num_tokens,
                           values=None if policy else head_out, returns=column(batch.returns),
-                          old_values=None if policy else column(batch.values))
+                          old_values=None if policy else column(batch.values),
+                          prompt_lengths=[len(samples[i].prompt_ids) for i in idx],
+                          response_lengths=[len(samples[i].response_ids) for i in idx])
 
     def _accumulate_master_grads(self) -> None:
         for p, m in zip(self.params, self.master):
