@@ -40,7 +40,7 @@ def protocol_members(proto) -> set:
 def test_the_protocol_names_what_the_loop_calls():
     assert protocol_members(TrainerProtocol) == {
         "version", "skipped_steps", "has_ref", "device", "dtype", "train_step", "compute_logprobs",
-        "candidate_logprobs", "named_weights", "send_weights", "save", "load", "save_hf_files", "close"}
+        "candidate_logprobs", "named_weights", "send_weights", "save", "load", "save_hf_files", "close", "work"}
     assert inspect.iscoroutinefunction(TrainerProtocol.send_weights)
 
 

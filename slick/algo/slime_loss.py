@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from slick.config import Config
 from slick.plugins import load_function
 
 TIS_FLAG = "--custom-tis-function-path"
@@ -106,7 +107,7 @@ class SlimeLossHooks:
     reducer: Optional[Callable] = None
 
     @classmethod
-    def from_config(cls, cfg) -> Optional["SlimeLossHooks"]:
+    def from_config(cls, cfg: Config) -> Optional["SlimeLossHooks"]:
         tis = load_function(cfg.custom_tis_function_path, TIS_FLAG) if cfg.use_tis else None
         reducer = load_function(cfg.custom_pg_loss_reducer_function_path, REDUCER_FLAG)
         if tis is None and reducer is None:

@@ -203,6 +203,11 @@ class RayTrainerGroup:
         return int(self._state["skipped_steps"])
 
     @property
+    def work(self) -> None:
+        """The pass under way (the in-process trainer's ``Trainer.work``): not followed across ranks."""
+        return None
+
+    @property
     def has_ref(self) -> bool:
         return bool(self._state["has_ref"])
 

@@ -132,7 +132,7 @@ def _build(cfg: Config, mode: str, processes: Processes) -> Parts:
     teacher = processes.teacher = make_teacher(cfg, trainer, pool)   # --use-opd (slick/factory/teacher.py)
     exporter = processes.exporter = start_exporter(cfg.logging, run_dir, events=events, buffer=buffer,
                                                    trainer=trainer, engines=engines)
-    watch = StepWatch(progress.write, _engine_tokens(engines), lambda: getattr(trainer, "work", None),
+    watch = StepWatch(progress.write, _engine_tokens(engines), lambda: trainer.work if trainer is not None else None,
                       cfg.rollout_batch_size * cfg.n_samples_per_prompt, cfg.rollout_max_response_len, steps.stop)
     if trainer is None or trainer.device.type == "cpu":
         release_free_memory()   # what loading the models freed

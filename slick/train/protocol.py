@@ -39,6 +39,7 @@ class Trainer(Protocol):
 
     version: int                 # optimizer steps taken (the weight version the engines get)
     skipped_steps: int           # optimizer steps skipped for a non-finite loss or gradient norm
+    work: Optional[tuple]        # (pass, micro-batches done, of how many) while one runs, or None (progress lines)
     has_ref: bool                # a frozen reference model is loaded (KL terms)
     device: Any                  # torch.device the trainer computes on
     dtype: Any                   # torch dtype the trainer computes in
